@@ -1,0 +1,31 @@
+//! qwen3-vl's GPU kernels, written in Rust with `cuda_std` and compiled to PTX (compute_61)
+//! by `cuda_builder` from the workspace's `build.rs`.
+//!
+//! - [`math`] and [`params`] compile for both sides: the scalar math that the CPU backend
+//!   calls too, and the `#[repr(C)]` launch parameter structs.
+//! - The kernel modules compile for the GPU only. One file per kernel family; every kernel
+//!   is named `<op>[_<variant>]_<dtype>`, and the host keeps the typed list of those names.
+#![cfg_attr(
+    target_os = "cuda",
+    no_std,
+    feature(register_attr, link_llvm_intrinsics),
+    register_attr(nvvm_internal)
+)]
+#![allow(clippy::missing_safety_doc)]
+
+pub mod math;
+pub mod params;
+
+#[cfg(target_os = "cuda")]
+mod reduce;
+
+#[cfg(target_os = "cuda")]
+pub mod activation;
+#[cfg(target_os = "cuda")]
+pub mod gemv;
+#[cfg(target_os = "cuda")]
+pub mod matmul;
+#[cfg(target_os = "cuda")]
+pub mod norm;
+#[cfg(target_os = "cuda")]
+pub mod softmax;

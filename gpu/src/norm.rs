@@ -1,0 +1,43 @@
+//! RMSNorm: `y = x · rsqrt(mean(x²) + eps) · w`, row by row.
+//!
+//! # Parameters ([`RmsNormParams`])
+//! `x`, `y`: `[rows, n]` f32 (may alias); `w`: `[n]` f32; `eps` from the model config.
+//!
+//! # Thread mapping
+//! One block of `ROW_THREADS` (256) per row, grid = `rows`. Threads stride over the row
+//! accumulating squares, reduce with warp shuffles and a 32-float shared scratch, then scale.
+//!
+//! # Safety
+//! The launcher validates sizes. All threads reach the barriers inside `block_sum`.
+
+use crate::math::rms_scale;
+use crate::params::RmsNormParams;
+use crate::reduce::block_sum;
+use cuda_std::{kernel, shared_array, thread};
+
+/// RMSNorm of each row of `x` into `y`. See the module docs.
+#[kernel]
+pub unsafe fn rms_norm_f32(p: RmsNormParams) {
+    let scratch = shared_array![f32; 32];
+    let tid = thread::thread_idx_x() as usize;
+    let step = thread::block_dim_x() as usize;
+    let n = p.n as usize;
+    let row = thread::block_idx_x() as usize;
+    let x = (p.x as *const f32).add(row * n);
+    let y = (p.y as *mut f32).add(row * n);
+    let w = p.w as *const f32;
+    let mut ss = 0.0f32;
+    let mut i = tid;
+    while i < n {
+        let v = *x.add(i);
+        ss += v * v;
+        i += step;
+    }
+    let total = block_sum(ss, scratch);
+    let scale = rms_scale(total / n as f32, p.eps);
+    let mut i = tid;
+    while i < n {
+        *y.add(i) = *x.add(i) * scale * *w.add(i);
+        i += step;
+    }
+}

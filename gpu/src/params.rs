@@ -1,0 +1,89 @@
+//! Launch parameters, one `#[repr(C)]` struct per kernel family, passed by value as the
+//! kernel's single argument. The host fills them with device addresses (`u64`) and sizes
+//! after validating them; the layout is shared by both sides because both compile this file.
+//!
+//! All tensors are row-major and contiguous along their last axis; `ld*` fields give the
+//! distance in elements between consecutive rows.
+
+/// `c[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n])`: a linear layer, `w` in PyTorch's
+/// `[out_features, in_features]` layout. Used by the `matmul_*` and `gemv_*` kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LinearParams {
+    /// `[m, k]` f32 activations, row stride `lda`.
+    pub a: u64,
+    /// `[n, k]` weights of the kernel's dtype, row stride `k`.
+    pub w: u64,
+    /// `[n]` f32 bias, or 0 for none.
+    pub bias: u64,
+    /// `[m, n]` f32 output, row stride `ldc`.
+    pub c: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub lda: u32,
+    pub ldc: u32,
+    pub _pad: u32,
+}
+
+/// `y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w` for each of `rows` rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNormParams {
+    /// `[rows, n]` f32 input.
+    pub x: u64,
+    /// `[n]` f32 weight.
+    pub w: u64,
+    /// `[rows, n]` f32 output (may alias `x`).
+    pub y: u64,
+    pub rows: u32,
+    pub n: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+/// `y[r, :] = softmax(x[r, :])` for each of `rows` rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SoftmaxParams {
+    /// `[rows, n]` f32 input.
+    pub x: u64,
+    /// `[rows, n]` f32 output (may alias `x`).
+    pub y: u64,
+    pub rows: u32,
+    pub n: u32,
+}
+
+/// `out[i] = silu(gate[i]) * up[i]` for `i < len`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SiluMulParams {
+    pub gate: u64,
+    pub up: u64,
+    pub out: u64,
+    pub len: u64,
+}
+
+/// Tile sizes of `matmul_*`, shared with the host launcher.
+pub mod matmul_tile {
+    /// Rows of `c` per block.
+    pub const BM: u32 = 64;
+    /// Columns of `c` per block.
+    pub const BN: u32 = 64;
+    /// Depth of one shared-memory stage.
+    pub const BK: u32 = 16;
+    /// Threads per block (16 x 16; each computes a 4 x 4 register block).
+    pub const THREADS: u32 = 256;
+}
+
+/// Launch shape of `gemv_*`: one warp per output element.
+pub mod gemv_tile {
+    /// Warps (= output rows) per block.
+    pub const WARPS: u32 = 8;
+    pub const THREADS: u32 = WARPS * 32;
+}
+
+/// Threads per block of the row-wise kernels (`rms_norm_*`, `softmax_*`): one block per row.
+pub const ROW_THREADS: u32 = 256;
+/// Threads per block of the elementwise kernels.
+pub const ELEMENTWISE_THREADS: u32 = 256;

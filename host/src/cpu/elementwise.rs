@@ -1,0 +1,30 @@
+//! Elementwise CPU ops, in parallel chunks; the scalar math is `gpu::math`'s.
+
+use rayon::prelude::*;
+
+const CHUNK: usize = 16_384;
+
+/// `out = silu(gate) * up`.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK))).for_each(|(o, (g, u))| {
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = gpu::math::silu_mul(g, u);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn silu_mul_matches_f64() {
+        let g: Vec<f32> = (0..40_000).map(|i| (i as f32 - 20_000.0) / 2_000.0).collect();
+        let u: Vec<f32> = (0..40_000).map(|i| ((i % 13) as f32) - 6.0).collect();
+        let mut o = vec![f32::NAN; g.len()];
+        super::silu_mul(&g, &u, &mut o);
+        for i in 0..g.len() {
+            let gd = g[i] as f64;
+            let want = gd / (1.0 + (-gd).exp()) * u[i] as f64;
+            assert!((o[i] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()), "{}: {} {}", i, o[i], want);
+        }
+    }
+}

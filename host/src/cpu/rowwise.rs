@@ -1,0 +1,80 @@
+//! Row-wise CPU ops (one rayon task per block of rows): RMSNorm and softmax. The scalar math
+//! (`rms_scale`, the online-softmax step) is `gpu::math`'s, shared with the kernels.
+
+use gpu::math::{rms_scale, OnlineSoftmax};
+use rayon::prelude::*;
+
+/// Rows per rayon task, so small rows do not drown in scheduling.
+fn rows_per_task(cols: usize) -> usize {
+    (16_384 / cols.max(1)).max(1)
+}
+
+/// `y = x · rsqrt(mean(x²) + eps) · w` for each row of `x` (`cols` wide).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, cols: usize, y: &mut [f32]) {
+    if cols == 0 {
+        return;
+    }
+    let per = rows_per_task(cols) * cols;
+    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(yb, xb)| {
+        for (yr, xr) in yb.chunks_mut(cols).zip(xb.chunks(cols)) {
+            let ss: f32 = xr.iter().map(|v| v * v).sum();
+            let scale = rms_scale(ss / cols as f32, eps);
+            for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+                *o = v * scale * g;
+            }
+        }
+    });
+}
+
+/// Softmax of each row of `x` (`cols` wide): one pass for the normaliser, one to write.
+pub fn softmax(x: &[f32], cols: usize, y: &mut [f32]) {
+    if cols == 0 {
+        return;
+    }
+    let per = rows_per_task(cols) * cols;
+    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(yb, xb)| {
+        for (yr, xr) in yb.chunks_mut(cols).zip(xb.chunks(cols)) {
+            let st = xr.iter().fold(OnlineSoftmax::EMPTY, |s, &v| s.push(v));
+            for (o, &v) in yr.iter_mut().zip(xr) {
+                *o = st.prob(v);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_f64() {
+        let cols = 37;
+        let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+        let w: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32 / cols as f32).collect();
+        let mut y = vec![f32::NAN; x.len()];
+        rms_norm(&x, &w, 1e-6, cols, &mut y);
+        for r in 0..3 {
+            let row = &x[r * cols..(r + 1) * cols];
+            let ms: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
+            let s = 1.0 / (ms + 1e-6).sqrt();
+            for c in 0..cols {
+                let want = row[c] as f64 * s * w[c] as f64;
+                assert!((y[r * cols + c] as f64 - want).abs() < 1e-5, "{} {}", y[r * cols + c], want);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_matches_f64_and_handles_masked_rows() {
+        let cols = 5;
+        let x = vec![1.0f32, 2.0, -1.0, 30.0, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY];
+        let mut y = vec![f32::NAN; x.len()];
+        softmax(&x, cols, &mut y);
+        let m = 30.0f64;
+        let s: f64 = x[..5].iter().map(|&v| (v as f64 - m).exp()).sum();
+        for c in 0..cols {
+            assert!((y[c] as f64 - (x[c] as f64 - m).exp() / s).abs() < 1e-7);
+            assert_eq!(y[cols + c], 0.0);
+        }
+    }
+}

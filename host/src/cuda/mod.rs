@@ -1,0 +1,207 @@
+//! The CUDA backend: the kernels of `gpu/` (PTX, JIT-compiled by the driver for the device at
+//! hand) launched through `cust`, with device memory from a caching pool. Each op here is the
+//! third layer over a kernel: shape rules (`crate::ops`), then the checked launcher
+//! (`launch`), then the kernel.
+
+mod launch;
+mod pool;
+
+pub use launch::LinearAlgo;
+pub use pool::{bucket, DeviceBuffer, Pool};
+
+use crate::backend::{Backend, MemoryStats};
+use crate::kernels::Kernel;
+use crate::tensor::Storage;
+use crate::{ops, DType, DeviceKind, Error, Result, Tensor};
+use cust::context::{Context, CurrentContext};
+use cust::module::Module;
+use cust::stream::{Stream, StreamFlags};
+use launch::{cuda_err, Launcher, OkOrCuda};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Decode-sized inputs (at most this many rows) use the GEMV kernels.
+pub const GEMV_MAX_ROWS: usize = 4;
+
+pub struct CudaBackend {
+    // Field order is drop order: stream and module go before the context.
+    stream: Stream,
+    module: Module,
+    pool: Arc<Pool>,
+    ctx: Context,
+    name: String,
+    poison: AtomicBool,
+}
+
+// SAFETY: the driver API is thread-safe; every entry point makes the (primary) context current
+// on the calling thread before using the module or stream.
+unsafe impl Send for CudaBackend {}
+unsafe impl Sync for CudaBackend {}
+
+impl CudaBackend {
+    /// Initializes CUDA on device 0, loads `ptx` and checks that every kernel of
+    /// [`Kernel::ALL`] is in it. Errors say which step failed.
+    pub fn new(ptx: &str) -> Result<CudaBackend> {
+        let ctx = cust::quick_init().map_err(|e| Error::Unavailable(format!("no usable CUDA device ({})", e)))?;
+        let device = cust::device::Device::get_device(0).map_err(|e| Error::Unavailable(format!("no CUDA device 0 ({})", e)))?;
+        let name = device.name().unwrap_or_else(|_| "unknown CUDA device".into());
+        let module = Module::from_ptx(ptx, &[]).map_err(|e| Error::Unavailable(format!("loading the PTX on {} failed: {}", name, e)))?;
+        for k in Kernel::ALL {
+            module
+                .get_function(k.name())
+                .map_err(|e| Error::Unavailable(format!("kernel {} is missing from the PTX ({})", k.name(), e)))?;
+        }
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| Error::Unavailable(format!("cannot create a stream: {}", e)))?;
+        let pool = Pool::new(ctx.clone());
+        Ok(CudaBackend { stream, module, pool, ctx, name, poison: AtomicBool::new(false) })
+    }
+
+    fn enter(&self) -> Result<Launcher<'_>> {
+        CurrentContext::set_current(&self.ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+        Ok(Launcher { module: &self.module, stream: &self.stream })
+    }
+
+    fn buffer<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t DeviceBuffer> {
+        match t.storage() {
+            Storage::Cuda(b) => Ok(b),
+            Storage::Cpu(_) => Err(Error::Device { op, msg: "operand is a CPU tensor; upload it to the CUDA backend first".into() }),
+        }
+    }
+
+    /// A new output buffer of `len` f32, NaN-filled when poisoning is on.
+    fn output(&self, len: usize) -> Result<DeviceBuffer> {
+        let buf = self.pool.alloc(len * 4)?;
+        if self.poison.load(Ordering::Relaxed) && len > 0 {
+            unsafe { cust::sys::cuMemsetD32Async(buf.addr(), f32::NAN.to_bits(), len, self.stream.as_inner()) }
+                .ok_or_cuda("cuMemsetD32Async")?;
+        }
+        Ok(buf)
+    }
+
+    fn wrap(shape: Vec<usize>, dtype: DType, buf: DeviceBuffer) -> Tensor {
+        Tensor::from_storage(shape, dtype, Storage::Cuda(Arc::new(buf)))
+    }
+
+    fn upload_bytes(&self, shape: &[usize], dtype: DType, src: *const u8, bytes: usize) -> Result<Tensor> {
+        self.enter()?;
+        let buf = self.pool.alloc(bytes)?;
+        if bytes > 0 {
+            unsafe { cust::sys::cuMemcpyHtoDAsync_v2(buf.addr(), src as *const _, bytes, self.stream.as_inner()) }
+                .ok_or_cuda("cuMemcpyHtoDAsync")?;
+            // the source is pageable host memory owned by the caller: wait until it is read
+            self.synchronize()?;
+        }
+        Ok(Self::wrap(shape.to_vec(), dtype, buf))
+    }
+
+    /// A linear layer with an explicit kernel choice (tests and benchmarks use this to cover
+    /// both kernels; [`Backend::linear`] picks by the number of rows).
+    pub fn linear_with(&self, algo: LinearAlgo, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        const OP: &str = "linear";
+        let (m, n, k) = ops::linear_dims(a, w, bias)?;
+        let l = self.enter()?;
+        let (ab, wb) = (self.buffer(OP, a)?, self.buffer(OP, w)?);
+        let bb = match bias {
+            Some(b) => Some(self.buffer(OP, b)?),
+            None => None,
+        };
+        let out = self.output(m * n)?;
+        launch::linear(&l, algo, w.dtype(), ab, wb, bb, &out, (m, n, k))?;
+        Ok(Self::wrap(ops::linear_out_shape(a, n), DType::F32, out))
+    }
+
+    /// Frees every cached block of the memory pool.
+    pub fn empty_cache(&self) {
+        self.pool.empty_cache()
+    }
+
+    /// Records an event on the stream (for timing with [`cust::event::Event::elapsed_time_f32`]).
+    pub fn record(&self, ev: &cust::event::Event) -> Result<()> {
+        self.enter()?;
+        ev.record(&self.stream).map_err(|e| cuda_err("cuEventRecord", e))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn describe(&self) -> String {
+        format!("CUDA ({})", self.name)
+    }
+
+    fn upload_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(Error::shape("upload_f32", &[shape], format!("{} elements given", data.len())));
+        }
+        self.upload_bytes(shape, DType::F32, data.as_ptr() as *const u8, data.len() * 4)
+    }
+
+    fn upload_half(&self, shape: &[usize], dtype: DType, bits: &[u16]) -> Result<Tensor> {
+        if dtype == DType::F32 {
+            return Err(Error::DType { op: "upload_half", expected: "f16 or bf16", got: dtype });
+        }
+        if shape.iter().product::<usize>() != bits.len() {
+            return Err(Error::shape("upload_half", &[shape], format!("{} elements given", bits.len())));
+        }
+        self.upload_bytes(shape, dtype, bits.as_ptr() as *const u8, bits.len() * 2)
+    }
+
+    fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
+        ops::expect_f32("download_f32", t)?;
+        let buf = self.buffer("download_f32", t)?;
+        self.enter()?;
+        let mut out = vec![0.0f32; t.elem_count()];
+        if !out.is_empty() {
+            unsafe {
+                cust::sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr() as *mut _, buf.addr(), out.len() * 4, self.stream.as_inner())
+            }
+            .ok_or_cuda("cuMemcpyDtoHAsync")?;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let algo = if a.rows_cols().0 <= GEMV_MAX_ROWS { LinearAlgo::Gemv } else { LinearAlgo::Tiled };
+        self.linear_with(algo, a, w, bias)
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+        let (rows, cols) = ops::rms_norm_dims(x, w)?;
+        let l = self.enter()?;
+        let out = self.output(rows * cols)?;
+        launch::rms_norm(&l, self.buffer("rms_norm", x)?, self.buffer("rms_norm", w)?, &out, rows, cols, eps)?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
+    fn softmax(&self, x: &Tensor) -> Result<Tensor> {
+        let (rows, cols) = ops::softmax_dims(x)?;
+        let l = self.enter()?;
+        let out = self.output(rows * cols)?;
+        launch::softmax(&l, self.buffer("softmax", x)?, &out, rows, cols)?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let len = ops::silu_mul_len(gate, up)?;
+        let l = self.enter()?;
+        let out = self.output(len)?;
+        launch::silu_mul(&l, self.buffer("silu_mul", gate)?, self.buffer("silu_mul", up)?, &out, len)?;
+        Ok(Self::wrap(gate.shape().to_vec(), DType::F32, out))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.enter()?;
+        self.stream.synchronize().map_err(|e| cuda_err("cuStreamSynchronize (a kernel before it failed)", e))
+    }
+
+    fn memory_stats(&self) -> MemoryStats {
+        self.pool.stats()
+    }
+
+    fn set_poison_outputs(&self, on: bool) {
+        self.poison.store(on, Ordering::Relaxed);
+    }
+}

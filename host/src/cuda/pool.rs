@@ -1,0 +1,164 @@
+//! A caching device memory pool. Freed blocks go back to a free list keyed by their
+//! (rounded) size and are handed out again, so steady-state inference makes no `cuMemAlloc`
+//! calls. When an allocation fails the cache is emptied and the allocation retried once.
+
+use crate::backend::MemoryStats;
+use crate::{Error, Result};
+use cust::context::{Context, CurrentContext};
+use cust::memory::DevicePointer;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Rounds a request up to its bucket: 512 B granules up to 1 MiB, then 1/8 of the next power
+/// of two (at most 12.5% waste).
+pub fn bucket(bytes: usize) -> usize {
+    let bytes = bytes.max(1);
+    let granule = if bytes <= 1 << 20 { 512 } else { bytes.next_power_of_two() / 8 };
+    (bytes + granule - 1) / granule * granule
+}
+
+pub struct Pool {
+    state: Mutex<State>,
+    ctx: Context,
+}
+
+#[derive(Default)]
+struct State {
+    free: HashMap<usize, Vec<u64>>,
+    stats: MemoryStats,
+}
+
+/// A block of device memory owned by one tensor; returns to its pool on drop.
+pub struct DeviceBuffer {
+    ptr: u64,
+    /// Bytes asked for.
+    len: usize,
+    /// Bytes of the block (its bucket).
+    block: usize,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({:#x}, {} bytes)", self.ptr, self.len)
+    }
+}
+
+impl DeviceBuffer {
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Usable bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        self.pool.release(self.ptr, self.block);
+    }
+}
+
+impl Pool {
+    pub fn new(ctx: Context) -> Arc<Pool> {
+        Arc::new(Pool { state: Mutex::new(State::default()), ctx })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the free lists inconsistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A buffer of at least `bytes` bytes (contents undefined).
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
+        let block = bucket(bytes);
+        let mut st = self.lock();
+        let ptr = match st.free.get_mut(&block).and_then(|v| v.pop()) {
+            Some(p) => {
+                st.stats.cached -= block;
+                p
+            }
+            None => {
+                let p = match raw_alloc(block) {
+                    Ok(p) => p,
+                    Err(first) => {
+                        Self::free_cached(&mut st);
+                        raw_alloc(block).map_err(|e| Error::OutOfMemory {
+                            requested: bytes,
+                            in_use: st.stats.in_use,
+                            cached: 0,
+                            msg: format!("{} (first try: {})", e, first),
+                        })?
+                    }
+                };
+                st.stats.device_allocs += 1;
+                p
+            }
+        };
+        st.stats.in_use += block;
+        st.stats.peak = st.stats.peak.max(st.stats.in_use);
+        Ok(DeviceBuffer { ptr, len: bytes, block, pool: Arc::clone(self) })
+    }
+
+    fn release(&self, ptr: u64, block: usize) {
+        let mut st = self.lock();
+        st.stats.in_use -= block;
+        st.stats.cached += block;
+        st.free.entry(block).or_default().push(ptr);
+    }
+
+    /// Returns every cached block to the driver.
+    pub fn empty_cache(&self) {
+        let _ = CurrentContext::set_current(&self.ctx);
+        Self::free_cached(&mut self.lock());
+    }
+
+    fn free_cached(st: &mut State) {
+        for (_, ptrs) in st.free.drain() {
+            for p in ptrs {
+                // Freeing can only fail for a bad pointer or a dead context; neither is
+                // recoverable here and the memory goes away with the context anyway.
+                let _ = unsafe { cust::memory::cuda_free(DevicePointer::<u8>::from_raw(p)) };
+            }
+        }
+        st.stats.cached = 0;
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.lock().stats
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.empty_cache();
+    }
+}
+
+fn raw_alloc(bytes: usize) -> std::result::Result<u64, cust::error::CudaError> {
+    unsafe { cust::memory::cuda_malloc::<u8>(bytes).map(|p| p.as_raw()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_round_up_with_bounded_waste() {
+        assert_eq!(bucket(0), 512);
+        assert_eq!(bucket(1), 512);
+        assert_eq!(bucket(513), 1024);
+        assert_eq!(bucket(1 << 20), 1 << 20);
+        assert_eq!(bucket((1 << 20) + 1), (1 << 20) + (1 << 18));
+        for b in [3_000_000usize, 123_456_789, 1 << 30] {
+            assert!(bucket(b) >= b && bucket(b) as f64 <= b as f64 * 1.125 + 1.0);
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The one error type of the engine. Every variant names the operation (kernel, file, tensor)
+//! and carries the shapes, dtypes or limits involved, so a message is actionable on its own.
+
+use crate::DType;
+use std::fmt;
+
+#[derive(Debug)]
+pub enum Error {
+    /// Operands whose shapes do not fit the operation.
+    Shape { op: &'static str, shapes: Vec<Vec<usize>>, msg: String },
+    /// An operand of a dtype the operation does not take.
+    DType { op: &'static str, expected: &'static str, got: DType },
+    /// An operand that lives on another device than the backend running the operation.
+    Device { op: &'static str, msg: String },
+    /// A size beyond what a kernel or format can address.
+    Limit { op: &'static str, msg: String },
+    /// A CUDA driver call or kernel launch that failed; `op` names the kernel or the call.
+    Cuda { op: String, msg: String },
+    /// A device allocation that failed even after the cache was emptied.
+    OutOfMemory { requested: usize, in_use: usize, cached: usize, msg: String },
+    /// The CUDA backend was asked for but is not available (reason inside).
+    Unavailable(String),
+    /// A file that could not be read.
+    Io { path: String, source: std::io::Error },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn shape(op: &'static str, shapes: &[&[usize]], msg: impl Into<String>) -> Error {
+        Error::Shape { op, shapes: shapes.iter().map(|s| s.to_vec()).collect(), msg: msg.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Shape { op, shapes, msg } => write!(f, "{}: shape mismatch {:?}: {}", op, shapes, msg),
+            Error::DType { op, expected, got } => write!(f, "{}: expected dtype {}, got {}", op, expected, got),
+            Error::Device { op, msg } => write!(f, "{}: {}", op, msg),
+            Error::Limit { op, msg } => write!(f, "{}: {}", op, msg),
+            Error::Cuda { op, msg } => write!(f, "CUDA error in {}: {}", op, msg),
+            Error::OutOfMemory { requested, in_use, cached, msg } => write!(
+                f,
+                "out of device memory: asked for {} bytes with {} bytes in use and {} cached ({})",
+                requested, in_use, cached, msg
+            ),
+            Error::Unavailable(why) => write!(f, "CUDA backend unavailable: {}", why),
+            Error::Io { path, source } => write!(f, "{}: {}", path, source),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! A small tensor: a shape, a dtype and storage on one device. Tensors are immutable values
+//! (ops return new tensors) and cheap to clone (the storage is shared).
+
+use crate::{DType, Error, Result};
+use std::sync::Arc;
+
+/// Where a tensor's elements live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// Host memory of a CPU tensor: f32 elements, or the raw bits of f16/bf16 elements.
+#[derive(Debug)]
+pub enum CpuBuffer {
+    F32(Vec<f32>),
+    Half(Vec<u16>),
+}
+
+#[derive(Clone, Debug)]
+pub enum Storage {
+    Cpu(Arc<CpuBuffer>),
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<crate::cuda::DeviceBuffer>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    dtype: DType,
+    storage: Storage,
+}
+
+impl Tensor {
+    /// Wraps storage; the caller guarantees it holds `shape`'s element count of `dtype`.
+    pub(crate) fn from_storage(shape: Vec<usize>, dtype: DType, storage: Storage) -> Tensor {
+        Tensor { shape, dtype, storage }
+    }
+
+    /// A CPU f32 tensor owning `data`.
+    pub fn cpu_f32(shape: &[usize], data: Vec<f32>) -> Result<Tensor> {
+        check_len("Tensor::cpu_f32", shape, data.len())?;
+        Ok(Tensor::from_storage(shape.to_vec(), DType::F32, Storage::Cpu(Arc::new(CpuBuffer::F32(data)))))
+    }
+
+    /// A CPU f16 or bf16 tensor owning the raw element bits.
+    pub fn cpu_half(shape: &[usize], dtype: DType, bits: Vec<u16>) -> Result<Tensor> {
+        if dtype == DType::F32 {
+            return Err(Error::DType { op: "Tensor::cpu_half", expected: "f16 or bf16", got: dtype });
+        }
+        check_len("Tensor::cpu_half", shape, bits.len())?;
+        Ok(Tensor::from_storage(shape.to_vec(), dtype, Storage::Cpu(Arc::new(CpuBuffer::Half(bits)))))
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn elem_count(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    pub fn device(&self) -> DeviceKind {
+        match self.storage {
+            Storage::Cpu(_) => DeviceKind::Cpu,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => DeviceKind::Cuda,
+        }
+    }
+
+    /// `(rows, cols)` of a 2-D tensor, or all leading axes folded into rows for higher ranks.
+    pub fn rows_cols(&self) -> (usize, usize) {
+        match self.shape.split_last() {
+            Some((&cols, lead)) => (lead.iter().product(), cols),
+            None => (1, 1),
+        }
+    }
+
+    /// The f32 elements of a CPU tensor.
+    pub fn as_cpu_f32(&self, op: &'static str) -> Result<&[f32]> {
+        match &self.storage {
+            Storage::Cpu(b) => match &**b {
+                CpuBuffer::F32(v) => Ok(v),
+                CpuBuffer::Half(_) => Err(Error::DType { op, expected: "f32", got: self.dtype }),
+            },
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+
+    /// The raw f16/bf16 bits of a CPU tensor.
+    pub fn as_cpu_half(&self, op: &'static str) -> Result<&[u16]> {
+        match &self.storage {
+            Storage::Cpu(b) => match &**b {
+                CpuBuffer::Half(v) => Ok(v),
+                CpuBuffer::F32(_) => Err(Error::DType { op, expected: "f16 or bf16", got: self.dtype }),
+            },
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+}
+
+fn check_len(op: &'static str, shape: &[usize], len: usize) -> Result<()> {
+    let want: usize = shape.iter().product();
+    if want != len {
+        return Err(Error::shape(op, &[shape], format!("shape holds {} elements but {} were given", want, len)));
+    }
+    Ok(())
+}

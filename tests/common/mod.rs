@@ -1,0 +1,45 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use qwen3_vl::{select_device, Backend, DeviceRequest};
+use std::sync::Arc;
+
+/// Deterministic pseudo-random f32 in [-1, 1) (xorshift32).
+pub fn random(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Set to 1 on a machine that has a GPU: then a GPU test fails instead of skipping when CUDA
+/// does not come up, so a broken GPU path cannot pass as "skipped".
+pub const EXPECT_GPU_VAR: &str = "QWEN3_VL_EXPECT_GPU";
+
+pub fn expect_gpu() -> bool {
+    std::env::var(EXPECT_GPU_VAR).map_or(false, |v| v == "1")
+}
+
+/// The CUDA backend, or `None` (with a note on stderr) when this machine has none.
+pub fn gpu(test: &str) -> Option<Arc<dyn Backend>> {
+    match select_device(DeviceRequest::Cuda, None) {
+        Ok(sel) => {
+            assert_eq!(sel.backend.kind(), qwen3_vl::DeviceKind::Cuda);
+            Some(sel.backend)
+        }
+        Err(e) => {
+            assert!(!expect_gpu(), "{}: {}=1 but CUDA is unavailable: {}", test, EXPECT_GPU_VAR, e);
+            eprintln!("{}: skipped on this machine: {}", test, e);
+            None
+        }
+    }
+}
+
+pub fn cpu() -> Arc<dyn Backend> {
+    select_device(DeviceRequest::Cpu, None).expect("the CPU backend always starts").backend
+}

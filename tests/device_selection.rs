@@ -1,0 +1,79 @@
+//! Device selection: `auto` falls back to the CPU with the reason logged; `cuda` fails with a
+//! reason instead of falling back; the embedded PTX declares exactly the typed kernel list.
+
+mod common;
+
+use qwen3_vl::kernels::{ptx_entries, Kernel};
+use qwen3_vl::{select_device, DeviceKind, DeviceRequest};
+use std::sync::Mutex;
+
+struct Capture(Mutex<Vec<String>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record) {
+        self.0.lock().unwrap().push(format!("{}", r.args()));
+    }
+    fn flush(&self) {}
+}
+
+
+#[test]
+fn auto_selects_a_backend_and_logs_why() {
+    let logs: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
+    log::set_logger(logs).expect("only this test installs a logger");
+    log::set_max_level(log::LevelFilter::Info);
+    let sel = select_device(DeviceRequest::Auto, Some(2)).expect("auto always yields a backend");
+    let logged = logs.0.lock().unwrap().clone();
+    assert!(logged.iter().any(|l| l == &sel.reason), "reason {:?} not in log {:?}", sel.reason, logged);
+    match sel.backend.kind() {
+        DeviceKind::Cpu => {
+            assert!(!common::expect_gpu(), "a GPU was expected but auto chose the CPU: {}", sel.reason);
+            assert!(sel.reason.contains("falling back from CUDA: "), "{}", sel.reason);
+            // our machines without a GPU: libcuda is present and reports no device
+            if qwen3_vl::PTX.is_some() {
+                assert!(sel.reason.contains("CUDA device"), "{}", sel.reason);
+            } else {
+                assert!(sel.reason.contains("--features cuda"), "{}", sel.reason);
+            }
+            assert!(sel.reason.contains("2 threads"), "{}", sel.reason);
+        }
+        DeviceKind::Cuda => assert!(sel.reason.contains("CUDA ("), "{}", sel.reason),
+    }
+}
+
+#[test]
+fn explicit_cuda_request_fails_with_a_reason_instead_of_falling_back() {
+    match select_device(DeviceRequest::Cuda, None) {
+        Ok(sel) => assert_eq!(sel.backend.kind(), DeviceKind::Cuda),
+        Err(e) => {
+            assert!(!common::expect_gpu(), "{}", e);
+            assert!(e.to_string().starts_with("CUDA backend unavailable: "), "{}", e);
+        }
+    }
+    assert_eq!(select_device(DeviceRequest::Cpu, Some(1)).unwrap().backend.kind(), DeviceKind::Cpu);
+    assert!("tpu".parse::<DeviceRequest>().is_err());
+}
+
+#[test]
+fn ptx_declares_exactly_the_typed_kernel_list() {
+    let ptx = match qwen3_vl::PTX {
+        Some(p) => p,
+        None => {
+            eprintln!("built without the cuda feature: no PTX to check");
+            return;
+        }
+    };
+    assert!(ptx.contains(".target sm_61"), "PTX must target compute_61");
+    let mut entries = ptx_entries(ptx);
+    entries.sort_unstable();
+    let mut names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+    names.sort_unstable();
+    assert_eq!(entries, names);
+    // On a GPU machine every entry must also load as a function (CudaBackend::new checks each).
+    if let Some(g) = common::gpu("ptx load") {
+        assert!(g.describe().starts_with("CUDA"));
+    }
+}

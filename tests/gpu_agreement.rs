@@ -1,0 +1,170 @@
+//! GPU-vs-CPU agreement for every kernel, written once per op and run on the CUDA backend
+//! when this machine has one (skipped with a note otherwise; with QWEN3_VL_EXPECT_GPU=1 a
+//! missing GPU fails instead). Outputs are poisoned with NaN before every launch, so an
+//! element a kernel fails to write cannot agree. Shapes sweep 1, 63, tile±1 and large.
+
+mod common;
+
+use approx::assert_relative_eq;
+use common::{cpu, gpu, random};
+use qwen3_vl::{Backend, DType, DeviceKind, Result, Tensor};
+
+/// Runs `op` on the CPU and on `gpu` with the same inputs and compares the f32 outputs
+/// element by element: |gpu - cpu| <= abs_tol, or within max_relative of each other.
+fn agree(
+    name: &str,
+    gpu: &dyn Backend,
+    op: &dyn Fn(&dyn Backend) -> Result<Tensor>,
+    abs_tol: f32,
+    max_relative: f32,
+) {
+    let cpu = cpu();
+    let want_t = op(&*cpu).unwrap_or_else(|e| panic!("{}: cpu failed: {}", name, e));
+    let want = cpu.download_f32(&want_t).unwrap();
+    gpu.set_poison_outputs(true);
+    let got_t = op(gpu).unwrap_or_else(|e| panic!("{}: gpu failed: {}", name, e));
+    assert_eq!(got_t.device(), DeviceKind::Cuda, "{}: the result must come from the GPU", name);
+    assert_eq!(got_t.shape(), want_t.shape(), "{}", name);
+    let got = gpu.download_f32(&got_t).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(!g.is_nan() || w.is_nan(), "{}: element {} was not written (NaN poison left)", name, i);
+        assert_relative_eq!(*g, *w, epsilon = abs_tol, max_relative = max_relative);
+    }
+}
+
+/// Uploads `data` of shape to `b` as `dtype` (rounding to f16/bf16 bits first).
+fn upload(b: &dyn Backend, shape: &[usize], data: &[f32], dtype: DType) -> Result<Tensor> {
+    match dtype {
+        DType::F32 => b.upload_f32(shape, data),
+        DType::F16 => b.upload_half(shape, dtype, &data.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect::<Vec<_>>()),
+        DType::BF16 => b.upload_half(shape, dtype, &data.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect::<Vec<_>>()),
+    }
+}
+
+/// (m, n, k): rows, outputs, inputs. m <= 4 takes the GEMV kernels, larger m the tiled
+/// matmul (64 × 64 tiles, k stages of 16).
+const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
+    (1, 1, 1),
+    (1, 63, 17),
+    (1, 64, 64),
+    (1, 65, 1000),
+    (1, 4096, 2048),
+    (3, 257, 129),
+    (4, 65, 63),
+    (5, 63, 16),
+    (63, 64, 15),
+    (64, 64, 64),
+    (65, 65, 65),
+    (130, 257, 300),
+    (200, 1024, 2048),
+];
+
+#[test]
+fn linear_agrees_for_every_weight_dtype_and_shape() {
+    let g = match gpu("linear") {
+        Some(g) => g,
+        None => return,
+    };
+    for (i, &(m, n, k)) in LINEAR_SHAPES.iter().enumerate() {
+        let (a, w, bias) = (random(m * k, 1 + i as u32), random(n * k, 100 + i as u32), random(n, 200 + i as u32));
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let with_bias = i % 2 == 0;
+            let op = |b: &dyn Backend| -> Result<Tensor> {
+                let at = b.upload_f32(&[m, k], &a)?;
+                let wt = upload(b, &[n, k], &w, dtype)?;
+                let bt = if with_bias { Some(b.upload_f32(&[n], &bias)?) } else { None };
+                b.linear(&at, &wt, bt.as_ref())
+            };
+            let name = format!("linear m={} n={} k={} w={} bias={}", m, n, k, dtype, with_bias);
+            agree(&name, &*g, &op, 1e-5 * (k as f32).sqrt() * 4.0, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn rms_norm_agrees() {
+    let g = match gpu("rms_norm") {
+        Some(g) => g,
+        None => return,
+    };
+    for &(rows, cols) in &[(1, 1), (1, 63), (3, 255), (2, 256), (5, 257), (64, 2048), (7, 5000)] {
+        let (x, w) = (random(rows * cols, 7), random(cols, 8));
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.rms_norm(&b.upload_f32(&[rows, cols], &x)?, &b.upload_f32(&[cols], &w)?, 1e-6) };
+        agree(&format!("rms_norm {}x{}", rows, cols), &*g, &op, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn softmax_agrees_including_masked_entries() {
+    let g = match gpu("softmax") {
+        Some(g) => g,
+        None => return,
+    };
+    for &(rows, cols) in &[(1, 1), (1, 63), (3, 255), (2, 256), (5, 257), (16, 4096), (2, 151_936)] {
+        let mut x: Vec<f32> = random(rows * cols, 9).iter().map(|v| v * 20.0).collect();
+        // mask a causal-like tail in every row, and the whole last row when there are several
+        for r in 0..rows {
+            for c in (cols / 2 + r).min(cols)..cols {
+                if c > 0 {
+                    x[r * cols + c] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if rows > 1 {
+            x[(rows - 1) * cols..].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+        }
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.softmax(&b.upload_f32(&[rows, cols], &x)?) };
+        agree(&format!("softmax {}x{}", rows, cols), &*g, &op, 1e-7, 1e-4);
+    }
+}
+
+#[test]
+fn silu_mul_agrees() {
+    let g = match gpu("silu_mul") {
+        Some(g) => g,
+        None => return,
+    };
+    for &len in &[1usize, 63, 255, 256, 257, 100_000, 3_000_000] {
+        let (gate, up) = (random(len, 10).iter().map(|v| v * 8.0).collect::<Vec<_>>(), random(len, 11));
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.silu_mul(&b.upload_f32(&[len], &gate)?, &b.upload_f32(&[len], &up)?) };
+        agree(&format!("silu_mul {}", len), &*g, &op, 1e-6, 1e-5);
+    }
+}
+
+#[test]
+fn launch_errors_are_errors_not_panics() {
+    let g = match gpu("launch errors") {
+        Some(g) => g,
+        None => return,
+    };
+    let a = g.upload_f32(&[2, 3], &[0.0; 6]).unwrap();
+    let w = g.upload_f32(&[4, 5], &[0.0; 20]).unwrap();
+    let e = g.linear(&a, &w, None).unwrap_err().to_string();
+    assert!(e.contains("linear") && e.contains("[2, 3]"), "{}", e);
+    // a CPU tensor handed to the GPU backend
+    let c = cpu().upload_f32(&[2, 3], &[0.0; 6]).unwrap();
+    let e = g.softmax(&c).unwrap_err().to_string();
+    assert!(e.contains("softmax") && e.contains("CPU"), "{}", e);
+}
+
+#[test]
+fn memory_pool_reuses_freed_blocks() {
+    let g = match gpu("memory pool") {
+        Some(g) => g,
+        None => return,
+    };
+    let x = random(1 << 16, 3);
+    let first = g.upload_f32(&[1 << 16], &x).unwrap();
+    drop(first);
+    let before = g.memory_stats();
+    for _ in 0..10 {
+        let t = g.upload_f32(&[1 << 16], &x).unwrap();
+        let _y = g.softmax(&t).unwrap();
+    }
+    let after = g.memory_stats();
+    assert!(after.cached > 0, "{:?}", after);
+    // one new block for the softmax output, none for the ten re-uploads
+    assert!(after.device_allocs <= before.device_allocs + 1, "{:?} -> {:?}", before, after);
+    assert!(after.peak >= 2 * (1 << 18), "{:?}", after);
+}

@@ -1,0 +1,42 @@
+//! A minimal stderr logger for the `log` facade: `level: message` lines.
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+struct Stderr;
+
+impl Log for Stderr {
+    fn enabled(&self, m: &Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &Record) {
+        if self.enabled(r.metadata()) {
+            let tag = match r.level() {
+                Level::Error => "error",
+                Level::Warn => "warning",
+                Level::Info => "info",
+                Level::Debug => "debug",
+                Level::Trace => "trace",
+            };
+            eprintln!("{}: {}", tag, r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: Stderr = Stderr;
+
+/// Installs the logger; the level comes from -v/-q, else QWEN3_VL_LOG, else info.
+pub fn init(verbose: u8, quiet: bool) {
+    let level = if quiet {
+        LevelFilter::Error
+    } else if verbose > 1 {
+        LevelFilter::Trace
+    } else if verbose == 1 {
+        LevelFilter::Debug
+    } else {
+        std::env::var("QWEN3_VL_LOG").ok().and_then(|v| v.parse().ok()).unwrap_or(LevelFilter::Info)
+    };
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(level);
+    }
+}

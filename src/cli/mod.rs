@@ -1,0 +1,56 @@
+//! Command-line interface: argument parsing, logging, and one module per subcommand.
+
+mod info;
+mod logger;
+
+use clap::{Parser, Subcommand};
+use qwen3_vl::DeviceRequest;
+
+#[derive(Parser)]
+#[clap(name = "qwen3-vl", version, about = "Qwen3-VL inference: Rust GPU kernels (CUDA, compute 6.1+) with a pure-Rust CPU fallback")]
+pub struct Cli {
+    /// Log more (-v: debug, -vv: trace); QWEN3_VL_LOG=error|warn|info|debug|trace also works.
+    #[clap(short, long, parse(from_occurrences), global = true)]
+    verbose: u8,
+    /// Only print errors.
+    #[clap(short, long, global = true)]
+    quiet: bool,
+    #[clap(subcommand)]
+    command: Command,
+}
+
+/// Options every model-running subcommand shares.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Where to run: auto (CUDA if a device works, else CPU), cpu or cuda.
+    #[clap(long, default_value = "auto")]
+    pub device: DeviceRequest,
+    /// CPU worker threads (default: all cores).
+    #[clap(long)]
+    pub threads: Option<usize>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show which backend would run and why, with the kernels this build carries.
+    Info(info::InfoArgs),
+    /// Print the embedded PTX (for ptxas and other tools).
+    Ptx,
+}
+
+/// Parses the arguments, runs the subcommand, and returns the process exit code.
+pub fn run() -> i32 {
+    let cli = Cli::parse();
+    logger::init(cli.verbose, cli.quiet);
+    let result = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Ptx => info::print_ptx(),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {}", e);
+            1
+        }
+    }
+}

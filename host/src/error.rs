@@ -22,11 +22,25 @@ pub enum Error {
     Unavailable(String),
     /// A file that could not be read.
     Io { path: String, source: std::io::Error },
+    /// A model configuration file that is malformed or describes an unsupported model.
+    Config { file: String, msg: String },
+    /// A checkpoint tensor that is missing, malformed, or of the wrong shape or dtype.
+    Checkpoint { file: String, tensor: String, msg: String },
+    /// A tokenizer file that cannot be used, or text/ids it cannot handle.
+    Tokenizer { msg: String },
+    /// An image that cannot be read or decoded.
+    Image { file: String, msg: String },
+    /// A prompt (plus the tokens to generate) longer than the model's context.
+    Context { tokens: usize, limit: usize, msg: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Error {
+        Error::Io { path: path.as_ref().display().to_string(), source }
+    }
+
     pub(crate) fn shape(op: &'static str, shapes: &[&[usize]], msg: impl Into<String>) -> Error {
         Error::Shape { op, shapes: shapes.iter().map(|s| s.to_vec()).collect(), msg: msg.into() }
     }
@@ -47,6 +61,11 @@ impl fmt::Display for Error {
             ),
             Error::Unavailable(why) => write!(f, "CUDA backend unavailable: {}", why),
             Error::Io { path, source } => write!(f, "{}: {}", path, source),
+            Error::Config { file, msg } => write!(f, "{}: {}", file, msg),
+            Error::Checkpoint { file, tensor, msg } => write!(f, "{}: tensor '{}': {}", file, tensor, msg),
+            Error::Tokenizer { msg } => write!(f, "tokenizer: {}", msg),
+            Error::Image { file, msg } => write!(f, "{}: {}", file, msg),
+            Error::Context { tokens, limit, msg } => write!(f, "{} tokens exceed the context limit of {} ({})", tokens, limit, msg),
         }
     }
 }

@@ -168,3 +168,92 @@ fn memory_pool_reuses_freed_blocks() {
     assert!(after.device_allocs <= before.device_allocs + 1, "{:?} -> {:?}", before, after);
     assert!(after.peak >= 2 * (1 << 18), "{:?}", after);
 }
+
+#[test]
+fn add_agrees() {
+    let g = match gpu("add") {
+        Some(g) => g,
+        None => return,
+    };
+    for &len in &[1usize, 255, 257, 1_000_003] {
+        let (a, b) = (random(len, 12), random(len, 13));
+        let op = |be: &dyn Backend| -> Result<Tensor> { be.add(&be.upload_f32(&[len], &a)?, &be.upload_f32(&[len], &b)?) };
+        agree(&format!("add {}", len), &*g, &op, 0.0, 0.0);
+    }
+}
+
+#[test]
+fn embedding_agrees_for_every_table_dtype() {
+    let g = match gpu("embedding") {
+        Some(g) => g,
+        None => return,
+    };
+    for &(vocab, hidden) in &[(1, 1), (50, 63), (1000, 257)] {
+        let table = random(vocab * hidden, 14);
+        let ids: Vec<u32> = (0..37u32).map(|i| (i * 7919) % vocab as u32).collect();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let op = |b: &dyn Backend| -> Result<Tensor> { b.embedding(&upload(b, &[vocab, hidden], &table, dtype)?, &ids) };
+            agree(&format!("embedding {}x{} {}", vocab, hidden, dtype), &*g, &op, 0.0, 0.0);
+        }
+    }
+    let t = g.upload_f32(&[4, 2], &[0.0; 8]).unwrap();
+    let e = g.embedding(&t, &[1, 4]).unwrap_err().to_string();
+    assert!(e.contains("token id 4") && e.contains("vocabulary of 4"), "{}", e);
+}
+
+#[test]
+fn rope_agrees() {
+    let g = match gpu("rope") {
+        Some(g) => g,
+        None => return,
+    };
+    for &(rows, heads, d) in &[(1, 1, 2), (3, 16, 128), (65, 8, 64), (17, 2, 80)] {
+        let x = random(rows * heads * d, 15);
+        let ang: Vec<f32> = random(rows * d / 2, 16).iter().map(|a| a * 100.0).collect();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = ang.iter().map(|a| (a.cos(), a.sin())).unzip();
+        let op = |b: &dyn Backend| -> Result<Tensor> {
+            b.rope(&b.upload_f32(&[rows, heads, d], &x)?, &b.upload_f32(&[rows, d / 2], &cos)?, &b.upload_f32(&[rows, d / 2], &sin)?)
+        };
+        agree(&format!("rope {}x{}x{}", rows, heads, d), &*g, &op, 1e-6, 1e-5);
+    }
+}
+
+#[test]
+fn attention_agrees_causal_full_gqa_and_cached() {
+    let g = match gpu("attention") {
+        Some(g) => g,
+        None => return,
+    };
+    // (t, heads, kv_heads, d, cap, kv_len, q_pos0, causal)
+    let cases = [
+        (1, 1, 1, 1, 1, 1, 0, true),
+        (7, 4, 2, 16, 7, 7, 0, true),        // prefill, GQA
+        (1, 16, 8, 128, 300, 257, 256, true), // decode step from a cache
+        (5, 16, 8, 128, 300, 205, 200, true), // chunked prefill after a cache
+        (64, 2, 2, 80, 64, 64, 0, false),     // vision-style full attention
+        (33, 8, 1, 256, 40, 40, 0, false),    // MQA, widest head
+    ];
+    for &(t, heads, kvh, d, cap, kv_len, q_pos0, causal) in &cases {
+        let (q, k, v) = (random(t * heads * d, 17), random(cap * kvh * d, 18), random(cap * kvh * d, 19));
+        let p = qwen3_vl::AttnParams { kv_len, q_pos0, causal, scale: 1.0 / (d as f32).sqrt() };
+        let op = |b: &dyn Backend| -> Result<Tensor> {
+            b.attention(&b.upload_f32(&[t, heads, d], &q)?, &b.upload_f32(&[cap, kvh, d], &k)?, &b.upload_f32(&[cap, kvh, d], &v)?, p)
+        };
+        agree(&format!("attention t={} h={}/{} d={} kv={} causal={}", t, heads, kvh, d, kv_len, causal), &*g, &op, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn kv_rows_round_trip() {
+    let g = match gpu("write_rows/take_rows") {
+        Some(g) => g,
+        None => return,
+    };
+    let src = random(3 * 2 * 4, 20);
+    let op = |b: &dyn Backend| -> Result<Tensor> {
+        let mut cache = b.zeros(&[10, 2, 4])?;
+        b.write_rows(&mut cache, 6, &b.upload_f32(&[3, 2, 4], &src)?)?;
+        b.take_rows(&cache, 5, 5)
+    };
+    agree("write_rows + take_rows", &*g, &op, 0.0, 0.0);
+}

@@ -22,10 +22,16 @@ mod reduce;
 #[cfg(target_os = "cuda")]
 pub mod activation;
 #[cfg(target_os = "cuda")]
+pub mod attention;
+#[cfg(target_os = "cuda")]
+pub mod embedding;
+#[cfg(target_os = "cuda")]
 pub mod gemv;
 #[cfg(target_os = "cuda")]
 pub mod matmul;
 #[cfg(target_os = "cuda")]
 pub mod norm;
+#[cfg(target_os = "cuda")]
+pub mod rope;
 #[cfg(target_os = "cuda")]
 pub mod softmax;

@@ -94,6 +94,13 @@ pub fn rms_scale(mean_sq: f32, eps: f32) -> f32 {
     1.0 / (mean_sq + eps).sqrt()
 }
 
+/// Rotary embedding of one pair in the rotate-half layout: `(x[i], x[i + d/2])` rotated by the
+/// angle whose cosine and sine are `c`, `s` (`x·cos + rotate_half(x)·sin`).
+#[inline(always)]
+pub fn rope_pair(x1: f32, x2: f32, c: f32, s: f32) -> (f32, f32) {
+    (x1 * c - x2 * s, x2 * c + x1 * s)
+}
+
 /// A running softmax normaliser: the maximum seen so far and the sum of `exp(x - max)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnlineSoftmax {
@@ -114,6 +121,23 @@ impl OnlineSoftmax {
             self
         } else {
             OnlineSoftmax { max: self.max, sum: self.sum + (x - self.max).exp() }
+        }
+    }
+
+    /// Adds one element and returns, with the new state, the factor that rescales sums made
+    /// under the old maximum and the weight `exp(x - new max)` of `x`: the streaming update of
+    /// flash attention (`acc = acc * rescale + weight * v`, output `acc / sum`).
+    #[inline(always)]
+    pub fn push_weighted(self, x: f32) -> (OnlineSoftmax, f32, f32) {
+        if x == f32::NEG_INFINITY {
+            return (self, 1.0, 0.0);
+        }
+        if x > self.max {
+            let rescale = (self.max - x).exp();
+            (OnlineSoftmax { max: x, sum: self.sum * rescale + 1.0 }, rescale, 1.0)
+        } else {
+            let w = (x - self.max).exp();
+            (OnlineSoftmax { max: self.max, sum: self.sum + w }, 1.0, w)
         }
     }
 

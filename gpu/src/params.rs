@@ -54,14 +54,72 @@ pub struct SoftmaxParams {
     pub n: u32,
 }
 
-/// `out[i] = silu(gate[i]) * up[i]` for `i < len`.
+/// `out[i] = f(a[i], b[i])` for `i < len`: `silu_mul_f32` (a = gate, b = up) and `add_f32`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct SiluMulParams {
-    pub gate: u64,
-    pub up: u64,
+pub struct BinaryParams {
+    pub a: u64,
+    pub b: u64,
     pub out: u64,
     pub len: u64,
+}
+
+/// `out[r, :] = f32(table[ids[r], :])` for `r < rows`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EmbeddingParams {
+    /// `[vocab, hidden]` of the kernel's dtype.
+    pub table: u64,
+    /// `[rows]` u32 token ids, each `< vocab` (checked by the host).
+    pub ids: u64,
+    /// `[rows, hidden]` f32.
+    pub out: u64,
+    pub rows: u32,
+    pub hidden: u32,
+}
+
+/// Rotate-half rotary embedding of `x [rows, heads, d]` with `cos`, `sin` `[rows, d / 2]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub x: u64,
+    pub cos: u64,
+    pub sin: u64,
+    /// `[rows, heads, d]` f32 (may alias `x`).
+    pub out: u64,
+    pub rows: u32,
+    pub heads: u32,
+    pub d: u32,
+    pub _pad: u32,
+}
+
+/// Attention of `q [t, heads, d]` over the first `kv_len` rows of `k`, `v` `[cap, kv_heads, d]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    /// `[t, heads, d]` f32.
+    pub out: u64,
+    pub t: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub d: u32,
+    pub kv_len: u32,
+    /// Key position of query row 0.
+    pub q_pos0: u32,
+    /// 1: query `i` sees keys `0 ..= q_pos0 + i`; 0: all `kv_len` keys.
+    pub causal: u32,
+    pub scale: f32,
+}
+
+/// Launch shape of `attention_f32`: one warp per (query row, head).
+pub mod attention_tile {
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Head-dim elements a lane keeps in registers; `d <= 32 * MAX_PER_LANE`.
+    pub const MAX_PER_LANE: usize = 8;
 }
 
 /// Tile sizes of `matmul_*`, shared with the host launcher.

@@ -18,6 +18,19 @@ pub struct MemoryStats {
     pub device_allocs: u64,
 }
 
+/// How queries see keys in [`Backend::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Valid key/value rows (a prefix of the cache).
+    pub kv_len: usize,
+    /// Key index of the first query row: query `i` sits at key position `q_pos0 + i`.
+    pub q_pos0: usize,
+    /// Causal: query `i` attends to keys `0 ..= q_pos0 + i` only. Otherwise to all `kv_len`.
+    pub causal: bool,
+    /// Multiplier of the scores, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
 pub trait Backend: Send + Sync {
     /// Which device this backend runs on.
     fn kind(&self) -> DeviceKind;
@@ -46,6 +59,33 @@ pub trait Backend: Send + Sync {
 
     /// `silu(gate) * up`, elementwise, same shapes.
     fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+
+    /// A new f32 tensor of zeros.
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor>;
+
+    /// Embedding lookup: rows `ids` of `table [vocab, hidden]` (any dtype) as `[ids.len(), hidden]`
+    /// f32. Ids out of range are an error.
+    fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor>;
+
+    /// `a + b`, elementwise, same shapes, f32.
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+
+    /// Rotary embedding in the rotate-half layout: `x [rows, heads, head_dim]` with per-row
+    /// `cos`, `sin` of `[rows, head_dim / 2]` (the same angle applies to element `i` and
+    /// `i + head_dim / 2`).
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor>;
+
+    /// Scaled dot-product attention with grouped KV heads (see [`AttnParams`]):
+    /// `q [t, heads, d]` against the first `p.kv_len` rows of `k`, `v` `[cap, kv_heads, d]`;
+    /// returns `[t, heads, d]`.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor>;
+
+    /// Copies `src [r, ..]` into rows `row0 .. row0 + r` of `dst [cap, ..]` (trailing axes equal),
+    /// in place: the KV-cache append.
+    fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()>;
+
+    /// Rows `row0 .. row0 + count` of `x [rows, ..]` as a new tensor.
+    fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor>;
 
     /// Waits for all queued work.
     fn synchronize(&self) -> Result<()>;

@@ -14,11 +14,17 @@ pub enum Kernel {
     RmsNormF32,
     SoftmaxF32,
     SiluMulF32,
+    AddF32,
+    EmbeddingF32,
+    EmbeddingF16,
+    EmbeddingBf16,
+    RopeF32,
+    AttentionF32,
 }
 
 impl Kernel {
     /// Every kernel, for load-time checks and the PTX test.
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::MatmulF32,
         Kernel::MatmulF16,
         Kernel::MatmulBf16,
@@ -28,6 +34,12 @@ impl Kernel {
         Kernel::RmsNormF32,
         Kernel::SoftmaxF32,
         Kernel::SiluMulF32,
+        Kernel::AddF32,
+        Kernel::EmbeddingF32,
+        Kernel::EmbeddingF16,
+        Kernel::EmbeddingBf16,
+        Kernel::RopeF32,
+        Kernel::AttentionF32,
     ];
 
     /// The entry name in the PTX.
@@ -42,6 +54,12 @@ impl Kernel {
             Kernel::RmsNormF32 => "rms_norm_f32",
             Kernel::SoftmaxF32 => "softmax_f32",
             Kernel::SiluMulF32 => "silu_mul_f32",
+            Kernel::AddF32 => "add_f32",
+            Kernel::EmbeddingF32 => "embedding_f32",
+            Kernel::EmbeddingF16 => "embedding_f16",
+            Kernel::EmbeddingBf16 => "embedding_bf16",
+            Kernel::RopeF32 => "rope_f32",
+            Kernel::AttentionF32 => "attention_f32",
         }
     }
 
@@ -51,6 +69,15 @@ impl Kernel {
             DType::F32 => Kernel::MatmulF32,
             DType::F16 => Kernel::MatmulF16,
             DType::BF16 => Kernel::MatmulBf16,
+        }
+    }
+
+    /// The embedding lookup for a table of `dtype`.
+    pub fn embedding(dtype: DType) -> Kernel {
+        match dtype {
+            DType::F32 => Kernel::EmbeddingF32,
+            DType::F16 => Kernel::EmbeddingF16,
+            DType::BF16 => Kernel::EmbeddingBf16,
         }
     }
 

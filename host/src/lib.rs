@@ -13,7 +13,7 @@ pub mod kernels;
 pub mod ops;
 mod tensor;
 
-pub use backend::{Backend, MemoryStats};
+pub use backend::{AttnParams, Backend, MemoryStats};
 pub use device::{select, DeviceRequest, Selection};
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -67,3 +67,97 @@ pub fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
     }
     Ok(())
 }
+
+/// `(rows, hidden)` of an embedding lookup, after checking `table [vocab, hidden]` and the ids.
+pub fn embedding_dims(table: &Tensor, ids: &[u32]) -> Result<(usize, usize)> {
+    const OP: &str = "embedding";
+    if table.shape().len() != 2 {
+        return Err(Error::shape(OP, &[table.shape()], "table must be [vocab, hidden]"));
+    }
+    let (vocab, hidden) = (table.shape()[0], table.shape()[1]);
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(Error::Limit { op: OP, msg: format!("token id {} is outside the vocabulary of {}", bad, vocab) });
+    }
+    Ok((ids.len(), hidden))
+}
+
+/// Element count of `a + b`, after checking both are f32 of one shape.
+pub fn add_len(a: &Tensor, b: &Tensor) -> Result<usize> {
+    expect_f32("add", a)?;
+    expect_f32("add", b)?;
+    if a.shape() != b.shape() {
+        return Err(Error::shape("add", &[a.shape(), b.shape()], "operands must have one shape"));
+    }
+    Ok(a.elem_count())
+}
+
+/// `(rows, heads, head_dim)` of a rotary embedding, after checking `x [rows, heads, head_dim]`
+/// with an even head_dim and `cos`, `sin` of `[rows, head_dim / 2]`, all f32.
+pub fn rope_dims(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(usize, usize, usize)> {
+    const OP: &str = "rope";
+    for t in [x, cos, sin] {
+        expect_f32(OP, t)?;
+    }
+    if x.shape().len() != 3 || x.shape()[2] % 2 != 0 {
+        return Err(Error::shape(OP, &[x.shape()], "x must be [rows, heads, even head_dim]"));
+    }
+    let (rows, heads, d) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    if cos.shape() != [rows, d / 2] || sin.shape() != [rows, d / 2] {
+        return Err(Error::shape(OP, &[x.shape(), cos.shape(), sin.shape()], format!("cos and sin must be [{}, {}]", rows, d / 2)));
+    }
+    Ok((rows, heads, d))
+}
+
+/// Shapes of an attention call: `(t, heads, kv_heads, head_dim)`, after checking
+/// `q [t, heads, d]`, `k`, `v` `[cap, kv_heads, d]` with `kv_heads` dividing `heads`,
+/// `kv_len <= cap`, and (when causal) the last query's position inside the keys.
+pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &crate::backend::AttnParams) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "attention";
+    for t in [q, k, v] {
+        expect_f32(OP, t)?;
+        if t.shape().len() != 3 {
+            return Err(Error::shape(OP, &[q.shape(), k.shape(), v.shape()], "q, k, v must be 3-D [rows, heads, head_dim]"));
+        }
+    }
+    let (t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let (cap, kvh) = (k.shape()[0], k.shape()[1]);
+    if k.shape() != v.shape() || k.shape()[2] != d || kvh == 0 || heads % kvh != 0 {
+        return Err(Error::shape(OP, &[q.shape(), k.shape(), v.shape()], "k and v must be [cap, kv_heads, head_dim] with kv_heads dividing heads"));
+    }
+    if p.kv_len > cap {
+        return Err(Error::Limit { op: OP, msg: format!("kv_len {} exceeds the cache capacity {}", p.kv_len, cap) });
+    }
+    if p.causal && t > 0 && p.q_pos0 + t > p.kv_len {
+        return Err(Error::Limit { op: OP, msg: format!("queries reach position {} but only {} keys are valid", p.q_pos0 + t, p.kv_len) });
+    }
+    Ok((t, heads, kvh, d))
+}
+
+/// `(rows, row_len)` of `src` for [`crate::Backend::write_rows`], after checking it fits `dst`
+/// from `row0` on with equal trailing axes and one dtype.
+pub fn write_rows_dims(dst: &Tensor, row0: usize, src: &Tensor) -> Result<(usize, usize)> {
+    const OP: &str = "write_rows";
+    if dst.dtype() != src.dtype() {
+        return Err(Error::DType { op: OP, expected: dst.dtype().name(), got: src.dtype() });
+    }
+    if dst.shape().is_empty() || src.shape().len() != dst.shape().len() || src.shape()[1..] != dst.shape()[1..] {
+        return Err(Error::shape(OP, &[dst.shape(), src.shape()], "trailing axes must agree"));
+    }
+    let rows = src.shape()[0];
+    if row0 + rows > dst.shape()[0] {
+        return Err(Error::Limit { op: OP, msg: format!("rows {}..{} exceed the destination's {}", row0, row0 + rows, dst.shape()[0]) });
+    }
+    Ok((rows, src.elem_count() / rows.max(1)))
+}
+
+/// `(row_len, out_shape)` of [`crate::Backend::take_rows`], after checking the range.
+pub fn take_rows_dims(x: &Tensor, row0: usize, count: usize) -> Result<(usize, Vec<usize>)> {
+    expect_f32("take_rows", x)?;
+    if x.shape().is_empty() || row0 + count > x.shape()[0] {
+        return Err(Error::shape("take_rows", &[x.shape()], format!("rows {}..{} out of range", row0, row0 + count)));
+    }
+    let mut shape = x.shape().to_vec();
+    shape[0] = count;
+    let row_len = x.shape()[1..].iter().product();
+    Ok((row_len, shape))
+}

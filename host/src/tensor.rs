@@ -94,6 +94,28 @@ impl Tensor {
         }
     }
 
+    /// The same elements under another shape of equal element count (no copy).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != self.elem_count() {
+            return Err(Error::shape("reshape", &[&self.shape, shape], "element counts differ"));
+        }
+        Ok(Tensor { shape: shape.to_vec(), dtype: self.dtype, storage: self.storage.clone() })
+    }
+
+    /// Mutable f32 elements of a CPU tensor whose storage is not shared with another tensor.
+    pub fn as_cpu_f32_mut(&mut self, op: &'static str) -> Result<&mut [f32]> {
+        let dtype = self.dtype;
+        match &mut self.storage {
+            Storage::Cpu(b) => match Arc::get_mut(b) {
+                Some(CpuBuffer::F32(v)) => Ok(v),
+                Some(_) => Err(Error::DType { op, expected: "f32", got: dtype }),
+                None => Err(Error::Device { op, msg: "cannot write in place: the tensor's storage is shared".into() }),
+            },
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+
     /// The f32 elements of a CPU tensor.
     pub fn as_cpu_f32(&self, op: &'static str) -> Result<&[f32]> {
         match &self.storage {

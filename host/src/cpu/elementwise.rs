@@ -28,3 +28,12 @@ mod tests {
         }
     }
 }
+
+/// `out = a + b`.
+pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
+    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
+        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+            *o = x + y;
+        }
+    });
+}

@@ -1,13 +1,16 @@
 //! The pure-Rust CPU backend: multithreaded (its own rayon pool), f32 activations, weights read
 //! in their stored dtype. It is also the reference the CUDA backend is tested against.
 
+mod attention;
 mod elementwise;
+mod gather;
 mod linear;
+mod rope;
 mod rowwise;
 
 pub use linear::{dot, Weights};
 
-use crate::backend::Backend;
+use crate::backend::{AttnParams, Backend};
 use crate::ops;
 use crate::{DType, DeviceKind, Error, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,11 +40,11 @@ impl CpuBackend {
         vec![fill; len]
     }
 
-    fn weights<'a>(w: &'a Tensor) -> Result<Weights<'a>> {
+    fn weights<'a>(op: &'static str, w: &'a Tensor) -> Result<Weights<'a>> {
         Ok(match w.dtype() {
-            DType::F32 => Weights::F32(w.as_cpu_f32("linear")?),
-            DType::F16 => Weights::F16(w.as_cpu_half("linear")?),
-            DType::BF16 => Weights::Bf16(w.as_cpu_half("linear")?),
+            DType::F32 => Weights::F32(w.as_cpu_f32(op)?),
+            DType::F16 => Weights::F16(w.as_cpu_half(op)?),
+            DType::BF16 => Weights::Bf16(w.as_cpu_half(op)?),
         })
     }
 }
@@ -70,7 +73,7 @@ impl Backend for CpuBackend {
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let av = a.as_cpu_f32("linear")?;
-        let wv = Self::weights(w)?;
+        let wv = Self::weights("linear", w)?;
         let bv = match bias {
             Some(b) => Some(b.as_cpu_f32("linear")?),
             None => None,
@@ -102,6 +105,57 @@ impl Backend for CpuBackend {
         let mut out = self.output(len);
         self.pool.install(|| elementwise::silu_mul(g, u, &mut out));
         Tensor::cpu_f32(gate.shape(), out)
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
+        Tensor::cpu_f32(shape, vec![0.0; shape.iter().product()])
+    }
+
+    fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+        let (rows, hidden) = ops::embedding_dims(table, ids)?;
+        let tv = Self::weights("embedding", table)?;
+        let mut out = self.output(rows * hidden);
+        self.pool.install(|| gather::embedding(tv, hidden, ids, &mut out));
+        Tensor::cpu_f32(&[rows, hidden], out)
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let len = ops::add_len(a, b)?;
+        let (av, bv) = (a.as_cpu_f32("add")?, b.as_cpu_f32("add")?);
+        let mut out = self.output(len);
+        self.pool.install(|| elementwise::add(av, bv, &mut out));
+        Tensor::cpu_f32(a.shape(), out)
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let (rows, heads, d) = ops::rope_dims(x, cos, sin)?;
+        let (xv, c, s) = (x.as_cpu_f32("rope")?, cos.as_cpu_f32("rope")?, sin.as_cpu_f32("rope")?);
+        let mut out = self.output(rows * heads * d);
+        self.pool.install(|| rope::rope(xv, c, s, heads, d, &mut out));
+        Tensor::cpu_f32(x.shape(), out)
+    }
+
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
+        let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
+        let (qv, kv, vv) = (q.as_cpu_f32("attention")?, k.as_cpu_f32("attention")?, v.as_cpu_f32("attention")?);
+        let mut out = self.output(t * heads * d);
+        let dims = attention::Dims { t, heads, kv_heads, d };
+        self.pool.install(|| attention::attention(qv, kv, vv, dims, p, &mut out));
+        Tensor::cpu_f32(&[t, heads, d], out)
+    }
+
+    fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {
+        let (rows, row_len) = ops::write_rows_dims(dst, row0, src)?;
+        let sv = src.as_cpu_f32("write_rows")?;
+        let dv = dst.as_cpu_f32_mut("write_rows")?;
+        dv[row0 * row_len..(row0 + rows) * row_len].copy_from_slice(sv);
+        Ok(())
+    }
+
+    fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {
+        let (row_len, shape) = ops::take_rows_dims(x, row0, count)?;
+        let xv = x.as_cpu_f32("take_rows")?;
+        Tensor::cpu_f32(&shape, xv[row0 * row_len..(row0 + count) * row_len].to_vec())
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -8,7 +8,9 @@ use crate::{DType, Error, Result};
 use cust::function::{BlockSize, GridSize};
 use cust::module::Module;
 use cust::stream::Stream;
-use gpu::params::{gemv_tile, matmul_tile, LinearParams, RmsNormParams, SiluMulParams, SoftmaxParams, ELEMENTWISE_THREADS, ROW_THREADS};
+use gpu::params::{
+    attention_tile, gemv_tile, matmul_tile, AttentionParams, BinaryParams, EmbeddingParams, LinearParams, RmsNormParams, RopeParams, SoftmaxParams, ELEMENTWISE_THREADS, ROW_THREADS,
+};
 use std::ffi::c_void;
 
 const MAX_GRID_X: usize = (1 << 31) - 1;
@@ -162,18 +164,92 @@ pub fn softmax(l: &Launcher<'_>, x: &DeviceBuffer, y: &DeviceBuffer, rows: usize
     l.launch(kernel, GridSize::x(grid_dim(kernel, "x", rows, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
 }
 
-/// `out = silu(gate) * up` over `len` f32.
-pub fn silu_mul(l: &Launcher<'_>, gate: &DeviceBuffer, up: &DeviceBuffer, out: &DeviceBuffer, len: usize) -> Result<()> {
-    let kernel = Kernel::SiluMulF32;
-    for (what, b) in [("gate", gate), ("up", up), ("out", out)] {
-        need(kernel, what, b, len * 4)?;
+/// An elementwise binary kernel (`silu_mul_f32`: a = gate, b = up; `add_f32`) over `len` f32.
+pub fn binary(l: &Launcher<'_>, kernel: Kernel, a: &DeviceBuffer, b: &DeviceBuffer, out: &DeviceBuffer, len: usize) -> Result<()> {
+    for (what, buf) in [("a", a), ("b", b), ("out", out)] {
+        need(kernel, what, buf, len * 4)?;
     }
     if len == 0 {
         return Ok(());
     }
-    let p = SiluMulParams { gate: gate.addr(), up: up.addr(), out: out.addr(), len: len as u64 };
+    let p = BinaryParams { a: a.addr(), b: b.addr(), out: out.addr(), len: len as u64 };
     let blocks = ceil_div(len, ELEMENTWISE_THREADS as usize).min(65_535 * 8);
     l.launch(kernel, GridSize::x(blocks as u32), BlockSize::x(ELEMENTWISE_THREADS), &p)
+}
+
+/// Gathers `rows` rows of `hidden` from `table` (of `dtype`, `vocab` rows) by the u32 `ids`.
+#[allow(clippy::too_many_arguments)]
+pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
+    let kernel = Kernel::embedding(dtype);
+    need(kernel, "table", table, vocab * hidden * dtype.size_of())?;
+    need(kernel, "ids", ids, rows * 4)?;
+    need(kernel, "out", out, rows * hidden * 4)?;
+    let p = EmbeddingParams { table: table.addr(), ids: ids.addr(), out: out.addr(), rows: fits_u32(kernel, "rows", rows)?, hidden: fits_u32(kernel, "hidden", hidden)? };
+    if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, GridSize::x(grid_dim(kernel, "x", rows, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
+}
+
+/// Rotate-half RoPE of `x [rows, heads, d]` with `cos`, `sin` `[rows, d / 2]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(l: &Launcher<'_>, x: &DeviceBuffer, cos: &DeviceBuffer, sin: &DeviceBuffer, out: &DeviceBuffer, rows: usize, heads: usize, d: usize) -> Result<()> {
+    let kernel = Kernel::RopeF32;
+    if d % 2 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} is odd", d) });
+    }
+    need(kernel, "x", x, rows * heads * d * 4)?;
+    need(kernel, "cos", cos, rows * d / 2 * 4)?;
+    need(kernel, "sin", sin, rows * d / 2 * 4)?;
+    need(kernel, "out", out, rows * heads * d * 4)?;
+    let p = RopeParams { x: x.addr(), cos: cos.addr(), sin: sin.addr(), out: out.addr(), rows: fits_u32(kernel, "rows", rows)?, heads: fits_u32(kernel, "heads", heads)?, d: fits_u32(kernel, "d", d)?, _pad: 0 };
+    if rows == 0 || heads == 0 || d == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, GridSize::x(grid_dim(kernel, "x", rows, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
+}
+
+/// Sizes of an attention launch (validated against each other by `crate::ops`).
+pub struct AttnShape {
+    pub t: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub cap: usize,
+}
+
+/// Flash-style attention; see `gpu/src/attention.rs`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(l: &Launcher<'_>, q: &DeviceBuffer, k: &DeviceBuffer, v: &DeviceBuffer, out: &DeviceBuffer, s: &AttnShape, p: &crate::backend::AttnParams) -> Result<()> {
+    let kernel = Kernel::AttentionF32;
+    let max_d = 32 * attention_tile::MAX_PER_LANE;
+    if s.d > max_d || s.kv_heads == 0 || s.heads % s.kv_heads != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} (max {}) / heads {} over kv_heads {}", s.d, max_d, s.heads, s.kv_heads) });
+    }
+    need(kernel, "q", q, s.t * s.heads * s.d * 4)?;
+    need(kernel, "k", k, s.cap * s.kv_heads * s.d * 4)?;
+    need(kernel, "v", v, s.cap * s.kv_heads * s.d * 4)?;
+    need(kernel, "out", out, s.t * s.heads * s.d * 4)?;
+    let params = AttentionParams {
+        q: q.addr(),
+        k: k.addr(),
+        v: v.addr(),
+        out: out.addr(),
+        t: fits_u32(kernel, "t", s.t)?,
+        heads: fits_u32(kernel, "heads", s.heads)?,
+        kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
+        d: fits_u32(kernel, "d", s.d)?,
+        kv_len: fits_u32(kernel, "kv_len", p.kv_len)?,
+        q_pos0: fits_u32(kernel, "q_pos0", p.q_pos0)?,
+        causal: p.causal as u32,
+        scale: p.scale,
+    };
+    let items = s.t * s.heads;
+    if items == 0 {
+        return Ok(());
+    }
+    let blocks = grid_dim(kernel, "x", ceil_div(items, attention_tile::WARPS as usize), MAX_GRID_X)?;
+    l.launch(kernel, GridSize::x(blocks), BlockSize::x(attention_tile::THREADS), &params)
 }
 
 fn ceil_div(a: usize, b: usize) -> usize {

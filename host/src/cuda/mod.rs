@@ -9,7 +9,7 @@ mod pool;
 pub use launch::LinearAlgo;
 pub use pool::{bucket, DeviceBuffer, Pool};
 
-use crate::backend::{Backend, MemoryStats};
+use crate::backend::{AttnParams, Backend, MemoryStats};
 use crate::kernels::Kernel;
 use crate::tensor::Storage;
 use crate::{ops, DType, DeviceKind, Error, Result, Tensor};
@@ -188,8 +188,78 @@ impl Backend for CudaBackend {
         let len = ops::silu_mul_len(gate, up)?;
         let l = self.enter()?;
         let out = self.output(len)?;
-        launch::silu_mul(&l, self.buffer("silu_mul", gate)?, self.buffer("silu_mul", up)?, &out, len)?;
+        launch::binary(&l, Kernel::SiluMulF32, self.buffer("silu_mul", gate)?, self.buffer("silu_mul", up)?, &out, len)?;
         Ok(Self::wrap(gate.shape().to_vec(), DType::F32, out))
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
+        let len: usize = shape.iter().product();
+        self.enter()?;
+        let buf = self.pool.alloc(len * 4)?;
+        if len > 0 {
+            unsafe { cust::sys::cuMemsetD32Async(buf.addr(), 0, len, self.stream.as_inner()) }.ok_or_cuda("cuMemsetD32Async")?;
+        }
+        Ok(Self::wrap(shape.to_vec(), DType::F32, buf))
+    }
+
+    fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+        let (rows, hidden) = ops::embedding_dims(table, ids)?;
+        let tb = self.buffer("embedding", table)?;
+        let id_buf = self.upload_bytes(&[rows], DType::F32, ids.as_ptr() as *const u8, rows * 4)?;
+        let l = self.enter()?;
+        let out = self.output(rows * hidden)?;
+        launch::embedding(&l, table.dtype(), tb, table.shape()[0], self.buffer("embedding", &id_buf)?, &out, rows, hidden)?;
+        Ok(Self::wrap(vec![rows, hidden], DType::F32, out))
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let len = ops::add_len(a, b)?;
+        let l = self.enter()?;
+        let out = self.output(len)?;
+        launch::binary(&l, Kernel::AddF32, self.buffer("add", a)?, self.buffer("add", b)?, &out, len)?;
+        Ok(Self::wrap(a.shape().to_vec(), DType::F32, out))
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let (rows, heads, d) = ops::rope_dims(x, cos, sin)?;
+        let l = self.enter()?;
+        let out = self.output(rows * heads * d)?;
+        launch::rope(&l, self.buffer("rope", x)?, self.buffer("rope", cos)?, self.buffer("rope", sin)?, &out, rows, heads, d)?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
+        const OP: &str = "attention";
+        let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
+        let l = self.enter()?;
+        let out = self.output(t * heads * d)?;
+        let shape = launch::AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
+        launch::attention(&l, self.buffer(OP, q)?, self.buffer(OP, k)?, self.buffer(OP, v)?, &out, &shape, &p)?;
+        Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
+    }
+
+    fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {
+        let (rows, row_len) = ops::write_rows_dims(dst, row0, src)?;
+        let bytes = rows * row_len * src.dtype().size_of();
+        let offset = (row0 * row_len * dst.dtype().size_of()) as u64;
+        let (d, s) = (self.buffer("write_rows", dst)?, self.buffer("write_rows", src)?);
+        self.enter()?;
+        if bytes > 0 {
+            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(d.addr() + offset, s.addr(), bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync (write_rows)")?;
+        }
+        Ok(())
+    }
+
+    fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {
+        let (row_len, shape) = ops::take_rows_dims(x, row0, count)?;
+        let src = self.buffer("take_rows", x)?;
+        self.enter()?;
+        let out = self.pool.alloc(count * row_len * 4)?;
+        if count * row_len > 0 {
+            let offset = (row0 * row_len * 4) as u64;
+            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(out.addr(), src.addr() + offset, count * row_len * 4, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync (take_rows)")?;
+        }
+        Ok(Self::wrap(shape, DType::F32, out))
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -1,0 +1,47 @@
+//! Embedding lookup: rows of a token table gathered and widened to f32.
+//!
+//! # Parameters ([`EmbeddingParams`])
+//! `table [vocab, hidden]` (f32/f16/bf16 by kernel), `ids [rows]` u32 (validated `< vocab` by the
+//! host), `out [rows, hidden]` f32.
+//!
+//! # Thread mapping
+//! One block of `ROW_THREADS` per output row (grid = rows); threads stride over `hidden`.
+//!
+//! # Safety
+//! The launcher validates buffer sizes and the ids. No barriers.
+
+use crate::math::{Bf16, WeightElem, F16};
+use crate::params::EmbeddingParams;
+use cuda_std::{kernel, thread};
+
+#[inline(always)]
+unsafe fn embedding<W: WeightElem>(p: EmbeddingParams) {
+    let r = thread::block_idx_x() as usize;
+    let hidden = p.hidden as usize;
+    let id = *(p.ids as *const u32).add(r) as usize;
+    let src = (p.table as *const W).add(id * hidden);
+    let dst = (p.out as *mut f32).add(r * hidden);
+    let mut i = thread::thread_idx_x() as usize;
+    while i < hidden {
+        *dst.add(i) = (*src.add(i)).to_f32();
+        i += thread::block_dim_x() as usize;
+    }
+}
+
+/// Embedding lookup from an f32 table. See the module docs.
+#[kernel]
+pub unsafe fn embedding_f32(p: EmbeddingParams) {
+    embedding::<f32>(p)
+}
+
+/// Embedding lookup from an f16 table. See the module docs.
+#[kernel]
+pub unsafe fn embedding_f16(p: EmbeddingParams) {
+    embedding::<F16>(p)
+}
+
+/// Embedding lookup from a bf16 table. See the module docs.
+#[kernel]
+pub unsafe fn embedding_bf16(p: EmbeddingParams) {
+    embedding::<Bf16>(p)
+}

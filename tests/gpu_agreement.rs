@@ -257,3 +257,18 @@ fn kv_rows_round_trip() {
     };
     agree("write_rows + take_rows", &*g, &op, 0.0, 0.0);
 }
+
+#[test]
+fn scatter_rows_agrees_for_replace_and_add() {
+    let g = match gpu("scatter_rows") {
+        Some(g) => g,
+        None => return,
+    };
+    let (n, width) = (40, 257);
+    let rows: Vec<usize> = vec![3, 4, 5, 17, 39, 0];
+    let (x, src) = (random(n * width, 21), random(rows.len() * width, 22));
+    for add in [false, true] {
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.scatter_rows(&b.upload_f32(&[n, width], &x)?, &rows, &b.upload_f32(&[rows.len(), width], &src)?, add) };
+        agree(&format!("scatter_rows add={}", add), &*g, &op, 0.0, 0.0);
+    }
+}

@@ -1,4 +1,5 @@
-//! Embedding lookup: rows of a token table gathered and widened to f32.
+//! Row gathers and scatters: the embedding lookup (rows of a token table widened to f32) and
+//! the row scatter that places image embeddings and DeepStack features into a sequence.
 //!
 //! # Parameters ([`EmbeddingParams`])
 //! `table [vocab, hidden]` (f32/f16/bf16 by kernel), `ids [rows]` u32 (validated `< vocab` by the
@@ -11,7 +12,7 @@
 //! The launcher validates buffer sizes and the ids. No barriers.
 
 use crate::math::{Bf16, WeightElem, F16};
-use crate::params::EmbeddingParams;
+use crate::params::{EmbeddingParams, ScatterRowsParams};
 use cuda_std::{kernel, thread};
 
 #[inline(always)]
@@ -44,4 +45,21 @@ pub unsafe fn embedding_f16(p: EmbeddingParams) {
 #[kernel]
 pub unsafe fn embedding_bf16(p: EmbeddingParams) {
     embedding::<Bf16>(p)
+}
+
+/// `out[rows[i]] = src[i]` (or `+=` when `add`), one block per scattered row, threads striding
+/// over `width`. Row indices are distinct (image-token positions), so blocks never collide.
+#[kernel]
+pub unsafe fn scatter_rows_f32(p: ScatterRowsParams) {
+    let i = thread::block_idx_x() as usize;
+    let width = p.width as usize;
+    let r = *(p.rows as *const u32).add(i) as usize;
+    let src = (p.src as *const f32).add(i * width);
+    let dst = (p.out as *mut f32).add(r * width);
+    let mut c = thread::thread_idx_x() as usize;
+    while c < width {
+        let v = *src.add(c);
+        *dst.add(c) = if p.add != 0 { *dst.add(c) + v } else { v };
+        c += thread::block_dim_x() as usize;
+    }
 }

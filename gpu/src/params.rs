@@ -78,6 +78,23 @@ pub struct EmbeddingParams {
     pub hidden: u32,
 }
 
+/// `out[rows[i], :] (+)= src[i, :]` for `i < count`; `out` already holds a copy of `x`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ScatterRowsParams {
+    /// `[n, width]` f32, updated in place.
+    pub out: u64,
+    /// `[count]` u32 row indices, each `< n` (checked by the host).
+    pub rows: u64,
+    /// `[count, width]` f32.
+    pub src: u64,
+    pub count: u32,
+    pub width: u32,
+    /// 1: add, 0: replace.
+    pub add: u32,
+    pub _pad: u32,
+}
+
 /// Rotate-half rotary embedding of `x [rows, heads, d]` with `cos`, `sin` `[rows, d / 2]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

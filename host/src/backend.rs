@@ -3,7 +3,7 @@
 //! this trait is written once and runs on either. Shape and dtype rules live in [`crate::ops`]
 //! and both backends check them before doing any work.
 
-use crate::{DType, DeviceKind, Result, Tensor};
+use crate::{DType, DeviceKind, MappedBytes, Result, Tensor};
 
 /// Device memory accounting (all zero on the CPU backend).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +44,10 @@ pub trait Backend: Send + Sync {
     /// Copies raw f16/bf16 bits into a new tensor of `dtype` on this backend.
     fn upload_half(&self, shape: &[usize], dtype: DType, bits: &[u16]) -> Result<Tensor>;
 
+    /// A tensor of `dtype` from mapped checkpoint bytes: zero-copy on the CPU when aligned,
+    /// uploaded on a device.
+    fn upload_mapped(&self, shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor>;
+
     /// Copies an f32 tensor of this backend back to host memory.
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>>;
 
@@ -83,6 +87,10 @@ pub trait Backend: Send + Sync {
     /// Copies `src [r, ..]` into rows `row0 .. row0 + r` of `dst [cap, ..]` (trailing axes equal),
     /// in place: the KV-cache append.
     fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()>;
+
+    /// `x [n, width]` with row `rows[i]` replaced by (`add`: increased by) row `i` of
+    /// `src [rows.len(), width]`: image embeddings into the prompt, DeepStack features.
+    fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor>;
 
     /// Rows `row0 .. row0 + count` of `x [rows, ..]` as a new tensor.
     fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor>;

@@ -20,11 +20,12 @@ pub enum Kernel {
     EmbeddingBf16,
     RopeF32,
     AttentionF32,
+    ScatterRowsF32,
 }
 
 impl Kernel {
     /// Every kernel, for load-time checks and the PTX test.
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::MatmulF32,
         Kernel::MatmulF16,
         Kernel::MatmulBf16,
@@ -40,6 +41,7 @@ impl Kernel {
         Kernel::EmbeddingBf16,
         Kernel::RopeF32,
         Kernel::AttentionF32,
+        Kernel::ScatterRowsF32,
     ];
 
     /// The entry name in the PTX.
@@ -60,6 +62,7 @@ impl Kernel {
             Kernel::EmbeddingBf16 => "embedding_bf16",
             Kernel::RopeF32 => "rope_f32",
             Kernel::AttentionF32 => "attention_f32",
+            Kernel::ScatterRowsF32 => "scatter_rows_f32",
         }
     }
 

@@ -2,19 +2,27 @@
 //! and device selection. The kernels themselves live in the `gpu` crate (`gpu/`), whose pure
 //! math ([`gpu::math`]) the CPU backend shares.
 
+// AVX-512 intrinsics and `#[target_feature(enable = "avx512f")]` are unstable on the pinned
+// nightly; the CPU linear kernels (cpu/simd) use them behind runtime detection.
+#![cfg_attr(target_arch = "x86_64", feature(stdsimd, avx512_target_feature, f16c_target_feature))]
+
 pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod generate;
 mod dtype;
 mod error;
 pub mod kernels;
+pub mod model;
 pub mod ops;
 mod tensor;
+pub mod tokenizer;
 
 pub use backend::{AttnParams, Backend, MemoryStats};
 pub use device::{select, DeviceRequest, Selection};
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use tensor::{CpuBuffer, DeviceKind, Storage, Tensor};
+pub use tensor::{CpuBuffer, DeviceKind, MappedBytes, Storage, Tensor};
+pub use tokenizer::{StreamDecoder, Tokenizer};

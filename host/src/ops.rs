@@ -161,3 +161,19 @@ pub fn take_rows_dims(x: &Tensor, row0: usize, count: usize) -> Result<(usize, V
     let row_len = x.shape()[1..].iter().product();
     Ok((row_len, shape))
 }
+
+/// `(n, width)` of a row scatter, after checking `x [n, width]`, `src [rows.len(), width]` (f32)
+/// and that every row index is below `n`.
+pub fn scatter_rows_dims(x: &Tensor, rows: &[usize], src: &Tensor) -> Result<(usize, usize)> {
+    const OP: &str = "scatter_rows";
+    expect_f32(OP, x)?;
+    expect_f32(OP, src)?;
+    let (n, width) = x.rows_cols();
+    if src.rows_cols() != (rows.len(), width) {
+        return Err(Error::shape(OP, &[x.shape(), src.shape()], format!("src must be [{}, {}]", rows.len(), width)));
+    }
+    if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+        return Err(Error::Limit { op: OP, msg: format!("row {} is outside the {} rows of x", bad, n) });
+    }
+    Ok((n, width))
+}

@@ -20,11 +20,41 @@ impl std::fmt::Display for DeviceKind {
     }
 }
 
-/// Host memory of a CPU tensor: f32 elements, or the raw bits of f16/bf16 elements.
+/// A window of a memory-mapped file: a checkpoint tensor's bytes, shared without copying.
+#[derive(Clone)]
+pub struct MappedBytes {
+    map: Arc<memmap2::Mmap>,
+    offset: usize,
+    len: usize,
+}
+
+impl MappedBytes {
+    /// The window `offset .. offset + len` of `map`, or `None` when it is out of range.
+    pub fn new(map: Arc<memmap2::Mmap>, offset: usize, len: usize) -> Option<MappedBytes> {
+        if offset.checked_add(len)? > map.len() {
+            return None;
+        }
+        Some(MappedBytes { map, offset, len })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+}
+
+impl std::fmt::Debug for MappedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedBytes({} bytes at {})", self.len, self.offset)
+    }
+}
+
+/// Host memory of a CPU tensor: f32 elements, the raw bits of f16/bf16 elements, or a
+/// memory-mapped window holding either (aligned for its element type).
 #[derive(Debug)]
 pub enum CpuBuffer {
     F32(Vec<f32>),
     Half(Vec<u16>),
+    Mapped(MappedBytes),
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +90,24 @@ impl Tensor {
         }
         check_len("Tensor::cpu_half", shape, bits.len())?;
         Ok(Tensor::from_storage(shape.to_vec(), dtype, Storage::Cpu(Arc::new(CpuBuffer::Half(bits)))))
+    }
+
+    /// A CPU tensor over mapped checkpoint bytes (little-endian elements of `dtype`); zero-copy
+    /// when the window is aligned for the element type, copied otherwise.
+    pub fn cpu_mapped(shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
+        let elems = bytes.len / dtype.size_of();
+        if bytes.len % dtype.size_of() != 0 {
+            return Err(Error::shape("Tensor::cpu_mapped", &[shape], format!("{} bytes is not a whole number of {} elements", bytes.len, dtype)));
+        }
+        check_len("Tensor::cpu_mapped", shape, elems)?;
+        if bytes.bytes().as_ptr() as usize % dtype.size_of() == 0 {
+            return Ok(Tensor::from_storage(shape.to_vec(), dtype, Storage::Cpu(Arc::new(CpuBuffer::Mapped(bytes)))));
+        }
+        let raw = bytes.bytes();
+        match dtype {
+            DType::F32 => Tensor::cpu_f32(shape, raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            _ => Tensor::cpu_half(shape, dtype, raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
+        }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -121,7 +169,8 @@ impl Tensor {
         match &self.storage {
             Storage::Cpu(b) => match &**b {
                 CpuBuffer::F32(v) => Ok(v),
-                CpuBuffer::Half(_) => Err(Error::DType { op, expected: "f32", got: self.dtype }),
+                CpuBuffer::Mapped(m) if self.dtype == DType::F32 => Ok(cast_mapped(m)),
+                _ => Err(Error::DType { op, expected: "f32", got: self.dtype }),
             },
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
@@ -133,12 +182,22 @@ impl Tensor {
         match &self.storage {
             Storage::Cpu(b) => match &**b {
                 CpuBuffer::Half(v) => Ok(v),
-                CpuBuffer::F32(_) => Err(Error::DType { op, expected: "f16 or bf16", got: self.dtype }),
+                CpuBuffer::Mapped(m) if self.dtype != DType::F32 => Ok(cast_mapped(m)),
+                _ => Err(Error::DType { op, expected: "f16 or bf16", got: self.dtype }),
             },
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
         }
     }
+}
+
+/// The elements of an aligned mapped window (alignment is checked in [`Tensor::cpu_mapped`]).
+fn cast_mapped<T: Copy>(m: &MappedBytes) -> &[T] {
+    let bytes = m.bytes();
+    debug_assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0);
+    // SAFETY: the window is inside the live mapping (held by `m`), aligned for `T` (checked at
+    // construction), and `T` is a plain number type valid for any bit pattern.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / std::mem::size_of::<T>()) }
 }
 
 fn check_len(op: &'static str, shape: &[usize], len: usize) -> Result<()> {

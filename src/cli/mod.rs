@@ -1,7 +1,10 @@
 //! Command-line interface: argument parsing, logging, and one module per subcommand.
 
+mod generate;
 mod info;
+mod load;
 mod logger;
+mod logits;
 
 use clap::{Parser, Subcommand};
 use qwen3_vl::DeviceRequest;
@@ -32,6 +35,12 @@ pub struct DeviceArgs {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Answer one prompt, streaming the reply (tokens/s at the end).
+    Generate(generate::GenerateArgs),
+    /// Interactive multi-turn chat.
+    Chat(generate::ChatArgs),
+    /// Write the logits after the last prompt token to a file (little-endian f32).
+    Logits(logits::LogitsArgs),
     /// Show which backend would run and why, with the kernels this build carries.
     Info(info::InfoArgs),
     /// Print the embedded PTX (for ptxas and other tools).
@@ -43,6 +52,9 @@ pub fn run() -> i32 {
     let cli = Cli::parse();
     logger::init(cli.verbose, cli.quiet);
     let result = match cli.command {
+        Command::Generate(a) => generate::run_generate(a),
+        Command::Chat(a) => generate::run_chat(a),
+        Command::Logits(a) => logits::run(a),
         Command::Info(a) => info::run(a),
         Command::Ptx => info::print_ptx(),
     };

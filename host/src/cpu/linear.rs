@@ -1,12 +1,21 @@
 //! CPU linear layer: `out[m, n] = a[m, k] · w[n, k]ᵀ (+ bias[n])`, f32 accumulation.
 //!
-//! Work is split over blocks of `NB` weight rows (output columns), one rayon task each; a
-//! task widens its weight rows to f32 once (f16/bf16 are read as stored, never expanded as a
-//! whole) and then takes the dot products with every row of `a`, so each weight byte is read
-//! once however many rows `a` has.
+//! Activations stay f32 and weights are read as stored (f32, f16 or bf16), widened to f32 on
+//! the fly; each weight byte is read once however many rows `a` has.
+//!
+//! [`linear`] runs on the best instruction set of this CPU ([`Isa::detect`], decided once):
+//! AVX-512F or AVX2+FMA kernels on x86-64 (`cpu/simd`, which documents their blocking), else
+//! the portable scalar path below. [`linear_on`] forces a path (tests, benchmarks).
+//!
+//! Scalar path: work is split over blocks of `NB` weight rows (output columns), one rayon task
+//! each; a task widens its weight rows to f32 once and then takes the dot products with every
+//! row of `a`.
 
+#[cfg(target_arch = "x86_64")]
+use super::simd;
 use gpu::math::{bf16_to_f32, f16_to_f32};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Weight rows per task.
 const NB: usize = 16;
@@ -52,12 +61,94 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
-/// `out = a · wᵀ + bias`; `a` is `[m, k]`, `w` holds `[n, k]`, `out` is `[m, n]`.
+/// An implementation of [`linear`]: the instruction set its kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F kernels (x86-64).
+    Avx512,
+    /// AVX2 + FMA + F16C kernels (x86-64).
+    Avx2,
+    /// Portable Rust, auto-vectorised for the build target only.
+    Scalar,
+}
+
+impl Isa {
+    /// Every variant, fastest first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
+        }
+    }
+
+    /// Whether this CPU can run the path (runtime detection).
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The paths this CPU can run, fastest first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.iter().copied().filter(|i| i.is_available()).collect()
+    }
+
+    /// The fastest available path, detected on first use and cached.
+    pub fn detect() -> Isa {
+        static CACHED: AtomicU8 = AtomicU8::new(u8::MAX);
+        match CACHED.load(Ordering::Relaxed) {
+            i if (i as usize) < Isa::ALL.len() => Isa::ALL[i as usize],
+            _ => {
+                let i = Isa::ALL.iter().position(|i| i.is_available()).unwrap_or(Isa::ALL.len() - 1);
+                CACHED.store(i as u8, Ordering::Relaxed);
+                Isa::ALL[i]
+            }
+        }
+    }
+}
+
+/// `out = a · wᵀ + bias`; `a` is `[m, k]`, `w` holds `[n, k]`, `out` is `[m, n]`. Runs on
+/// [`Isa::detect`]'s path, in the current rayon pool.
 pub fn linear(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
-    assert!(a.len() >= m * k && out.len() >= m * n, "linear: caller validated sizes");
+    linear_on(Isa::detect(), a, w, bias, m, n, k, out)
+}
+
+/// [`linear`] on a given path.
+///
+/// # Panics
+/// If this CPU cannot run `isa`, or the slices are shorter than the shapes say.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_on(isa: Isa, a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
+    assert!(isa.is_available(), "linear: this CPU cannot run the {} path", isa.name());
+    let w_len = match w {
+        Weights::F32(s) => s.len(),
+        Weights::F16(s) | Weights::Bf16(s) => s.len(),
+    };
+    assert!(a.len() >= m * k && out.len() >= m * n && w_len >= n * k, "linear: caller validated sizes");
+    assert!(bias.map_or(true, |b| b.len() >= n), "linear: bias shorter than n");
     if m == 0 || n == 0 {
         return;
     }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => simd::linear(&simd::avx512::KERNELS, a, w, bias, m, n, k, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => simd::linear(&simd::avx2::KERNELS, a, w, bias, m, n, k, out),
+        _ => scalar(a, w, bias, m, n, k, out),
+    }
+}
+
+/// The portable path.
+fn scalar(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
     if m == 1 {
         // the transposed result of one row is the row itself
         columns(a, w, bias, 1, k, &mut out[..n]);
@@ -122,9 +213,27 @@ mod tests {
             .collect()
     }
 
+    /// Shapes hitting every tail: m around the dot/GEMM switch and the 8/16-row vectors, n
+    /// around the 6-column tiles and 48-column tasks, k around 8/16 lanes and the k blocks.
+    fn shapes() -> Vec<(usize, usize, usize)> {
+        let ms = [1, 2, 3, 4, 5, 7, 8, 16, 17, 33, 63, 64, 65, 100, 129];
+        let ns = [1, 3, 6, 17, 47, 48, 49, 63, 65, 100, 129];
+        let ks = [1, 3, 15, 16, 17, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 300];
+        let mut v = Vec::new();
+        for (i, &m) in ms.iter().enumerate() {
+            for (j, &n) in ns.iter().enumerate() {
+                v.push((m, n, ks[(i * 5 + j) % ks.len()]));
+            }
+        }
+        v
+    }
+
+    /// Every available path against the f64 reference, all weight dtypes, with and without bias.
     #[test]
-    fn matches_naive_for_all_weight_dtypes_and_odd_shapes() {
-        for &(m, n, k) in &[(1, 1, 1), (1, 63, 17), (3, 17, 65), (7, 33, 100), (64, 65, 63)] {
+    fn every_path_matches_naive_for_all_weight_dtypes_and_odd_shapes() {
+        let paths = Isa::available();
+        assert!(paths.contains(&Isa::Scalar) && paths.contains(&Isa::detect()));
+        for (m, n, k) in shapes() {
             let a = pseudo(m * k, 1);
             let w = pseudo(n * k, 2);
             let bias = pseudo(n, 3);
@@ -139,11 +248,37 @@ mod tests {
             for (wt, wf) in cases.iter() {
                 for bias in [None, Some(&bias[..])] {
                     let want = naive(&a, wf, bias, m, n, k);
-                    let mut out = vec![f32::NAN; m * n];
-                    linear(&a, *wt, bias, m, n, k, &mut out);
-                    for (o, e) in out.iter().zip(&want) {
-                        assert!((*o as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()), "{} vs {} at {:?}", o, e, (m, n, k));
+                    for &isa in &paths {
+                        let mut out = vec![f32::NAN; m * n];
+                        linear_on(isa, &a, *wt, bias, m, n, k, &mut out);
+                        for (i, (o, e)) in out.iter().zip(&want).enumerate() {
+                            let ok = (*o as f64 - e).abs() <= 1e-4 * (1.0 + e.abs());
+                            assert!(ok, "{}: {} vs {} at [{}, {}] of {:?}", isa.name(), o, e, i / n, i % n, (m, n, k));
+                        }
                     }
+                }
+            }
+        }
+    }
+
+    /// The SIMD widening agrees with `gpu::math` on every f16 and bf16 bit pattern (NaN stays NaN).
+    #[test]
+    fn every_path_widens_all_half_bit_patterns_exactly() {
+        let (n, k) = (1 << 16, 16);
+        let mut a = vec![0.0f32; k];
+        a[0] = 1.0;
+        // row j = [pattern j, 0, ...]: the product with e₀ is the widened pattern itself
+        let mut bits = vec![0u16; n * k];
+        for j in 0..n {
+            bits[j * k] = j as u16;
+        }
+        for isa in Isa::available() {
+            for (wt, widen) in [(Weights::F16(&bits), f16_to_f32 as fn(u16) -> f32), (Weights::Bf16(&bits), bf16_to_f32)] {
+                let mut out = vec![0.0f32; n];
+                linear_on(isa, &a, wt, None, 1, n, k, &mut out);
+                for (j, o) in out.iter().enumerate() {
+                    let want = widen(j as u16);
+                    assert!(*o == want || (o.is_nan() && want.is_nan()), "{}: pattern {:#06x}: {} vs {}", isa.name(), j, o, want);
                 }
             }
         }

@@ -7,12 +7,14 @@ mod gather;
 mod linear;
 mod rope;
 mod rowwise;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
-pub use linear::{dot, Weights};
+pub use linear::{dot, linear_on, Isa, Weights};
 
 use crate::backend::{AttnParams, Backend};
 use crate::ops;
-use crate::{DType, DeviceKind, Error, Result, Tensor};
+use crate::{DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct CpuBackend {
@@ -64,6 +66,10 @@ impl Backend for CpuBackend {
 
     fn upload_half(&self, shape: &[usize], dtype: DType, bits: &[u16]) -> Result<Tensor> {
         Tensor::cpu_half(shape, dtype, bits.to_vec())
+    }
+
+    fn upload_mapped(&self, shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
+        Tensor::cpu_mapped(shape, dtype, bytes)
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
@@ -150,6 +156,21 @@ impl Backend for CpuBackend {
         let dv = dst.as_cpu_f32_mut("write_rows")?;
         dv[row0 * row_len..(row0 + rows) * row_len].copy_from_slice(sv);
         Ok(())
+    }
+
+    fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor> {
+        let (_, width) = ops::scatter_rows_dims(x, rows, src)?;
+        let mut out = x.as_cpu_f32("scatter_rows")?.to_vec();
+        let sv = src.as_cpu_f32("scatter_rows")?;
+        for (i, &r) in rows.iter().enumerate() {
+            let (dst, s) = (&mut out[r * width..(r + 1) * width], &sv[i * width..(i + 1) * width]);
+            if add {
+                dst.iter_mut().zip(s).for_each(|(d, v)| *d += v);
+            } else {
+                dst.copy_from_slice(s);
+            }
+        }
+        Tensor::cpu_f32(x.shape(), out)
     }
 
     fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {

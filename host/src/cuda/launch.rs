@@ -9,7 +9,7 @@ use cust::function::{BlockSize, GridSize};
 use cust::module::Module;
 use cust::stream::Stream;
 use gpu::params::{
-    attention_tile, gemv_tile, matmul_tile, AttentionParams, BinaryParams, EmbeddingParams, LinearParams, RmsNormParams, RopeParams, SoftmaxParams, ELEMENTWISE_THREADS, ROW_THREADS,
+    attention_tile, gemv_tile, matmul_tile, AttentionParams, BinaryParams, EmbeddingParams, ScatterRowsParams, LinearParams, RmsNormParams, RopeParams, SoftmaxParams, ELEMENTWISE_THREADS, ROW_THREADS,
 };
 use std::ffi::c_void;
 
@@ -189,6 +189,20 @@ pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: us
         return Ok(());
     }
     l.launch(kernel, GridSize::x(grid_dim(kernel, "x", rows, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
+}
+
+/// `out[rows[i]] (+)= src[i]` for `count` rows of `width`; `out` has `n` rows.
+#[allow(clippy::too_many_arguments)]
+pub fn scatter_rows(l: &Launcher<'_>, out: &DeviceBuffer, n: usize, rows: &DeviceBuffer, src: &DeviceBuffer, count: usize, width: usize, add: bool) -> Result<()> {
+    let kernel = Kernel::ScatterRowsF32;
+    need(kernel, "out", out, n * width * 4)?;
+    need(kernel, "rows", rows, count * 4)?;
+    need(kernel, "src", src, count * width * 4)?;
+    let p = ScatterRowsParams { out: out.addr(), rows: rows.addr(), src: src.addr(), count: fits_u32(kernel, "count", count)?, width: fits_u32(kernel, "width", width)?, add: add as u32, _pad: 0 };
+    if count == 0 || width == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, GridSize::x(grid_dim(kernel, "x", count, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
 }
 
 /// Rotate-half RoPE of `x [rows, heads, d]` with `cos`, `sin` `[rows, d / 2]`.

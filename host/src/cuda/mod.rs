@@ -12,7 +12,7 @@ pub use pool::{bucket, DeviceBuffer, Pool};
 use crate::backend::{AttnParams, Backend, MemoryStats};
 use crate::kernels::Kernel;
 use crate::tensor::Storage;
-use crate::{ops, DType, DeviceKind, Error, Result, Tensor};
+use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use cust::context::{Context, CurrentContext};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
@@ -148,6 +148,14 @@ impl Backend for CudaBackend {
         self.upload_bytes(shape, dtype, bits.as_ptr() as *const u8, bits.len() * 2)
     }
 
+    fn upload_mapped(&self, shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
+        let raw = bytes.bytes();
+        if shape.iter().product::<usize>() * dtype.size_of() != raw.len() {
+            return Err(Error::shape("upload_mapped", &[shape], format!("{} bytes of {} given", raw.len(), dtype)));
+        }
+        self.upload_bytes(shape, dtype, raw.as_ptr(), raw.len())
+    }
+
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         ops::expect_f32("download_f32", t)?;
         let buf = self.buffer("download_f32", t)?;
@@ -248,6 +256,20 @@ impl Backend for CudaBackend {
             unsafe { cust::sys::cuMemcpyDtoDAsync_v2(d.addr() + offset, s.addr(), bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync (write_rows)")?;
         }
         Ok(())
+    }
+
+    fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor> {
+        let (n, width) = ops::scatter_rows_dims(x, rows, src)?;
+        let mut seen = std::collections::HashSet::new();
+        if !rows.iter().all(|r| seen.insert(*r)) {
+            return Err(Error::Limit { op: "scatter_rows", msg: "row indices must be distinct".into() });
+        }
+        let out = self.take_rows(x, 0, n)?.reshape(x.shape())?;
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx_buf = self.upload_bytes(&[idx.len()], DType::F32, idx.as_ptr() as *const u8, idx.len() * 4)?;
+        let l = self.enter()?;
+        launch::scatter_rows(&l, self.buffer("scatter_rows", &out)?, n, self.buffer("scatter_rows", &idx_buf)?, self.buffer("scatter_rows", src)?, rows.len(), width, add)?;
+        Ok(out)
     }
 
     fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {

@@ -1,0 +1,245 @@
+//! AVX2 + FMA (+ F16C) kernels (8 f32 lanes, 16 vector registers), for CPUs without AVX-512.
+//! bf16 is widened with a zero-extend and a 16-bit shift, f16 with `vcvtph2ps`; all
+//! accumulation is f32 FMA.
+//!
+//! * dot path: `MR ≤ 4` rows of `a` × `R` weight rows per register block (8, 4, 3, 2 rows for
+//!   `MR` = 1..4), at most 9 accumulators of 8 k-lanes each, reduced once per row.
+//! * GEMM tile: 2 vectors (16 rows of `a`) × 6 weight rows = 12 accumulators; per `kk` it
+//!   loads 2 vectors of packed `a` and broadcasts 6 widened weights (12 FMAs).
+
+use super::{elem_size, prefetch_span, widen_at, Kernels, OutPtr, RawW, DT_BF16, DT_F16, DT_F32};
+use core::arch::x86_64::*;
+
+const L: usize = 8;
+const NR: usize = 6;
+
+pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 2, nr: NR, kc: 256, small_m: 4, dot_rows, widen, tile };
+
+/// Weights `i..i + 8` of `w` (dtype `DT`) widened to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_w<const DT: u8>(w: *const u8, i: usize) -> __m256 {
+    match DT {
+        DT_F32 => _mm256_loadu_ps((w as *const f32).add(i)),
+        DT_F16 => _mm256_cvtph_ps(_mm_loadu_si128((w as *const u16).add(i) as *const __m128i)),
+        _ => {
+            let h = _mm_loadu_si128((w as *const u16).add(i) as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+/// Weights `i..i + len` (`len < 8`) widened, zero-padded to a vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_w_tail<const DT: u8>(w: *const u8, i: usize, len: usize) -> __m256 {
+    let mut t = [0.0f32; L];
+    for (e, d) in t.iter_mut().enumerate().take(len) {
+        *d = widen_at::<DT>(w, i + e);
+    }
+    _mm256_loadu_ps(t.as_ptr())
+}
+
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+}
+
+/// Floats `p[0..len]` (`len < 8`), zero-padded to a vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_tail(p: *const f32, len: usize) -> __m256 {
+    let mut t = [0.0f32; L];
+    t[..len].copy_from_slice(std::slice::from_raw_parts(p, len));
+    _mm256_loadu_ps(t.as_ptr())
+}
+
+/// Dot-path entry: picks the monomorphised kernel for the dtype and `m`.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `a` holds `m * k` floats, `w` `n * k` weights, `out` `m * n`
+/// floats, `c0 + cols <= n`, and no other task touches columns `c0..c0 + cols` of `out`.
+unsafe fn dot_rows(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    match w.dt {
+        DT_F32 => dot_rows_dt::<DT_F32>(a, m, k, w.ptr, c0, cols, bias, out, n),
+        DT_F16 => dot_rows_dt::<DT_F16>(a, m, k, w.ptr, c0, cols, bias, out, n),
+        _ => dot_rows_dt::<DT_BF16>(a, m, k, w.ptr, c0, cols, bias, out, n),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows_dt<const DT: u8>(a: &[f32], m: usize, k: usize, w: *const u8, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    let a = a.as_ptr();
+    match m {
+        1 => dot_block::<DT, 1, 8>(a, k, w, c0, cols, bias, out, n),
+        2 => dot_block::<DT, 2, 4>(a, k, w, c0, cols, bias, out, n),
+        3 => dot_block::<DT, 3, 3>(a, k, w, c0, cols, bias, out, n),
+        _ => dot_block::<DT, 4, 2>(a, k, w, c0, cols, bias, out, n),
+    }
+}
+
+/// Columns `c0..c0 + cols` for `MR` rows of `a`: groups of `R` weight rows, then single rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_block<const DT: u8, const MR: usize, const R: usize>(
+    a: *const f32,
+    k: usize,
+    w: *const u8,
+    c0: usize,
+    cols: usize,
+    bias: Option<&[f32]>,
+    out: OutPtr,
+    n: usize,
+) {
+    let row_bytes = k * elem_size(DT);
+    let end = c0 + cols;
+    let mut c = c0;
+    while c + R <= end {
+        // prefetch the next group of this chunk while streaming the current one
+        let pf = if c + 2 * R <= end { w.add((c + R) * row_bytes) } else { std::ptr::null() };
+        let mut res = [[0.0f32; R]; MR];
+        dot_group::<DT, MR, R>(a, k, w.add(c * row_bytes), pf, &mut res);
+        store_dot(&res, c, bias, out, n);
+        c += R;
+    }
+    while c < end {
+        let mut res = [[0.0f32; 1]; MR];
+        dot_group::<DT, MR, 1>(a, k, w.add(c * row_bytes), std::ptr::null(), &mut res);
+        store_dot(&res, c, bias, out, n);
+        c += 1;
+    }
+}
+
+/// `out[r, c + j] = res[r][j] + bias[c + j]`.
+#[inline(always)]
+unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    for (r, row) in res.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            out.write(r * n + c + j, v + bias.map_or(0.0, |b| b[c + j]));
+        }
+    }
+}
+
+/// `res[r][j] = a[r] · w[j]` for `MR` rows of `a` (stride `k`) and `R` contiguous weight rows
+/// at `w`, widened in registers 8 at a time. When `pf` is non-null it points at the next `R`
+/// rows, which are prefetched into L2 at the pace the current rows are consumed.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_group<const DT: u8, const MR: usize, const R: usize>(a: *const f32, k: usize, w: *const u8, pf: *const u8, res: &mut [[f32; R]; MR]) {
+    let es = elem_size(DT);
+    let mut acc = [[_mm256_setzero_ps(); R]; MR];
+    let mut x = [_mm256_setzero_ps(); MR];
+    let mut i = 0;
+    while i + L <= k {
+        for (r, xr) in x.iter_mut().enumerate() {
+            *xr = _mm256_loadu_ps(a.add(r * k + i));
+        }
+        for j in 0..R {
+            let wv = load_w::<DT>(w, j * k + i);
+            for r in 0..MR {
+                acc[r][j] = _mm256_fmadd_ps(x[r], wv, acc[r][j]);
+            }
+        }
+        if !pf.is_null() {
+            // this step consumed bytes i·R·es..(i+L)·R·es of the group; prefetch as much of the next
+            prefetch_span(pf, i * R * es, (i + L) * R * es);
+        }
+        i += L;
+    }
+    if i < k {
+        let len = k - i;
+        for (r, xr) in x.iter_mut().enumerate() {
+            *xr = load_tail(a.add(r * k + i), len);
+        }
+        for j in 0..R {
+            let wv = load_w_tail::<DT>(w, j * k + i, len);
+            for r in 0..MR {
+                acc[r][j] = _mm256_fmadd_ps(x[r], wv, acc[r][j]);
+            }
+        }
+    }
+    for r in 0..MR {
+        for j in 0..R {
+            res[r][j] = hsum(acc[r][j]);
+        }
+    }
+}
+
+/// GEMM widen entry (see [`Kernels::widen`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C present; rows `c0..c0 + cols` × elements `k0..k0 + kc` inside the `n × k` weights;
+/// `dst` holds `cols` rows of `ld >= kc` floats.
+unsafe fn widen(w: RawW, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize) {
+    match w.dt {
+        DT_F32 => widen_dt::<DT_F32>(w.ptr, c0, cols, k, k0, kc, dst, ld),
+        DT_F16 => widen_dt::<DT_F16>(w.ptr, c0, cols, k, k0, kc, dst, ld),
+        _ => widen_dt::<DT_BF16>(w.ptr, c0, cols, k, k0, kc, dst, ld),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_dt<const DT: u8>(w: *const u8, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize) {
+    let es = elem_size(DT);
+    let more = k0 + kc < k;
+    for j in 0..cols {
+        let src = (c0 + j) * k + k0;
+        let d = dst.add(j * ld);
+        let mut i = 0;
+        while i + L <= kc {
+            _mm256_storeu_ps(d.add(i), load_w::<DT>(w, src + i));
+            i += L;
+        }
+        for t in i..kc {
+            *d.add(t) = widen_at::<DT>(w, src + t);
+        }
+        if more {
+            // the same row's next k block, needed by the next call
+            prefetch_span(w, (src + kc) * es, (src + 2 * kc) * es);
+        }
+    }
+}
+
+/// GEMM tile entry (see [`Kernels::tile`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `1 <= gv <= 2`; `ap`, `wf`, `ct` valid for the extents described there.
+unsafe fn tile(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool) {
+    match gv {
+        2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+        _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+    }
+}
+
+/// `G` vectors of 8 rows × `NR` columns, accumulated in registers over `kc` steps.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_g<const G: usize>(ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool) {
+    let mut acc = [[_mm256_setzero_ps(); G]; NR];
+    if !first {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (v, a) in accj.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(ct.add(j * ld_c + v * L));
+            }
+        }
+    }
+    let mut x = [_mm256_setzero_ps(); G];
+    for kk in 0..kc {
+        for (v, xv) in x.iter_mut().enumerate() {
+            *xv = _mm256_loadu_ps(ap.add(v * ap_stride + kk * L));
+        }
+        for (j, accj) in acc.iter_mut().enumerate() {
+            let b = _mm256_broadcast_ss(&*wf.add(j * ld_w + kk));
+            for (v, a) in accj.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(x[v], b, *a);
+            }
+        }
+    }
+    for (j, accj) in acc.iter().enumerate() {
+        for (v, a) in accj.iter().enumerate() {
+            _mm256_storeu_ps(ct.add(j * ld_c + v * L), *a);
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! AVX-512F kernels (16 f32 lanes, 32 vector registers). bf16 is widened with a zero-extend
+//! and a 16-bit shift, f16 with `vcvtph2ps`; all accumulation is f32 FMA.
+//!
+//! * dot path: `MR ≤ 4` rows of `a` × `R` weight rows per register block (`R = 8` for
+//!   `MR ≤ 2`, 4 otherwise), `MR · R` accumulators of 16 k-lanes each, reduced once per row.
+//! * GEMM tile: 4 vectors (64 rows of `a`) × 6 weight rows = 24 accumulators; per `kk` it
+//!   loads 4 vectors of packed `a` and broadcasts 6 widened weights (24 FMAs).
+
+use super::{elem_size, prefetch_span, widen_at, Kernels, OutPtr, RawW, DT_BF16, DT_F16, DT_F32};
+use core::arch::x86_64::*;
+
+const L: usize = 16;
+const NR: usize = 6;
+
+pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 4, nr: NR, kc: 128, small_m: 4, dot_rows, widen, tile };
+
+/// Weights `i..i + 16` of `w` (dtype `DT`) widened to f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_w<const DT: u8>(w: *const u8, i: usize) -> __m512 {
+    match DT {
+        DT_F32 => _mm512_loadu_ps((w as *const f32).add(i)),
+        DT_F16 => _mm512_cvtph_ps(_mm256_loadu_si256((w as *const u16).add(i) as *const __m256i)),
+        _ => {
+            let h = _mm256_loadu_si256((w as *const u16).add(i) as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+}
+
+/// Weights `i..i + len` (`len < 16`) widened, zero-padded to a vector.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_w_tail<const DT: u8>(w: *const u8, i: usize, len: usize) -> __m512 {
+    let mut t = [0.0f32; L];
+    for (e, d) in t.iter_mut().enumerate().take(len) {
+        *d = widen_at::<DT>(w, i + e);
+    }
+    _mm512_loadu_ps(t.as_ptr())
+}
+
+/// Floats `p[0..len]` (`len < 16`), zero-padded to a vector.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_tail(p: *const f32, len: usize) -> __m512 {
+    let mut t = [0.0f32; L];
+    t[..len].copy_from_slice(std::slice::from_raw_parts(p, len));
+    _mm512_loadu_ps(t.as_ptr())
+}
+
+/// Dot-path entry: picks the monomorphised kernel for the dtype and `m`.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `a` holds `m * k` floats, `w` `n * k` weights, `out` `m * n`
+/// floats, `c0 + cols <= n`, and no other task touches columns `c0..c0 + cols` of `out`.
+unsafe fn dot_rows(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    match w.dt {
+        DT_F32 => dot_rows_dt::<DT_F32>(a, m, k, w.ptr, c0, cols, bias, out, n),
+        DT_F16 => dot_rows_dt::<DT_F16>(a, m, k, w.ptr, c0, cols, bias, out, n),
+        _ => dot_rows_dt::<DT_BF16>(a, m, k, w.ptr, c0, cols, bias, out, n),
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_rows_dt<const DT: u8>(a: &[f32], m: usize, k: usize, w: *const u8, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    let a = a.as_ptr();
+    match m {
+        1 => dot_block::<DT, 1, 8>(a, k, w, c0, cols, bias, out, n),
+        2 => dot_block::<DT, 2, 8>(a, k, w, c0, cols, bias, out, n),
+        3 => dot_block::<DT, 3, 4>(a, k, w, c0, cols, bias, out, n),
+        _ => dot_block::<DT, 4, 4>(a, k, w, c0, cols, bias, out, n),
+    }
+}
+
+/// Columns `c0..c0 + cols` for `MR` rows of `a`: groups of `R` weight rows, then single rows.
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_block<const DT: u8, const MR: usize, const R: usize>(
+    a: *const f32,
+    k: usize,
+    w: *const u8,
+    c0: usize,
+    cols: usize,
+    bias: Option<&[f32]>,
+    out: OutPtr,
+    n: usize,
+) {
+    let row_bytes = k * elem_size(DT);
+    let end = c0 + cols;
+    let mut c = c0;
+    while c + R <= end {
+        // prefetch the next group of this chunk while streaming the current one
+        let pf = if c + 2 * R <= end { w.add((c + R) * row_bytes) } else { std::ptr::null() };
+        let mut res = [[0.0f32; R]; MR];
+        dot_group::<DT, MR, R>(a, k, w.add(c * row_bytes), pf, &mut res);
+        store_dot(&res, c, bias, out, n);
+        c += R;
+    }
+    while c < end {
+        let mut res = [[0.0f32; 1]; MR];
+        dot_group::<DT, MR, 1>(a, k, w.add(c * row_bytes), std::ptr::null(), &mut res);
+        store_dot(&res, c, bias, out, n);
+        c += 1;
+    }
+}
+
+/// `out[r, c + j] = res[r][j] + bias[c + j]`.
+#[inline(always)]
+unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    for (r, row) in res.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            out.write(r * n + c + j, v + bias.map_or(0.0, |b| b[c + j]));
+        }
+    }
+}
+
+/// `res[r][j] = a[r] · w[j]` for `MR` rows of `a` (stride `k`) and `R` contiguous weight rows
+/// at `w`, widened in registers 16 at a time. When `pf` is non-null it points at the next `R`
+/// rows, which are prefetched into L2 at the pace the current rows are consumed.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_group<const DT: u8, const MR: usize, const R: usize>(a: *const f32, k: usize, w: *const u8, pf: *const u8, res: &mut [[f32; R]; MR]) {
+    let es = elem_size(DT);
+    let mut acc = [[_mm512_setzero_ps(); R]; MR];
+    let mut x = [_mm512_setzero_ps(); MR];
+    let mut i = 0;
+    while i + L <= k {
+        for (r, xr) in x.iter_mut().enumerate() {
+            *xr = _mm512_loadu_ps(a.add(r * k + i));
+        }
+        for j in 0..R {
+            let wv = load_w::<DT>(w, j * k + i);
+            for r in 0..MR {
+                acc[r][j] = _mm512_fmadd_ps(x[r], wv, acc[r][j]);
+            }
+        }
+        if !pf.is_null() {
+            // this step consumed bytes i·R·es..(i+L)·R·es of the group; prefetch as much of the next
+            prefetch_span(pf, i * R * es, (i + L) * R * es);
+        }
+        i += L;
+    }
+    if i < k {
+        let len = k - i;
+        for (r, xr) in x.iter_mut().enumerate() {
+            *xr = load_tail(a.add(r * k + i), len);
+        }
+        for j in 0..R {
+            let wv = load_w_tail::<DT>(w, j * k + i, len);
+            for r in 0..MR {
+                acc[r][j] = _mm512_fmadd_ps(x[r], wv, acc[r][j]);
+            }
+        }
+    }
+    for r in 0..MR {
+        for j in 0..R {
+            res[r][j] = _mm512_reduce_add_ps(acc[r][j]);
+        }
+    }
+}
+
+/// GEMM widen entry (see [`Kernels::widen`]).
+///
+/// # Safety
+/// AVX-512F present; rows `c0..c0 + cols` × elements `k0..k0 + kc` inside the `n × k` weights;
+/// `dst` holds `cols` rows of `ld >= kc` floats.
+unsafe fn widen(w: RawW, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize) {
+    match w.dt {
+        DT_F32 => widen_dt::<DT_F32>(w.ptr, c0, cols, k, k0, kc, dst, ld),
+        DT_F16 => widen_dt::<DT_F16>(w.ptr, c0, cols, k, k0, kc, dst, ld),
+        _ => widen_dt::<DT_BF16>(w.ptr, c0, cols, k, k0, kc, dst, ld),
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_dt<const DT: u8>(w: *const u8, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize) {
+    let es = elem_size(DT);
+    let more = k0 + kc < k;
+    for j in 0..cols {
+        let src = (c0 + j) * k + k0;
+        let d = dst.add(j * ld);
+        let mut i = 0;
+        while i + L <= kc {
+            _mm512_storeu_ps(d.add(i), load_w::<DT>(w, src + i));
+            i += L;
+        }
+        for t in i..kc {
+            *d.add(t) = widen_at::<DT>(w, src + t);
+        }
+        if more {
+            // the same row's next k block, needed by the next call
+            prefetch_span(w, (src + kc) * es, (src + 2 * kc) * es);
+        }
+    }
+}
+
+/// GEMM tile entry (see [`Kernels::tile`]).
+///
+/// # Safety
+/// AVX-512F present; `1 <= gv <= 4`; `ap`, `wf`, `ct` valid for the extents described there.
+unsafe fn tile(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool) {
+    match gv {
+        4 => tile_g::<4>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+        3 => tile_g::<3>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+        2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+        _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+    }
+}
+
+/// `G` vectors of 16 rows × `NR` columns, accumulated in registers over `kc` steps.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_g<const G: usize>(ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool) {
+    let mut acc = [[_mm512_setzero_ps(); G]; NR];
+    if !first {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (v, a) in accj.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(ct.add(j * ld_c + v * L));
+            }
+        }
+    }
+    let mut x = [_mm512_setzero_ps(); G];
+    for kk in 0..kc {
+        for (v, xv) in x.iter_mut().enumerate() {
+            *xv = _mm512_loadu_ps(ap.add(v * ap_stride + kk * L));
+        }
+        for (j, accj) in acc.iter_mut().enumerate() {
+            let b = _mm512_set1_ps(*wf.add(j * ld_w + kk));
+            for (v, a) in accj.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(x[v], b, *a);
+            }
+        }
+    }
+    for (j, accj) in acc.iter().enumerate() {
+        for (v, a) in accj.iter().enumerate() {
+            _mm512_storeu_ps(ct.add(j * ld_c + v * L), *a);
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Blocking shared by the x86-64 SIMD linear kernels (`avx512`, `avx2`); each ISA module only
+//! supplies the register-level kernels through a [`Kernels`] table.
+//!
+//! Two regimes, both reading the weights exactly once and in their stored dtype:
+//!
+//! * **dot path** (`m ≤ Kernels::small_m`, decode): memory-bound. The `n` weight rows are cut
+//!   into a few contiguous chunks per thread, so each thread streams one contiguous range of
+//!   memory. Inside a chunk the kernel takes groups of `R` rows, widens them to f32 in
+//!   registers (no scratch round trip) and accumulates `m × R` dot products vectorised over
+//!   `k`, prefetching the next group into L2 while it works on the current one.
+//! * **GEMM path** (larger `m`, prefill): compute-bound. `a` is packed once into groups of
+//!   `lanes` rows stored k-major (`ap[g][kk][lane]`, zero-padded rows), so one vector holds
+//!   `lanes` rows of `a` at one `kk`. Tasks own `NC = nr · TILES` weight rows (output columns);
+//!   for each block of `kc` along `k` a task widens its `NC × kc` weight panel to f32 into a
+//!   small scratch (packed once, reused by every row of `a`), then runs register tiles of
+//!   `mrv · lanes` rows × `nr` columns over it: `mrv` vector loads of `a` and `nr` broadcast
+//!   weights feed `mrv · nr` FMAs per `kk`. The `a` block (`kc × mrv · lanes` floats) stays in
+//!   L1 across the tiles of a panel; partial sums live in a per-task column-major scratch
+//!   `ct[NC][m_pad]` and are written to `out` (plus bias) after the last `k` block.
+
+pub(crate) mod avx2;
+pub(crate) mod avx512;
+
+use super::linear::Weights;
+use gpu::math::{bf16_to_f32, f16_to_f32};
+use rayon::prelude::*;
+
+/// Weight dtype tags, used as const generic parameters by the kernels.
+pub(crate) const DT_F32: u8 = 0;
+pub(crate) const DT_F16: u8 = 1;
+pub(crate) const DT_BF16: u8 = 2;
+
+/// Register tiles per GEMM task (a task owns `nr * TILES` weight rows).
+const TILES: usize = 8;
+/// Chunks per thread in the dot path (some slack for work stealing on a busy machine).
+const DOT_CHUNKS_PER_THREAD: usize = 8;
+
+/// `out` shared by tasks that each write a disjoint set of its elements.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(*mut f32);
+
+impl OutPtr {
+    /// Stores `v` at element `i`.
+    ///
+    /// # Safety
+    /// `i` must be inside `out`, and no other task may access element `i` meanwhile.
+    #[inline(always)]
+    pub(crate) unsafe fn write(self, i: usize, v: f32) {
+        *self.0.add(i) = v;
+    }
+}
+// SAFETY: only used to hand disjoint output columns to rayon tasks (see `dot_path` and
+// `gemm_path`); no two tasks ever write the same element, and nobody reads `out` meanwhile.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// The weight operand as a raw byte pointer plus dtype tag.
+#[derive(Clone, Copy)]
+pub(crate) struct RawW {
+    pub(crate) ptr: *const u8,
+    pub(crate) dt: u8,
+}
+// SAFETY: a `RawW` is made from a borrowed, immutable `Weights` slice that outlives the
+// parallel call using it; tasks only ever read through it.
+unsafe impl Send for RawW {}
+// SAFETY: as above.
+unsafe impl Sync for RawW {}
+
+impl RawW {
+    fn new(w: Weights<'_>) -> RawW {
+        match w {
+            Weights::F32(s) => RawW { ptr: s.as_ptr() as *const u8, dt: DT_F32 },
+            Weights::F16(s) => RawW { ptr: s.as_ptr() as *const u8, dt: DT_F16 },
+            Weights::Bf16(s) => RawW { ptr: s.as_ptr() as *const u8, dt: DT_BF16 },
+        }
+    }
+}
+
+/// Bytes per stored weight of dtype `dt`.
+#[inline(always)]
+pub(crate) const fn elem_size(dt: u8) -> usize {
+    if dt == DT_F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Element `i` of the weights at `w` (dtype `DT`), widened to f32 with the shared scalar math.
+///
+/// # Safety
+/// `w` must point to at least `i + 1` weights of dtype `DT`.
+#[inline(always)]
+pub(crate) unsafe fn widen_at<const DT: u8>(w: *const u8, i: usize) -> f32 {
+    match DT {
+        DT_F32 => *(w as *const f32).add(i),
+        DT_F16 => f16_to_f32(*(w as *const u16).add(i)),
+        _ => bf16_to_f32(*(w as *const u16).add(i)),
+    }
+}
+
+/// Prefetches into L2 the cache lines at byte offsets `lo..hi` from `base` (one per 64 bytes).
+/// Prefetches never fault, so the span may run past the end of the weights; `wrapping_add`
+/// keeps the address arithmetic well-defined there.
+#[inline(always)]
+pub(crate) fn prefetch_span(base: *const u8, lo: usize, hi: usize) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    let mut o = (lo + 63) & !63;
+    while o < hi {
+        // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing architecturally.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(o) as *const i8) };
+        o += 64;
+    }
+}
+
+/// What one instruction set provides to the shared blocking.
+pub(crate) struct Kernels {
+    /// f32 lanes per vector: rows of `a` held by one packed vector in the GEMM path.
+    pub(crate) lanes: usize,
+    /// GEMM register tile: up to `mrv` vectors of rows of `a` ...
+    pub(crate) mrv: usize,
+    /// ... times `nr` weight rows (output columns).
+    pub(crate) nr: usize,
+    /// GEMM block length along `k` (the packed `a` block is `kc × mrv · lanes` floats).
+    pub(crate) kc: usize,
+    /// Largest `m` handled by the dot path.
+    pub(crate) small_m: usize,
+    /// Dot path: `out[r, c0 + j] = a[r] · w[c0 + j] + bias` for `r < m ≤ small_m`, `j < cols`.
+    pub(crate) dot_rows: unsafe fn(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize),
+    /// GEMM path: widens weights `[c0, c0 + cols) × [k0, k0 + kc)` into `dst` (row stride `ld`)
+    /// and prefetches the next `kc` block of the same rows.
+    pub(crate) widen: unsafe fn(w: RawW, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize),
+    /// GEMM path: one register tile of `gv ≤ mrv` row vectors × `nr` columns over `kc` steps:
+    /// `ct[j * ld_c + v * lanes + l] (+)= Σ_kk ap[v * ap_stride + kk * lanes + l] · wf[j * ld_w + kk]`,
+    /// overwriting `ct` when `first`, accumulating otherwise.
+    pub(crate) tile: unsafe fn(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool),
+}
+
+/// `out = a · wᵀ + bias` on the given kernels (the caller checked the CPU supports them).
+pub(crate) fn linear(kern: &Kernels, a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
+    if m <= kern.small_m {
+        dot_path(kern, a, RawW::new(w), bias, m, n, k, out);
+    } else {
+        gemm_path(kern, a, RawW::new(w), bias, m, n, k, out);
+    }
+}
+
+fn dot_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
+    let chunks = rayon::current_num_threads() * DOT_CHUNKS_PER_THREAD;
+    let chunk = round_up(n.div_ceil_(chunks).max(8), 8);
+    let out = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil_(chunk)).into_par_iter().for_each(|t| {
+        let c0 = t * chunk;
+        let cols = chunk.min(n - c0);
+        // SAFETY: the kernels were chosen for this CPU; `a` holds `m * k` floats, the weights
+        // `n * k` elements and `out` `m * n` floats (checked by `linear`); this task writes only
+        // columns `c0..c0 + cols` of `out`, disjoint from every other task's.
+        unsafe { (kern.dot_rows)(a, m, k, w, c0, cols, bias, out, n) }
+    });
+}
+
+fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
+    let (lanes, nr, kcb) = (kern.lanes, kern.nr, kern.kc);
+    let groups = m.div_ceil_(lanes);
+    let m_pad = groups * lanes;
+    // a packed k-major per group of `lanes` rows: ap[g][kk][l] = a[g * lanes + l][kk] (0 past m)
+    let mut ap = vec![0.0f32; m_pad * k];
+    ap.par_chunks_mut(k * lanes).enumerate().for_each(|(g, blk)| {
+        for l in 0..lanes.min(m - g * lanes) {
+            let row = &a[(g * lanes + l) * k..][..k];
+            for (kk, &x) in row.iter().enumerate() {
+                blk[kk * lanes + l] = x;
+            }
+        }
+    });
+    let nc = nr * TILES;
+    let out = OutPtr(out.as_mut_ptr());
+    let ap = &ap[..];
+    (0..n.div_ceil_(nc)).into_par_iter().for_each_init(
+        || (vec![0.0f32; nc * kcb], vec![0.0f32; nc * m_pad]),
+        |(wf, ct), t| {
+            let c0 = t * nc;
+            let cols = nc.min(n - c0);
+            let cols_pad = round_up(cols, nr);
+            // padding columns of a short last task multiply zeros
+            wf[cols * kcb..cols_pad * kcb].iter_mut().for_each(|x| *x = 0.0);
+            for k0 in (0..k).step_by(kcb) {
+                let kc = kcb.min(k - k0);
+                // SAFETY: rows c0..c0 + cols and elements k0..k0 + kc lie inside the `n × k`
+                // weights; `wf` holds `nc` rows of `kcb >= kc` floats.
+                unsafe { (kern.widen)(w, c0, cols, k, k0, kc, wf.as_mut_ptr(), kcb) };
+                for g0 in (0..groups).step_by(kern.mrv) {
+                    let gv = kern.mrv.min(groups - g0);
+                    for jt in (0..cols_pad).step_by(nr) {
+                        // SAFETY: the tile reads `gv` groups of `ap` (each `k * lanes` floats,
+                        // `kk < kc <= k - k0`), rows jt..jt + nr of `wf` (`jt + nr <= cols_pad
+                        // <= nc`) and writes `nr` columns × `gv * lanes` rows of `ct`
+                        // (`g0 + gv <= groups`), all in bounds.
+                        unsafe {
+                            (kern.tile)(
+                                gv,
+                                ap.as_ptr().add(g0 * k * lanes + k0 * lanes),
+                                k * lanes,
+                                wf.as_ptr().add(jt * kcb),
+                                kcb,
+                                kc,
+                                ct.as_mut_ptr().add(jt * m_pad + g0 * lanes),
+                                m_pad,
+                                k0 == 0,
+                            )
+                        };
+                    }
+                }
+            }
+            for r in 0..m {
+                for j in 0..cols {
+                    let b = bias.map_or(0.0, |b| b[c0 + j]);
+                    // SAFETY: r < m and c0 + j < n, inside `out` (m * n floats); columns
+                    // c0..c0 + cols belong to this task only.
+                    unsafe { out.write(r * n + c0 + j, ct[j * m_pad + r] + b) };
+                }
+            }
+        },
+    );
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil_(to) * to
+}
+
+/// `usize::div_ceil` is not stable on the pinned toolchain.
+trait DivCeil {
+    fn div_ceil_(self, d: Self) -> Self;
+}
+
+impl DivCeil for usize {
+    fn div_ceil_(self, d: usize) -> usize {
+        (self + d - 1) / d
+    }
+}

@@ -1,0 +1,190 @@
+//! A Hugging Face safetensors checkpoint: `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`, memory-mapped. Tensors are handed to a backend by name with
+//! their expected shape; every problem (missing file or tensor, truncated file, wrong dtype or
+//! shape, tensors nobody asked for) is an error naming the file and tensor.
+
+use crate::{Backend, DType, Error, MappedBytes, Result, Tensor};
+use safetensors::tensor::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+struct Entry {
+    file: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Absolute byte range in the mapped file.
+    start: usize,
+    end: usize,
+}
+
+pub struct Checkpoint {
+    files: Vec<(PathBuf, Arc<memmap2::Mmap>)>,
+    entries: BTreeMap<String, Entry>,
+    taken: Mutex<HashSet<String>>,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint in `dir`: the shards of `model.safetensors.index.json` when present,
+    /// else `model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            shard_files(&index)?.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            let single = dir.join("model.safetensors");
+            if !single.exists() {
+                return Err(Error::Checkpoint {
+                    file: dir.display().to_string(),
+                    tensor: String::new(),
+                    msg: "neither model.safetensors nor model.safetensors.index.json is here".into(),
+                });
+            }
+            vec![single]
+        };
+        Checkpoint::from_files(&files)
+    }
+
+    /// Maps and indexes the given safetensors files.
+    pub fn from_files(paths: &[PathBuf]) -> Result<Checkpoint> {
+        let mut files = Vec::new();
+        let mut entries = BTreeMap::new();
+        for (fi, path) in paths.iter().enumerate() {
+            let name = path.display().to_string();
+            let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+            // SAFETY: the file is opened read-only; a checkpoint modified while mapped is outside
+            // what we can guard against (as with every mmap-based loader).
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
+            let bad = |tensor: &str, msg: String| Error::Checkpoint { file: name.clone(), tensor: tensor.into(), msg };
+            let (header, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad("", format!("not a valid safetensors file (truncated or corrupt): {:?}", e)))?;
+            let base = 8 + header;
+            for (tname, info) in meta.tensors() {
+                let dtype = match info.dtype {
+                    Dtype::F32 => DType::F32,
+                    Dtype::F16 => DType::F16,
+                    Dtype::BF16 => DType::BF16,
+                    other => return Err(bad(&tname, format!("dtype {:?} is not supported (F32, F16, BF16)", other))),
+                };
+                let (s, e) = info.data_offsets;
+                let want = info.shape.iter().product::<usize>() * dtype.size_of();
+                if e < s || e - s != want || base + e > map.len() {
+                    return Err(bad(&tname, format!("data range {}..{} does not hold shape {:?} of {}", s, e, info.shape, dtype)));
+                }
+                if entries.contains_key(&tname) {
+                    return Err(bad(&tname, "appears in more than one shard".into()));
+                }
+                entries.insert(tname, Entry { file: fi, dtype, shape: info.shape.clone(), start: base + s, end: base + e });
+            }
+            files.push((path.clone(), map));
+        }
+        Ok(Checkpoint { files, entries, taken: Mutex::new(HashSet::new()) })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(|s| s.as_str())
+    }
+
+    /// Total bytes of tensor data.
+    pub fn total_bytes(&self) -> usize {
+        self.entries.values().map(|e| e.end - e.start).sum()
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.entries.get(name).ok_or_else(|| Error::Checkpoint {
+            file: self.files.iter().map(|f| f.0.display().to_string()).collect::<Vec<_>>().join(", "),
+            tensor: name.into(),
+            msg: "missing from the checkpoint".into(),
+        })
+    }
+
+    fn file_name(&self, e: &Entry) -> String {
+        self.files[e.file].0.display().to_string()
+    }
+
+    /// Loads `name` onto `backend` in its stored dtype, checking it has `shape`.
+    pub fn load(&self, backend: &dyn Backend, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let e = self.entry(name)?;
+        if e.shape != shape {
+            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?}", e.shape, shape) });
+        }
+        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+        let bytes = MappedBytes::new(Arc::clone(&self.files[e.file].1), e.start, e.end - e.start).expect("range checked when indexing");
+        backend.upload_mapped(shape, e.dtype, bytes)
+    }
+
+    /// Loads `name` as f32 (norm weights and biases, which the ops take in f32), widening
+    /// f16/bf16 on the host.
+    pub fn load_f32(&self, backend: &dyn Backend, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let e = self.entry(name)?;
+        if e.dtype == DType::F32 {
+            return self.load(backend, name, shape);
+        }
+        if e.shape != shape {
+            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?}", e.shape, shape) });
+        }
+        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+        let raw = &self.files[e.file].1[e.start..e.end];
+        let data: Vec<f32> = raw.chunks_exact(2).map(|c| e.dtype.half_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect();
+        backend.upload_f32(shape, &data)
+    }
+
+    /// Bytes of a tensor (for progress accounting); 0 when absent.
+    pub fn bytes_of(&self, name: &str) -> usize {
+        self.entries.get(name).map_or(0, |e| e.end - e.start)
+    }
+
+    /// Names not loaded so far that do not start with any of `ignored_prefixes`.
+    pub fn unused(&self, ignored_prefixes: &[&str]) -> Vec<String> {
+        let taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        self.entries.keys().filter(|n| !taken.contains(*n) && !ignored_prefixes.iter().any(|p| n.starts_with(p))).cloned().collect()
+    }
+}
+
+/// The distinct shard file names of an index, in first-seen order.
+fn shard_files(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let bad = |msg: String| Error::Checkpoint { file: index.display().to_string(), tensor: String::new(), msg };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {}", e)))?;
+    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("has no weight_map object".into()))?;
+    let mut files: Vec<String> = Vec::new();
+    for (tensor, f) in map {
+        let f = f.as_str().ok_or_else(|| bad(format!("weight_map entry of '{}' is not a file name", tensor)))?;
+        if f.contains('/') || f.contains("..") {
+            return Err(bad(format!("shard name '{}' must be a plain file name", f)));
+        }
+        if !files.iter().any(|x| x == f) {
+            files.push(f.to_string());
+        }
+    }
+    if files.is_empty() {
+        return Err(bad("weight_map lists no shards".into()));
+    }
+    Ok(files)
+}
+
+/// Loads tensors from a checkpoint onto a backend, reporting the bytes of each to a progress
+/// callback.
+pub struct Loader<'a> {
+    pub ckpt: &'a Checkpoint,
+    pub backend: &'a dyn Backend,
+    pub progress: &'a mut dyn FnMut(usize),
+}
+
+impl Loader<'_> {
+    /// A weight in its stored dtype (see [`Checkpoint::load`]).
+    pub fn weight(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        (self.progress)(self.ckpt.bytes_of(name));
+        self.ckpt.load(self.backend, name, shape)
+    }
+
+    /// A norm weight or bias as f32 (see [`Checkpoint::load_f32`]).
+    pub fn f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        (self.progress)(self.ckpt.bytes_of(name));
+        self.ckpt.load_f32(self.backend, name, shape)
+    }
+}

@@ -1,0 +1,56 @@
+//! The Qwen3-VL model: configuration, checkpoint loading, and the networks.
+
+pub mod checkpoint;
+pub mod config;
+pub mod kv_cache;
+pub mod rope;
+pub mod text;
+
+pub use checkpoint::Checkpoint;
+pub use config::{Config, TextConfig, VisionConfig};
+pub use kv_cache::KvCache;
+pub use rope::Pos3;
+pub use text::TextModel;
+
+use crate::{Backend, Error, Result};
+use std::path::Path;
+
+/// Checkpoint tensors that belong to parts not loaded by this build (the vision tower).
+const NOT_LOADED_PREFIXES: &[&str] = &["model.visual."];
+
+pub struct Model {
+    pub config: Config,
+    pub text: TextModel,
+}
+
+impl Model {
+    /// Loads `config.json` and the safetensors weights in `dir` onto `backend`.
+    /// `progress(done_bytes, total_bytes)` is called as tensors load.
+    pub fn load(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+        let config = Config::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let total = ckpt.total_bytes();
+        let mut done = 0usize;
+        let mut tick = |bytes: usize| {
+            done += bytes;
+            progress(done, total);
+        };
+        let mut ld = checkpoint::Loader { ckpt: &ckpt, backend, progress: &mut tick };
+        let text = TextModel::new(&config.text, config.tie_word_embeddings, &mut ld)?;
+        let mut ignored = NOT_LOADED_PREFIXES.to_vec();
+        if config.tie_word_embeddings {
+            ignored.push("lm_head.weight"); // a tied checkpoint may carry the copy anyway
+        }
+        let unused = ckpt.unused(&ignored);
+        if !unused.is_empty() {
+            let shown: Vec<&str> = unused.iter().take(5).map(|s| s.as_str()).collect();
+            return Err(Error::Checkpoint {
+                file: dir.display().to_string(),
+                tensor: shown.join(", "),
+                msg: format!("{} unexpected tensor(s) for this configuration (a different architecture or size?)", unused.len()),
+            });
+        }
+        progress(total, total);
+        Ok(Model { config, text })
+    }
+}

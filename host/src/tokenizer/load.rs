@@ -1,0 +1,205 @@
+//! Reading `tokenizer.json`. Each component it names is checked against what [`Tokenizer`]
+//! implements; anything else is refused with an error that names it, never approximated.
+
+use super::added::AddedTokens;
+use super::bpe::{pair_key, Bpe, ByteAlphabet, MergeMap};
+use super::pretokenize::PATTERN;
+use super::{Entry, Tokenizer};
+use crate::{Error, Result};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::HashMap;
+
+#[derive(Deserialize)]
+struct TokenizerJson {
+    #[serde(default)]
+    added_tokens: Vec<AddedTokenJson>,
+    normalizer: Option<Value>,
+    pre_tokenizer: Option<Value>,
+    decoder: Option<Value>,
+    truncation: Option<Value>,
+    padding: Option<Value>,
+    model: ModelJson,
+}
+
+#[derive(Deserialize)]
+struct AddedTokenJson {
+    id: u32,
+    content: String,
+    single_word: bool,
+    lstrip: bool,
+    rstrip: bool,
+    normalized: bool,
+    special: bool,
+}
+
+#[derive(Deserialize)]
+struct ModelJson {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    dropout: Option<f64>,
+    continuing_subword_prefix: Option<String>,
+    end_of_word_suffix: Option<String>,
+    #[serde(default)]
+    byte_fallback: bool,
+    #[serde(default)]
+    ignore_merges: bool,
+    vocab: HashMap<String, u32>,
+    merges: Vec<MergeJson>,
+}
+
+/// A merge as older files write it (`"a b"`) or as newer ones do (`["a", "b"]`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MergeJson {
+    Joined(String),
+    Pair(String, String),
+}
+
+fn error(msg: String) -> Error {
+    Error::Tokenizer { msg }
+}
+
+/// `what`'s JSON, shortened for an error message.
+fn describe(what: &Value) -> String {
+    let json = what.to_string();
+    match json.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}...", &json[..cut]),
+        None => json,
+    }
+}
+
+fn unsupported(component: &str, found: &Option<Value>, supported: &str) -> Error {
+    let found = found.as_ref().map_or_else(|| "none".to_string(), describe);
+    error(format!("unsupported {} {}: only {} is implemented", component, found, supported))
+}
+
+/// Whether the normalizer is NFC (`true`) or absent (`false`).
+fn nfc_normalizer(normalizer: &Option<Value>) -> Result<bool> {
+    match normalizer {
+        None => Ok(false),
+        Some(n) if n["type"] == "NFC" => Ok(true),
+        _ => Err(unsupported("normalizer", normalizer, "NFC (or none)")),
+    }
+}
+
+fn check_pre_tokenizer(pre_tokenizer: &Option<Value>) -> Result<()> {
+    let is_split = |p: &Value| {
+        p["type"] == "Split" && p["pattern"]["Regex"] == PATTERN && p["behavior"] == "Isolated" && p["invert"] == false
+    };
+    let is_byte_level =
+        |p: &Value| p["type"] == "ByteLevel" && p["add_prefix_space"] == false && p["use_regex"] == false;
+    let supported = pre_tokenizer.as_ref().map_or(false, |p| {
+        let parts = p["pretokenizers"].as_array().map_or(&[][..], |parts| &parts[..]);
+        p["type"] == "Sequence" && parts.len() == 2 && is_split(&parts[0]) && is_byte_level(&parts[1])
+    });
+    if supported {
+        Ok(())
+    } else {
+        let expected = format!(
+            "Sequence[Split(Regex {:?}, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)]",
+            PATTERN
+        );
+        Err(unsupported("pre_tokenizer", pre_tokenizer, &expected))
+    }
+}
+
+fn check_model(model: &ModelJson) -> Result<()> {
+    let plain = |affix: &Option<String>| affix.as_deref().map_or(true, str::is_empty);
+    if model.kind.as_deref().map_or(false, |kind| kind != "BPE") {
+        return Err(error(format!("unsupported model type {:?}: only BPE is implemented", model.kind)));
+    }
+    if model.dropout.is_some()
+        || !plain(&model.continuing_subword_prefix)
+        || !plain(&model.end_of_word_suffix)
+        || model.byte_fallback
+        || model.ignore_merges
+    {
+        return Err(error(
+            "unsupported BPE options: dropout, continuing_subword_prefix, end_of_word_suffix, byte_fallback \
+             and ignore_merges must be unset"
+                .to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The merge table: for each pair of token ids, the merge's rank (its index in the file; a
+/// repeated pair keeps its last rank) and the id of the merged token.
+fn merge_map(merges: &[MergeJson], vocab: &HashMap<String, u32>) -> Result<MergeMap> {
+    let mut map = MergeMap::default();
+    map.reserve(merges.len());
+    for (rank, merge) in merges.iter().enumerate() {
+        let (a, b) = match merge {
+            MergeJson::Joined(joined) => joined
+                .split_once(' ')
+                .filter(|(_, b)| !b.contains(' '))
+                .ok_or_else(|| error(format!("merge #{} {:?} is not two tokens separated by a space", rank, joined)))?,
+            MergeJson::Pair(a, b) => (a.as_str(), b.as_str()),
+        };
+        let id = |token: &str| {
+            vocab.get(token).copied().ok_or_else(|| {
+                error(format!("merge #{} ({:?}, {:?}): {:?} is not in the vocabulary", rank, a, b, token))
+            })
+        };
+        map.insert(pair_key(id(a)?, id(b)?), (rank as u32, id(&format!("{}{}", a, b))?));
+    }
+    Ok(map)
+}
+
+/// Builds a [`Tokenizer`] from the text of a `tokenizer.json`.
+pub(super) fn from_json(json: &str) -> Result<Tokenizer> {
+    let file: TokenizerJson =
+        serde_json::from_str(json).map_err(|e| error(format!("invalid tokenizer JSON: {}", e)))?;
+    let nfc = nfc_normalizer(&file.normalizer)?;
+    check_pre_tokenizer(&file.pre_tokenizer)?;
+    if !file.decoder.as_ref().map_or(false, |d| d["type"] == "ByteLevel") {
+        return Err(unsupported("decoder", &file.decoder, "ByteLevel"));
+    }
+    if file.truncation.is_some() || file.padding.is_some() {
+        return Err(error("truncation and padding are not supported; they must be null".to_string()));
+    }
+    check_model(&file.model)?;
+
+    let vocab = file.model.vocab;
+    let merges = merge_map(&file.model.merges, &vocab)?;
+    let alphabet = ByteAlphabet::new();
+    let mut byte_ids = [0u32; 256];
+    for b in 0..=255u8 {
+        let token = alphabet.char_of(b).to_string();
+        byte_ids[b as usize] = *vocab.get(&token).ok_or_else(|| {
+            error(format!("the vocabulary lacks the byte-level token {:?} (byte 0x{:02x})", token, b))
+        })?;
+    }
+
+    let size = vocab.values().chain(file.added_tokens.iter().map(|t| &t.id)).max().map_or(0, |&id| id as usize + 1);
+    let mut entries: Vec<Option<Entry>> = Vec::new();
+    entries.resize_with(size, || None);
+    for (token, &id) in &vocab {
+        let slot = &mut entries[id as usize];
+        if let Some(other) = slot {
+            return Err(error(format!("id {} is used by both {:?} and {:?}", id, other.token, token)));
+        }
+        // Like Hugging Face, a token with characters outside the byte alphabet decodes to its UTF-8.
+        let bytes = alphabet.token_bytes(token).unwrap_or_else(|| token.as_bytes().to_vec());
+        *slot = Some(Entry { token: token.as_str().into(), bytes: bytes.into(), special: false });
+    }
+
+    let mut ids = vocab;
+    let mut added = Vec::with_capacity(file.added_tokens.len());
+    for t in file.added_tokens {
+        if t.single_word || t.lstrip || t.rstrip || t.normalized || t.content.is_empty() {
+            return Err(error(format!(
+                "added token {:?} (id {}): only non-empty tokens with single_word, lstrip, rstrip and \
+                 normalized all false are supported",
+                t.content, t.id
+            )));
+        }
+        let bytes = t.content.as_bytes().into();
+        entries[t.id as usize] = Some(Entry { token: t.content.as_str().into(), bytes, special: t.special });
+        ids.insert(t.content.clone(), t.id);
+        added.push((t.content, t.id));
+    }
+
+    Ok(Tokenizer { entries, ids, added: AddedTokens::new(added), bpe: Bpe::new(byte_ids, merges), nfc })
+}

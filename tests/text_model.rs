@@ -1,0 +1,133 @@
+//! The text decoder against transformers: tiny random-weight checkpoints of the real
+//! architecture (tests/fixtures/text, made by tools/make_fixtures.py) with the logits and greedy
+//! continuations transformers computed. Runs on the CPU, and on the GPU when there is one.
+//! Tolerance: max |diff| of logits under 1e-3 of the reference logits' std.
+
+mod common;
+
+use qwen3_vl::generate::chat::{render, Message};
+use qwen3_vl::generate::{Sampler, SamplingParams, Session};
+use qwen3_vl::model::rope::text_positions;
+use qwen3_vl::model::{KvCache, Model};
+use qwen3_vl::{Backend, Tokenizer};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const CASES: &[&str] = &["tied_gqa", "untied_mha", "fullvocab"];
+
+fn case_dir(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text").join(case)
+}
+
+fn reference(case: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(case_dir(case).join("reference.json")).unwrap()).unwrap()
+}
+
+fn read_f32(case: &str, file: &str) -> Vec<f32> {
+    std::fs::read(case_dir(case).join(file)).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn std_dev(x: &[f32]) -> f64 {
+    let m = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+    (x.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
+}
+
+fn assert_logits_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{}", what);
+    let tol = 1e-3 * std_dev(want);
+    let (i, d) = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).enumerate().fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
+    assert!(d <= tol, "{}: max |diff| {:.3e} at {} exceeds {:.3e} (1e-3 of std)", what, d, i, tol);
+}
+
+/// The CPU backend, plus the CUDA one when this machine has a GPU.
+fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
+    let mut v = vec![common::cpu()];
+    if let Some(g) = common::gpu(test) {
+        v.push(g);
+    }
+    v
+}
+
+fn load(case: &str, b: &dyn Backend) -> Model {
+    Model::load(&case_dir(case), b, &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {}", case, e))
+}
+
+#[test]
+fn last_position_logits_match_transformers() {
+    for b in backends("text logits") {
+        for case in CASES {
+            let (r, model) = (reference(case), load(case, &*b));
+            for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate() {
+                let prompt = ids(&p["ids"]);
+                let mut s = Session::new(&model, &*b, prompt.len()).unwrap();
+                let got = s.feed(&prompt).unwrap();
+                let want = read_f32(case, p["last_logits_file"].as_str().unwrap());
+                assert_logits_close(&format!("{} prompt {} on {}", case, i, b.describe()), &got, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_position_matches_transformers() {
+    for b in backends("text all positions") {
+        for case in ["tied_gqa", "untied_mha"] {
+            let (r, model) = (reference(case), load(case, &*b));
+            for p in r["prompts"].as_array().unwrap().iter().filter(|p| p.get("all_logits_file").is_some()) {
+                let prompt = ids(&p["ids"]);
+                let mut cache = KvCache::new(&*b, &model.config.text, prompt.len()).unwrap();
+                let x = model.text.embed(&*b, &prompt).unwrap();
+                let h = model.text.forward(&*b, x, &text_positions(0, prompt.len()), &mut cache, None).unwrap();
+                let got = b.download_f32(&model.text.logits(&*b, &h).unwrap()).unwrap();
+                let want = read_f32(case, p["all_logits_file"].as_str().unwrap());
+                assert_logits_close(&format!("{} all positions on {}", case, b.describe()), &got, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_continuations_and_cached_step_logits_match_transformers() {
+    for b in backends("text greedy") {
+        for case in CASES {
+            let (r, model) = (reference(case), load(case, &*b));
+            for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate() {
+                let prompt = ids(&p["ids"]);
+                let want = ids(&p["greedy_ids"]);
+                let mut s = Session::new(&model, &*b, prompt.len() + want.len()).unwrap();
+                let mut sampler = Sampler::new(SamplingParams::greedy());
+                let g = s.generate(&prompt, want.len(), &mut sampler, &[], &mut |_| true).unwrap();
+                assert_eq!(g.tokens, want, "{} prompt {} on {}", case, i, b.describe());
+                if let Some(f) = p.get("step_logits_file") {
+                    // replay with the KV cache: feed the prompt, then each greedy token
+                    let steps = read_f32(case, f.as_str().unwrap());
+                    let vocab = steps.len() / want.len();
+                    let mut s = Session::new(&model, &*b, prompt.len() + want.len()).unwrap();
+                    let mut logits = s.feed(&prompt).unwrap();
+                    for (k, &t) in want.iter().enumerate() {
+                        assert_logits_close(&format!("{} step {} on {}", case, k, b.describe()), &logits, &steps[k * vocab..(k + 1) * vocab]);
+                        if k + 1 < want.len() {
+                            logits = s.feed(&[t]).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn chat_prompts_tokenize_like_transformers() {
+    let tok = Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/tokenizer.json")).unwrap();
+    let r = reference("fullvocab");
+    for p in r["prompts"].as_array().unwrap() {
+        let text = render(&[Message::user(p["text"].as_str().unwrap())], true);
+        assert_eq!(text, p["rendered"].as_str().unwrap());
+        assert_eq!(tok.encode(&text), ids(&p["ids"]), "{}", text);
+    }
+}

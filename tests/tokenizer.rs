@@ -1,0 +1,356 @@
+//! The tokenizer against Hugging Face `tokenizers`: exact ids and decodings for the corpus in
+//! tests/fixtures/tokenizer/reference.json (made by tools/tokenizer_reference.py from the same
+//! tokenizer.json), streaming decoding, special tokens, and errors.
+
+use qwen3_vl::{Error, Tokenizer};
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer").join(name)
+}
+
+fn qwen() -> Tokenizer {
+    Tokenizer::from_file(&fixture("tokenizer.json")).expect("the Qwen tokenizer loads")
+}
+
+/// One case of reference.json: `text` is absent for the decode-only cases.
+struct Case {
+    text: Option<String>,
+    ids: Vec<u32>,
+    decoded: String,
+    decoded_skip: String,
+}
+
+/// The cases of one list of reference.json ("encode", "fuzz" or "decode").
+fn reference(list: &str) -> Vec<Case> {
+    let text = std::fs::read_to_string(fixture("reference.json")).expect("reference.json is readable");
+    let root = json::parse(&text);
+    let string = |v: &json::Value| v.as_str().expect("a string").to_string();
+    root.get(list)
+        .and_then(json::Value::as_array)
+        .unwrap_or_else(|| panic!("reference.json has no list {:?}", list))
+        .iter()
+        .map(|case| Case {
+            text: case.get("text").map(string),
+            ids: case.get("ids").and_then(json::Value::as_array).expect("ids").iter().map(|v| v.as_u32()).collect(),
+            decoded: case.get("decoded").map(string).expect("decoded"),
+            decoded_skip: case.get("decoded_skip").map(string).expect("decoded_skip"),
+        })
+        .collect()
+}
+
+/// Checks every case and reports all mismatches at once.
+fn check_cases(tokenizer: &Tokenizer, cases: &[Case]) {
+    assert!(!cases.is_empty());
+    let mut failures = Vec::new();
+    for case in cases {
+        if let Some(text) = &case.text {
+            let ids = tokenizer.encode(text);
+            if ids != case.ids {
+                failures.push(format!("encode({:?}) = {:?}, Hugging Face: {:?}", text, ids, case.ids));
+            }
+        }
+        for (skip, expected) in [(false, &case.decoded), (true, &case.decoded_skip)] {
+            let decoded = tokenizer.decode(&case.ids, skip).expect("known ids");
+            if &decoded != expected {
+                failures.push(format!("decode({:?}, {}) = {:?}, Hugging Face: {:?}", case.ids, skip, decoded, expected));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+#[test]
+fn corpus_matches_hugging_face() {
+    check_cases(&qwen(), &reference("encode"));
+}
+
+#[test]
+fn random_strings_match_hugging_face() {
+    check_cases(&qwen(), &reference("fuzz"));
+}
+
+#[test]
+fn decoding_cut_characters_matches_hugging_face() {
+    check_cases(&qwen(), &reference("decode"));
+}
+
+/// Feeds `ids` one at a time; returns what each push gave and what finish gave.
+fn stream(tokenizer: &Tokenizer, ids: &[u32], skip: bool) -> (Vec<String>, String) {
+    let mut decoder = tokenizer.stream_decoder(skip);
+    let pushed = ids.iter().map(|&id| decoder.push(id).expect("known id")).collect();
+    (pushed, decoder.finish())
+}
+
+#[test]
+fn stream_decoder_holds_back_incomplete_characters() {
+    let tok = qwen();
+    // 🫠 and 龘 are split across byte-level tokens.
+    let ids = tok.encode("a🫠龘b");
+    assert!(ids.len() >= 7, "{:?}", ids);
+    let (pushed, rest) = stream(&tok, &ids, false);
+    assert_eq!(pushed.concat() + &rest, "a🫠龘b");
+    assert_eq!(rest, "");
+    assert!(pushed.iter().all(|s| !s.contains(char::REPLACEMENT_CHARACTER)), "{:?}", pushed);
+    assert!(pushed.iter().filter(|s| s.is_empty()).count() >= 3, "{:?}", pushed);
+
+    // A cut character comes out of finish as U+FFFD, like decode.
+    let (pushed, rest) = stream(&tok, &ids[..2], false);
+    assert_eq!(pushed, ["a", ""]);
+    assert_eq!(rest, "\u{fffd}");
+}
+
+#[test]
+fn stream_decoder_adds_up_to_decode() {
+    let tok = qwen();
+    for case in reference("encode").iter().chain(&reference("decode")) {
+        for skip in [false, true] {
+            let (pushed, rest) = stream(&tok, &case.ids, skip);
+            let whole = tok.decode(&case.ids, skip).unwrap();
+            assert_eq!(pushed.concat() + &rest, whole, "ids {:?}", case.ids);
+            if !whole.contains(char::REPLACEMENT_CHARACTER) {
+                assert!(pushed.iter().all(|s| !s.contains(char::REPLACEMENT_CHARACTER)), "{:?}", pushed);
+            }
+        }
+    }
+}
+
+#[test]
+fn special_tokens() {
+    let tok = qwen();
+    let specials = [
+        ("<|endoftext|>", 151643),
+        ("<|im_start|>", 151644),
+        ("<|im_end|>", 151645),
+        ("<|vision_start|>", 151652),
+        ("<|vision_end|>", 151653),
+        ("<|image_pad|>", 151655),
+    ];
+    for &(token, id) in &specials {
+        assert_eq!(tok.token_to_id(token), Some(id), "{}", token);
+        assert_eq!(tok.id_to_token(id), Some(token));
+        assert!(tok.is_special(id), "{}", token);
+        assert_eq!(tok.encode(token), [id]);
+    }
+    // Added but not special: recognized in text, kept when special tokens are skipped.
+    let think = tok.token_to_id("<think>").expect("<think> is an added token");
+    assert_eq!(think, 151667);
+    assert!(!tok.is_special(think));
+    assert_eq!(tok.decode(&[think, 151645], true).unwrap(), "<think>");
+    assert_eq!(tok.vocab_size(), 151669);
+    assert_eq!(tok.id_to_token(151669), None);
+    assert_eq!(tok.token_to_id("<|not_a_token|>"), None);
+    // BPE tokens are written in the byte alphabet: " hello" is "Ġhello".
+    let hello = tok.encode(" hello");
+    assert_eq!(hello.len(), 1);
+    assert_eq!(tok.id_to_token(hello[0]), Some("Ġhello"));
+    assert_eq!(tok.token_to_id("Ġhello"), Some(hello[0]));
+    assert!(!tok.is_special(hello[0]));
+}
+
+#[test]
+fn unknown_ids_are_errors() {
+    let tok = qwen();
+    for ids in [&[151669u32][..], &[14990u32, 999_999][..]] {
+        match tok.decode(ids, false) {
+            Err(Error::Tokenizer { msg }) => assert!(msg.contains("unknown token id"), "{}", msg),
+            other => panic!("decode({:?}) gave {:?}", ids, other),
+        }
+    }
+    let mut decoder = tok.stream_decoder(false);
+    assert!(decoder.push(u32::MAX).is_err());
+    assert_eq!(decoder.push(14990).unwrap(), "hello");
+}
+
+#[test]
+fn missing_file_is_an_io_error() {
+    let path = fixture("no_such_tokenizer.json");
+    match Tokenizer::from_file(&path) {
+        Err(e @ Error::Io { .. }) => assert!(e.to_string().contains("no_such_tokenizer.json"), "{}", e),
+        Err(e) => panic!("wrong error: {}", e),
+        Ok(_) => panic!("loaded a missing file"),
+    }
+}
+
+#[test]
+fn malformed_files_are_named_in_the_error() {
+    let whole = std::fs::read_to_string(fixture("tokenizer.json")).unwrap();
+    let unsupported = whole.replacen(r#""type": "NFC""#, r#""type": "NFKC""#, 1);
+    let no_merge_token = whole.replacen(r#""merges": ["#, r#""merges": [["Ġ", "not-a-token"],"#, 1);
+    assert!(unsupported != whole && no_merge_token != whole);
+    let cases = [
+        ("truncated", whole[..whole.len() / 2].to_string(), "invalid tokenizer JSON"),
+        ("garbage", "not json".to_string(), "invalid tokenizer JSON"),
+        ("empty object", "{}".to_string(), "missing field `model`"),
+        ("normalizer", unsupported, "unsupported normalizer"),
+        ("merge", no_merge_token, "is not in the vocabulary"),
+    ];
+    for (name, json, expected) in cases.iter() {
+        let path = std::env::temp_dir().join(format!("qwen3-vl-tokenizer-{}-{}.json", std::process::id(), name));
+        std::fs::write(&path, json).unwrap();
+        let result = Tokenizer::from_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        match result {
+            Err(Error::Tokenizer { msg }) => {
+                assert!(msg.contains(&path.display().to_string()), "{}: {}", name, msg);
+                assert!(msg.contains(expected), "{}: {}", name, msg);
+            }
+            Err(e) => panic!("{}: wrong error {}", name, e),
+            Ok(_) => panic!("{}: loaded", name),
+        }
+    }
+}
+
+/// A minimal JSON reader for reference.json (the root crate has no JSON dependency).
+mod json {
+    pub enum Value {
+        Null,
+        Bool(bool),
+        Number(f64),
+        String(String),
+        Array(Vec<Value>),
+        Object(Vec<(String, Value)>),
+    }
+
+    impl Value {
+        pub fn get(&self, key: &str) -> Option<&Value> {
+            match self {
+                Value::Object(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+                _ => None,
+            }
+        }
+        pub fn as_array(&self) -> Option<&[Value]> {
+            match self {
+                Value::Array(items) => Some(items),
+                _ => None,
+            }
+        }
+        pub fn as_str(&self) -> Option<&str> {
+            match self {
+                Value::String(s) => Some(s),
+                _ => None,
+            }
+        }
+        pub fn as_u32(&self) -> u32 {
+            match *self {
+                Value::Number(n) if n >= 0.0 && n <= u32::MAX as f64 && n.fract() == 0.0 => n as u32,
+                _ => panic!("expected a token id"),
+            }
+        }
+    }
+
+    pub fn parse(text: &str) -> Value {
+        let mut reader = Reader { chars: text.chars().collect(), at: 0 };
+        let value = reader.value();
+        reader.skip_space();
+        assert_eq!(reader.at, reader.chars.len(), "trailing characters after the JSON value");
+        value
+    }
+
+    struct Reader {
+        chars: Vec<char>,
+        at: usize,
+    }
+
+    impl Reader {
+        fn next(&mut self) -> char {
+            let c = *self.chars.get(self.at).expect("unexpected end of JSON");
+            self.at += 1;
+            c
+        }
+        fn skip_space(&mut self) {
+            while self.chars.get(self.at).map_or(false, |c| c.is_ascii_whitespace()) {
+                self.at += 1;
+            }
+        }
+        fn expect(&mut self, word: &str) {
+            for w in word.chars() {
+                assert_eq!(self.next(), w, "malformed JSON literal");
+            }
+        }
+        fn value(&mut self) -> Value {
+            self.skip_space();
+            match self.next() {
+                'n' => {
+                    self.expect("ull");
+                    Value::Null
+                }
+                't' => {
+                    self.expect("rue");
+                    Value::Bool(true)
+                }
+                'f' => {
+                    self.expect("alse");
+                    Value::Bool(false)
+                }
+                '"' => Value::String(self.string()),
+                '[' => Value::Array(self.items(']', |r| r.value())),
+                '{' => Value::Object(self.items('}', |r| {
+                    r.skip_space();
+                    assert_eq!(r.next(), '"', "JSON object key");
+                    let key = r.string();
+                    r.skip_space();
+                    assert_eq!(r.next(), ':', "JSON object colon");
+                    (key, r.value())
+                })),
+                c => {
+                    let start = self.at - 1;
+                    assert!(c == '-' || c.is_ascii_digit(), "unexpected {:?} in JSON", c);
+                    while self.chars.get(self.at).map_or(false, |c| "+-.eE0123456789".contains(*c)) {
+                        self.at += 1;
+                    }
+                    let number: String = self.chars[start..self.at].iter().collect();
+                    Value::Number(number.parse().expect("JSON number"))
+                }
+            }
+        }
+        /// The items of an array or object, after its opening bracket.
+        fn items<T>(&mut self, close: char, mut item: impl FnMut(&mut Reader) -> T) -> Vec<T> {
+            let mut items = Vec::new();
+            self.skip_space();
+            if self.chars.get(self.at) == Some(&close) {
+                self.at += 1;
+                return items;
+            }
+            loop {
+                items.push(item(self));
+                self.skip_space();
+                match self.next() {
+                    ',' => {}
+                    c if c == close => return items,
+                    c => panic!("unexpected {:?} in JSON list", c),
+                }
+            }
+        }
+        /// A string's contents, after its opening quote.
+        fn string(&mut self) -> String {
+            let mut s = String::new();
+            loop {
+                match self.next() {
+                    '"' => return s,
+                    '\\' => match self.next() {
+                        'n' => s.push('\n'),
+                        't' => s.push('\t'),
+                        'r' => s.push('\r'),
+                        'b' => s.push('\u{8}'),
+                        'f' => s.push('\u{c}'),
+                        'u' => {
+                            let mut unit = self.hex4();
+                            if (0xd800..0xdc00).contains(&unit) {
+                                self.expect("\\u");
+                                unit = 0x10000 + ((unit - 0xd800) << 10) + (self.hex4() - 0xdc00);
+                            }
+                            s.push(char::from_u32(unit).expect("a valid JSON \\u escape"));
+                        }
+                        c => s.push(c),
+                    },
+                    c => s.push(c),
+                }
+            }
+        }
+        fn hex4(&mut self) -> u32 {
+            let digits: String = (0..4).map(|_| self.next()).collect();
+            u32::from_str_radix(&digits, 16).expect("four hex digits")
+        }
+    }
+}

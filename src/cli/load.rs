@@ -31,12 +31,23 @@ pub struct Loaded {
 
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// A text progress bar on stderr: `label [#####.....]  52%  1.1/2.1 GB`.
+extern "C" {
+    fn isatty(fd: i32) -> i32;
+}
+
+fn stderr_is_terminal() -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { isatty(2) == 1 }
+}
+
+/// A text progress bar on stderr: `label [#####.....]  52%  1.1/2.1 GB`, redrawn in place on a
+/// terminal; elsewhere (logs, pipes) only the finished bar is printed.
 pub fn progress_bar(label: &str) -> impl FnMut(usize, usize) + '_ {
     let mut last = usize::MAX;
+    let live = stderr_is_terminal();
     move |done, total| {
         let pct = if total == 0 { 100 } else { done * 100 / total };
-        if pct == last {
+        if pct == last || (!live && done < total) {
             return;
         }
         last = pct;

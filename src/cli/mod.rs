@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing, logging, and one module per subcommand.
 
+mod bench;
 mod generate;
 mod info;
 mod load;
@@ -41,6 +42,8 @@ enum Command {
     Chat(generate::ChatArgs),
     /// Write the logits after the last prompt token to a file (little-endian f32).
     Logits(logits::LogitsArgs),
+    /// Measure prefill and decode speed (tokens/s) of a checkpoint.
+    Bench(bench::BenchArgs),
     /// Show which backend would run and why, with the kernels this build carries.
     Info(info::InfoArgs),
     /// Print the embedded PTX (for ptxas and other tools).
@@ -55,6 +58,7 @@ pub fn run() -> i32 {
         Command::Generate(a) => generate::run_generate(a),
         Command::Chat(a) => generate::run_chat(a),
         Command::Logits(a) => logits::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Info(a) => info::run(a),
         Command::Ptx => info::print_ptx(),
     };

@@ -69,6 +69,13 @@ impl Backend for CpuBackend {
     }
 
     fn upload_mapped(&self, shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
+        // Fault the pages in now, so loading (and its progress) is real and the first tokens
+        // do not pay for disk reads.
+        for b in bytes.bytes().iter().step_by(4096) {
+            // SAFETY: `b` is a valid reference into the live mapping; a volatile read keeps the
+            // access from being optimised away.
+            unsafe { std::ptr::read_volatile(b) };
+        }
         Tensor::cpu_mapped(shape, dtype, bytes)
     }
 

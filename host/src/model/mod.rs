@@ -29,7 +29,7 @@ impl Model {
     pub fn load(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
         let config = Config::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir)?;
-        let total = ckpt.total_bytes();
+        let total: usize = ckpt.names().filter(|n| !NOT_LOADED_PREFIXES.iter().any(|p| n.starts_with(p))).map(|n| ckpt.bytes_of(n)).sum();
         let mut done = 0usize;
         let mut tick = |bytes: usize| {
             done += bytes;

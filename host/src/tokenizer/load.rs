@@ -203,3 +203,84 @@ pub(super) fn from_json(json: &str) -> Result<Tokenizer> {
 
     Ok(Tokenizer { entries, ids, added: AddedTokens::new(added), bpe: Bpe::new(byte_ids, merges), nfc })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A small tokenizer in the Qwen format: the 256 byte tokens, "ab", "abc", "Ġab" and one
+    /// added token, with the given merges.
+    fn file(merges: Value) -> Value {
+        let alphabet = ByteAlphabet::new();
+        let mut vocab: serde_json::Map<String, Value> =
+            (0..=255u8).map(|b| (alphabet.char_of(b).to_string(), json!(b))).collect();
+        for (id, token) in ["ab", "abc", "Ġab"].iter().enumerate() {
+            vocab.insert(token.to_string(), json!(256 + id));
+        }
+        json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 259, "content": "<|end|>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": PATTERN}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": vocab, "merges": merges}
+        })
+    }
+
+    fn load(file: &Value) -> Result<Tokenizer> {
+        from_json(&file.to_string())
+    }
+
+    fn error_of(file: &Value) -> String {
+        match load(file) {
+            Err(Error::Tokenizer { msg }) => msg,
+            Err(e) => panic!("wrong error {}", e),
+            Ok(_) => panic!("loaded"),
+        }
+    }
+
+    #[test]
+    fn merges_as_strings_or_pairs() {
+        let pairs = load(&file(json!([["a", "b"], ["ab", "c"], ["Ġ", "ab"]]))).unwrap();
+        let strings = load(&file(json!(["a b", "ab c", "Ġ ab"]))).unwrap();
+        for tok in [&pairs, &strings] {
+            assert_eq!(tok.encode("abc ab<|end|>abd"), [257, 258, 259, 256, b'd' as u32]);
+            assert_eq!(tok.vocab_size(), 260);
+            assert_eq!(tok.decode(&[257, 258, 259], true).unwrap(), "abc ab");
+        }
+        assert!(error_of(&file(json!(["a b c"]))).contains("not two tokens"));
+        assert!(error_of(&file(json!(["ab"]))).contains("not two tokens"));
+        assert!(error_of(&file(json!([["a", "x"]]))).contains("\"ax\" is not in the vocabulary"));
+    }
+
+    #[test]
+    fn unsupported_components_are_refused() {
+        let merges = json!([["a", "b"]]);
+        let with = |pointer: &str, value: Value| {
+            let mut f = file(merges.clone());
+            *f.pointer_mut(pointer).unwrap_or_else(|| panic!("{}", pointer)) = value;
+            error_of(&f)
+        };
+        assert!(with("/normalizer", json!({"type": "NFKC"})).contains("unsupported normalizer"));
+        assert!(with("/pre_tokenizer/pretokenizers/0/pattern/Regex", json!("\\s+")).contains("unsupported pre_tokenizer"));
+        assert!(with("/pre_tokenizer/pretokenizers/1/use_regex", json!(true)).contains("unsupported pre_tokenizer"));
+        assert!(with("/pre_tokenizer", Value::Null).contains("unsupported pre_tokenizer none"));
+        assert!(with("/decoder", json!({"type": "WordPiece"})).contains("unsupported decoder"));
+        assert!(with("/truncation", json!({"max_length": 8})).contains("truncation"));
+        assert!(with("/model/type", json!("WordPiece")).contains("only BPE"));
+        assert!(with("/model/byte_fallback", json!(true)).contains("unsupported BPE options"));
+        assert!(with("/model/dropout", json!(0.1)).contains("unsupported BPE options"));
+        assert!(with("/added_tokens/0/lstrip", json!(true)).contains("added token \"<|end|>\""));
+        assert!(with("/model/vocab/ab", json!(0)).contains("id 0 is used by both"));
+        let mut no_byte = file(merges);
+        no_byte["model"]["vocab"].as_object_mut().unwrap().remove("d");
+        assert!(error_of(&no_byte).contains("lacks the byte-level token \"d\""));
+    }
+}

@@ -1,8 +1,9 @@
 //! AVX-512F kernels (16 f32 lanes, 32 vector registers). bf16 is widened with a zero-extend
 //! and a 16-bit shift, f16 with `vcvtph2ps`; all accumulation is f32 FMA.
 //!
-//! * dot path: `MR ≤ 4` rows of `a` × `R` weight rows per register block (`R = 8` for
-//!   `MR ≤ 2`, 4 otherwise), `MR · R` accumulators of 16 k-lanes each, reduced once per row.
+//! * dot path: `R` weight rows (8 when `m = 1`, else 6) × chunks of up to 4 rows of `a` per
+//!   register block, `≤ 24` accumulators of 16 k-lanes each, reduced once per row; the weight
+//!   group stays in L1 while further chunks of `a` reuse it.
 //! * GEMM tile: 4 vectors (64 rows of `a`) × 6 weight rows = 24 accumulators; per `kk` it
 //!   loads 4 vectors of packed `a` and broadcasts 6 widened weights (24 FMAs).
 
@@ -11,8 +12,11 @@ use core::arch::x86_64::*;
 
 const L: usize = 16;
 const NR: usize = 6;
+/// Dot path register block for `m ≥ 2`: chunks of up to `DOT_MR` rows of `a` × `DOT_R` weight rows.
+const DOT_MR: usize = 4;
+const DOT_R: usize = 6;
 
-pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 4, nr: NR, kc: 128, small_m: 4, dot_rows, widen, tile };
+pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 4, nr: NR, kc: 128, small_m: 8, dot_rows, widen, tile };
 
 /// Weights `i..i + 16` of `w` (dtype `DT`) widened to f32.
 #[inline]
@@ -64,18 +68,19 @@ unsafe fn dot_rows(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usiz
 #[target_feature(enable = "avx512f")]
 unsafe fn dot_rows_dt<const DT: u8>(a: &[f32], m: usize, k: usize, w: *const u8, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
     let a = a.as_ptr();
-    match m {
-        1 => dot_block::<DT, 1, 8>(a, k, w, c0, cols, bias, out, n),
-        2 => dot_block::<DT, 2, 8>(a, k, w, c0, cols, bias, out, n),
-        3 => dot_block::<DT, 3, 4>(a, k, w, c0, cols, bias, out, n),
-        _ => dot_block::<DT, 4, 4>(a, k, w, c0, cols, bias, out, n),
+    if m == 1 {
+        dot_block::<DT, 8>(a, 1, k, w, c0, cols, bias, out, n);
+    } else {
+        dot_block::<DT, DOT_R>(a, m, k, w, c0, cols, bias, out, n);
     }
 }
 
-/// Columns `c0..c0 + cols` for `MR` rows of `a`: groups of `R` weight rows, then single rows.
+/// Columns `c0..c0 + cols` for all `m` rows of `a`: groups of `R` weight rows (then single
+/// rows), each group taken against chunks of at most `DOT_MR` rows of `a` while it is in cache.
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_block<const DT: u8, const MR: usize, const R: usize>(
+unsafe fn dot_block<const DT: u8, const R: usize>(
     a: *const f32,
+    m: usize,
     k: usize,
     w: *const u8,
     c0: usize,
@@ -90,25 +95,41 @@ unsafe fn dot_block<const DT: u8, const MR: usize, const R: usize>(
     while c + R <= end {
         // prefetch the next group of this chunk while streaming the current one
         let pf = if c + 2 * R <= end { w.add((c + R) * row_bytes) } else { std::ptr::null() };
-        let mut res = [[0.0f32; R]; MR];
-        dot_group::<DT, MR, R>(a, k, w.add(c * row_bytes), pf, &mut res);
-        store_dot(&res, c, bias, out, n);
+        dot_chunks::<DT, R>(a, m, k, w.add(c * row_bytes), pf, c, bias, out, n);
         c += R;
     }
     while c < end {
-        let mut res = [[0.0f32; 1]; MR];
-        dot_group::<DT, MR, 1>(a, k, w.add(c * row_bytes), std::ptr::null(), &mut res);
-        store_dot(&res, c, bias, out, n);
+        dot_chunks::<DT, 1>(a, m, k, w.add(c * row_bytes), std::ptr::null(), c, bias, out, n);
         c += 1;
     }
 }
 
-/// `out[r, c + j] = res[r][j] + bias[c + j]`.
+/// `out[r, c + j]` for all rows `r` of `a` and the `R` weight rows at `w`, in chunks of rows.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_chunks<const DT: u8, const R: usize>(a: *const f32, m: usize, k: usize, w: *const u8, pf: *const u8, c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+    let mut r0 = 0;
+    while r0 < m {
+        let mr = DOT_MR.min(m - r0);
+        // prefetch while the group is first read from memory
+        let pf = if r0 == 0 { pf } else { std::ptr::null() };
+        let ar = a.add(r0 * k);
+        match mr {
+            1 => store_dot(&dot_group::<DT, 1, R>(ar, k, w, pf), r0, c, bias, out, n),
+            2 => store_dot(&dot_group::<DT, 2, R>(ar, k, w, pf), r0, c, bias, out, n),
+            3 => store_dot(&dot_group::<DT, 3, R>(ar, k, w, pf), r0, c, bias, out, n),
+            _ => store_dot(&dot_group::<DT, DOT_MR, R>(ar, k, w, pf), r0, c, bias, out, n),
+        }
+        r0 += mr;
+    }
+}
+
+/// `out[r0 + r, c + j] = res[r][j] + bias[c + j]`.
 #[inline(always)]
-unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], r0: usize, c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
     for (r, row) in res.iter().enumerate() {
         for (j, &v) in row.iter().enumerate() {
-            out.write(r * n + c + j, v + bias.map_or(0.0, |b| b[c + j]));
+            out.write((r0 + r) * n + c + j, v + bias.map_or(0.0, |b| b[c + j]));
         }
     }
 }
@@ -118,7 +139,7 @@ unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], c: us
 /// rows, which are prefetched into L2 at the pace the current rows are consumed.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_group<const DT: u8, const MR: usize, const R: usize>(a: *const f32, k: usize, w: *const u8, pf: *const u8, res: &mut [[f32; R]; MR]) {
+unsafe fn dot_group<const DT: u8, const MR: usize, const R: usize>(a: *const f32, k: usize, w: *const u8, pf: *const u8) -> [[f32; R]; MR] {
     let es = elem_size(DT);
     let mut acc = [[_mm512_setzero_ps(); R]; MR];
     let mut x = [_mm512_setzero_ps(); MR];
@@ -151,11 +172,13 @@ unsafe fn dot_group<const DT: u8, const MR: usize, const R: usize>(a: *const f32
             }
         }
     }
+    let mut res = [[0.0f32; R]; MR];
     for r in 0..MR {
         for j in 0..R {
             res[r][j] = _mm512_reduce_add_ps(acc[r][j]);
         }
     }
+    res
 }
 
 /// GEMM widen entry (see [`Kernels::widen`]).

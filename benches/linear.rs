@@ -14,8 +14,8 @@
 
 use qwen3_vl::cpu::{linear_on, CpuBackend, Isa, Weights};
 use qwen3_vl::{Backend, DType};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 /// Weights span at least this many bytes over the rotation of copies (beyond the caches).
@@ -49,11 +49,18 @@ fn main() {
     println!("CPU linear benchmark: {} threads, paths available {:?}, dispatched {}", threads, Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>(), Isa::detect().name());
     println!("medians over >= {} s per row; weights rotate over >= {} MiB of copies (cold in cache)\n", secs, POOL_BYTES >> 20);
     header();
-    let bw = read_bandwidth(threads, 1 << 30);
-    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8}", "memory read (1 GiB)", "-", "-", "sum", fmt_ms(bw.0), fmt_ms(bw.1), format!("{:.1}", bw.2), "-");
+    let reader = Reader::new(threads);
+    let big: Vec<u64> = (0..(1u64 << 27)).collect();
+    let t = time(secs.max(2.0), |_| reader.read(&big));
+    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8} {:>6}", "memory read 1 GiB", "-", "-", "read", fmt_ms(t.median), fmt_ms(t.min), (8usize << 27) as f64 / t.median / 1e9, "-", "-");
+    drop(big);
 
     for &&(name, n, k) in &shapes {
         let pool = WeightPool::new(n, k, Dt::Bf16);
+        // the same bytes, same rotation, just summed: what streaming them can reach right now
+        let read = time(secs, |i| pool.read(&reader, i));
+        let read_gbs = (n * k * 2) as f64 / read.median / 1e9;
+        row(name, n, k, 0, Dt::Bf16, "read", &read, None);
         for &m in &ms {
             let a = pseudo(m * k, 7);
             for &isa in &paths {
@@ -62,7 +69,7 @@ fn main() {
                 }
                 let mut out = vec![0.0f32; m * n];
                 let t = time(secs, |i| linear_on(isa, &a, pool.get(i), None, m, n, k, &mut out));
-                row(name, n, k, m, Dt::Bf16, isa.name(), &t);
+                row(name, n, k, m, Dt::Bf16, isa.name(), &t, Some(read_gbs));
             }
         }
     }
@@ -75,7 +82,7 @@ fn main() {
             let a = pseudo(m * k, 7);
             let mut out = vec![0.0f32; m * n];
             let t = time(secs, |i| linear_on(Isa::detect(), &a, pool.get(i), None, m, n, k, &mut out));
-            row("q", n, k, m, dt, Isa::detect().name(), &t);
+            row("q", n, k, m, dt, Isa::detect().name(), &t, None);
         }
     }
 
@@ -90,13 +97,13 @@ fn main() {
         let t = time(secs, |i| {
             backend.linear(&a, &ws[i % copies], None).expect("linear");
         });
-        row("q (Backend)", n, k, m, Dt::Bf16, Isa::detect().name(), &t);
+        row("q (Backend)", n, k, m, Dt::Bf16, Isa::detect().name(), &t, None);
     }
 }
 
 fn header() {
-    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8}", "shape (n x k)", "m", "dtype", "path", "median ms", "min ms", "GB/s w", "GFLOP/s");
-    println!("{}", "-".repeat(22 + 5 + 6 + 8 + 10 + 10 + 10 + 9));
+    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}", "shape (n x k)", "m", "dtype", "path", "median ms", "min ms", "GB/s w", "GFLOP/s", "% read");
+    println!("{}", "-".repeat(22 + 5 + 6 + 8 + 10 + 10 + 10 + 9 + 7));
 }
 
 /// Seconds per call: median and fastest.
@@ -105,12 +112,16 @@ struct Timing {
     min: f64,
 }
 
-/// One table row; GB/s counts the weight bytes read, GFLOP/s `2·m·n·k`, both at the median.
-fn row(name: &str, n: usize, k: usize, m: usize, dt: Dt, path: &str, t: &Timing) {
+/// One table row (`m = 0`: a plain read of the weights). GB/s counts the weight bytes read,
+/// GFLOP/s `2·m·n·k`, both at the median; `% read` compares GB/s with `read_gbs`.
+#[allow(clippy::too_many_arguments)]
+fn row(name: &str, n: usize, k: usize, m: usize, dt: Dt, path: &str, t: &Timing, read_gbs: Option<f64>) {
     let shape = format!("{} {}x{}", name, n, k);
     let gbs = (n * k * dt.size()) as f64 / t.median / 1e9;
     let gflops = (2 * m * n * k) as f64 / t.median / 1e9;
-    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8.1}", shape, m, dt.name(), path, fmt_ms(t.median), fmt_ms(t.min), gbs, gflops);
+    let pct = read_gbs.map_or("-".to_string(), |r| format!("{:.0}%", 100.0 * gbs / r));
+    let (m, gflops) = if m == 0 { ("-".to_string(), "-".to_string()) } else { (m.to_string(), format!("{:.1}", gflops)) };
+    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8} {:>6}", shape, m, dt.name(), path, fmt_ms(t.median), fmt_ms(t.min), gbs, gflops, pct);
 }
 
 fn fmt_ms(s: f64) -> String {
@@ -189,6 +200,14 @@ impl WeightPool {
         }
     }
 
+    /// Sums the `i`-th call's copy with `reader`.
+    fn read(&self, reader: &Reader, i: usize) {
+        match self.get(i) {
+            Weights::F32(s) => reader.read(s),
+            Weights::F16(s) | Weights::Bf16(s) => reader.read(s),
+        }
+    }
+
     /// The `i`-th call's copy.
     fn get(&self, i: usize) -> Weights<'_> {
         match self {
@@ -205,33 +224,50 @@ impl WeightPool {
     }
 }
 
-/// Raw read bandwidth: `threads` threads summing their share of a `bytes` buffer. Returns
-/// (median s, min s, GB/s at the median).
-fn read_bandwidth(threads: usize, bytes: usize) -> (f64, f64, f64) {
-    let words = bytes / 8;
-    let buf: Arc<Vec<u64>> = Arc::new((0..words as u64).collect());
-    let t = time(2.0, |_| {
-        let per = words / threads;
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let buf = Arc::clone(&buf);
-                std::thread::spawn(move || {
-                    let s = &buf[t * per..(t + 1) * per];
-                    // 8 independent lanes so the sum is not one dependency chain
-                    let mut acc = [0u64; 8];
-                    for c in s.chunks_exact(8) {
-                        for l in 0..8 {
-                            acc[l] = acc[l].wrapping_add(c[l]);
-                        }
+/// `threads` persistent threads that sum a byte range between two barriers: the plain
+/// read-bandwidth reference (no thread start-up inside the timing).
+struct Reader {
+    go: Arc<Barrier>,
+    done: Arc<Barrier>,
+    job: Arc<(AtomicUsize, AtomicUsize)>,
+}
+
+impl Reader {
+    fn new(threads: usize) -> Reader {
+        let (go, done) = (Arc::new(Barrier::new(threads + 1)), Arc::new(Barrier::new(threads + 1)));
+        let job = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        for t in 0..threads {
+            let (go, done, job) = (Arc::clone(&go), Arc::clone(&done), Arc::clone(&job));
+            std::thread::spawn(move || loop {
+                go.wait();
+                let (ptr, words) = (job.0.load(Ordering::Acquire) as *const u64, job.1.load(Ordering::Acquire));
+                let per = words / threads;
+                // SAFETY: `read` publishes a live `&[u64]` of `words` words and waits on `done`
+                // before returning, so the slice outlives this use.
+                let s = unsafe { std::slice::from_raw_parts(ptr.add(t * per), per) };
+                // 8 independent lanes so the sum is not one dependency chain
+                let mut acc = [0u64; 8];
+                for c in s.chunks_exact(8) {
+                    for l in 0..8 {
+                        acc[l] = acc[l].wrapping_add(c[l]);
                     }
-                    acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-                })
-            })
-            .collect();
-        let s = hs.into_iter().map(|h| h.join().unwrap()).fold(0u64, |a, b| a.wrapping_add(b));
-        SINK.fetch_add(s, Ordering::Relaxed); // keeps the sums observable
-    });
-    (t.median, t.min, bytes as f64 / t.median / 1e9)
+                }
+                SINK.fetch_add(acc.iter().fold(0, |a, &b| a.wrapping_add(b)), Ordering::Relaxed);
+                done.wait();
+            });
+        }
+        Reader { go, done, job }
+    }
+
+    /// Sums `bytes` (its whole 8-byte words) on all threads.
+    fn read<T>(&self, data: &[T]) {
+        // SAFETY: any initialised bytes are valid u64 bits once aligned.
+        let (_, words, _) = unsafe { data.align_to::<u64>() };
+        self.job.0.store(words.as_ptr() as usize, Ordering::Release);
+        self.job.1.store(words.len(), Ordering::Release);
+        self.go.wait();
+        self.done.wait();
+    }
 }
 
 fn env(key: &str) -> Option<String> {

@@ -272,3 +272,34 @@ fn scatter_rows_agrees_for_replace_and_add() {
         agree(&format!("scatter_rows add={}", add), &*g, &op, 0.0, 0.0);
     }
 }
+
+#[test]
+fn layer_norm_agrees() {
+    let g = match gpu("layer_norm") {
+        Some(g) => g,
+        None => return,
+    };
+    for &(rows, cols) in &[(1, 1), (3, 63), (5, 257), (64, 1024), (2, 4096)] {
+        let x: Vec<f32> = random(rows * cols, 23).iter().map(|v| v * 3.0 + 0.5).collect();
+        let (w, bias) = (random(cols, 24), random(cols, 25));
+        let op = |b: &dyn Backend| -> Result<Tensor> {
+            b.layer_norm(&b.upload_f32(&[rows, cols], &x)?, &b.upload_f32(&[cols], &w)?, &b.upload_f32(&[cols], &bias)?, 1e-6)
+        };
+        agree(&format!("layer_norm {}x{}", rows, cols), &*g, &op, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn gelu_agrees_in_both_forms() {
+    let g = match gpu("gelu") {
+        Some(g) => g,
+        None => return,
+    };
+    for kind in [qwen3_vl::Gelu::Tanh, qwen3_vl::Gelu::Erf] {
+        for &len in &[1usize, 257, 100_000] {
+            let x: Vec<f32> = random(len, 26).iter().map(|v| v * 8.0).collect();
+            let op = |b: &dyn Backend| -> Result<Tensor> { b.gelu(&b.upload_f32(&[len], &x)?, kind) };
+            agree(&format!("gelu {:?} {}", kind, len), &*g, &op, 1e-6, 1e-5);
+        }
+    }
+}

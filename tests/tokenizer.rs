@@ -3,6 +3,7 @@
 //! tokenizer.json), streaming decoding, special tokens, and errors.
 
 use qwen3_vl::{Error, Tokenizer};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -24,17 +25,17 @@ struct Case {
 /// The cases of one list of reference.json ("encode", "fuzz" or "decode").
 fn reference(list: &str) -> Vec<Case> {
     let text = std::fs::read_to_string(fixture("reference.json")).expect("reference.json is readable");
-    let root = json::parse(&text);
-    let string = |v: &json::Value| v.as_str().expect("a string").to_string();
-    root.get(list)
-        .and_then(json::Value::as_array)
+    let root: Value = serde_json::from_str(&text).expect("reference.json is JSON");
+    let string = |v: &Value| v.as_str().expect("a string").to_string();
+    root[list]
+        .as_array()
         .unwrap_or_else(|| panic!("reference.json has no list {:?}", list))
         .iter()
         .map(|case| Case {
             text: case.get("text").map(string),
-            ids: case.get("ids").and_then(json::Value::as_array).expect("ids").iter().map(|v| v.as_u32()).collect(),
-            decoded: case.get("decoded").map(string).expect("decoded"),
-            decoded_skip: case.get("decoded_skip").map(string).expect("decoded_skip"),
+            ids: case["ids"].as_array().expect("ids").iter().map(|v| v.as_u64().expect("an id") as u32).collect(),
+            decoded: string(&case["decoded"]),
+            decoded_skip: string(&case["decoded_skip"]),
         })
         .collect()
 }
@@ -53,7 +54,8 @@ fn check_cases(tokenizer: &Tokenizer, cases: &[Case]) {
         for (skip, expected) in [(false, &case.decoded), (true, &case.decoded_skip)] {
             let decoded = tokenizer.decode(&case.ids, skip).expect("known ids");
             if &decoded != expected {
-                failures.push(format!("decode({:?}, {}) = {:?}, Hugging Face: {:?}", case.ids, skip, decoded, expected));
+                let ids = &case.ids;
+                failures.push(format!("decode({:?}, {}) = {:?}, Hugging Face: {:?}", ids, skip, decoded, expected));
             }
         }
     }
@@ -197,160 +199,6 @@ fn malformed_files_are_named_in_the_error() {
             }
             Err(e) => panic!("{}: wrong error {}", name, e),
             Ok(_) => panic!("{}: loaded", name),
-        }
-    }
-}
-
-/// A minimal JSON reader for reference.json (the root crate has no JSON dependency).
-mod json {
-    pub enum Value {
-        Null,
-        Bool(bool),
-        Number(f64),
-        String(String),
-        Array(Vec<Value>),
-        Object(Vec<(String, Value)>),
-    }
-
-    impl Value {
-        pub fn get(&self, key: &str) -> Option<&Value> {
-            match self {
-                Value::Object(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-                _ => None,
-            }
-        }
-        pub fn as_array(&self) -> Option<&[Value]> {
-            match self {
-                Value::Array(items) => Some(items),
-                _ => None,
-            }
-        }
-        pub fn as_str(&self) -> Option<&str> {
-            match self {
-                Value::String(s) => Some(s),
-                _ => None,
-            }
-        }
-        pub fn as_u32(&self) -> u32 {
-            match *self {
-                Value::Number(n) if n >= 0.0 && n <= u32::MAX as f64 && n.fract() == 0.0 => n as u32,
-                _ => panic!("expected a token id"),
-            }
-        }
-    }
-
-    pub fn parse(text: &str) -> Value {
-        let mut reader = Reader { chars: text.chars().collect(), at: 0 };
-        let value = reader.value();
-        reader.skip_space();
-        assert_eq!(reader.at, reader.chars.len(), "trailing characters after the JSON value");
-        value
-    }
-
-    struct Reader {
-        chars: Vec<char>,
-        at: usize,
-    }
-
-    impl Reader {
-        fn next(&mut self) -> char {
-            let c = *self.chars.get(self.at).expect("unexpected end of JSON");
-            self.at += 1;
-            c
-        }
-        fn skip_space(&mut self) {
-            while self.chars.get(self.at).map_or(false, |c| c.is_ascii_whitespace()) {
-                self.at += 1;
-            }
-        }
-        fn expect(&mut self, word: &str) {
-            for w in word.chars() {
-                assert_eq!(self.next(), w, "malformed JSON literal");
-            }
-        }
-        fn value(&mut self) -> Value {
-            self.skip_space();
-            match self.next() {
-                'n' => {
-                    self.expect("ull");
-                    Value::Null
-                }
-                't' => {
-                    self.expect("rue");
-                    Value::Bool(true)
-                }
-                'f' => {
-                    self.expect("alse");
-                    Value::Bool(false)
-                }
-                '"' => Value::String(self.string()),
-                '[' => Value::Array(self.items(']', |r| r.value())),
-                '{' => Value::Object(self.items('}', |r| {
-                    r.skip_space();
-                    assert_eq!(r.next(), '"', "JSON object key");
-                    let key = r.string();
-                    r.skip_space();
-                    assert_eq!(r.next(), ':', "JSON object colon");
-                    (key, r.value())
-                })),
-                c => {
-                    let start = self.at - 1;
-                    assert!(c == '-' || c.is_ascii_digit(), "unexpected {:?} in JSON", c);
-                    while self.chars.get(self.at).map_or(false, |c| "+-.eE0123456789".contains(*c)) {
-                        self.at += 1;
-                    }
-                    let number: String = self.chars[start..self.at].iter().collect();
-                    Value::Number(number.parse().expect("JSON number"))
-                }
-            }
-        }
-        /// The items of an array or object, after its opening bracket.
-        fn items<T>(&mut self, close: char, mut item: impl FnMut(&mut Reader) -> T) -> Vec<T> {
-            let mut items = Vec::new();
-            self.skip_space();
-            if self.chars.get(self.at) == Some(&close) {
-                self.at += 1;
-                return items;
-            }
-            loop {
-                items.push(item(self));
-                self.skip_space();
-                match self.next() {
-                    ',' => {}
-                    c if c == close => return items,
-                    c => panic!("unexpected {:?} in JSON list", c),
-                }
-            }
-        }
-        /// A string's contents, after its opening quote.
-        fn string(&mut self) -> String {
-            let mut s = String::new();
-            loop {
-                match self.next() {
-                    '"' => return s,
-                    '\\' => match self.next() {
-                        'n' => s.push('\n'),
-                        't' => s.push('\t'),
-                        'r' => s.push('\r'),
-                        'b' => s.push('\u{8}'),
-                        'f' => s.push('\u{c}'),
-                        'u' => {
-                            let mut unit = self.hex4();
-                            if (0xd800..0xdc00).contains(&unit) {
-                                self.expect("\\u");
-                                unit = 0x10000 + ((unit - 0xd800) << 10) + (self.hex4() - 0xdc00);
-                            }
-                            s.push(char::from_u32(unit).expect("a valid JSON \\u escape"));
-                        }
-                        c => s.push(c),
-                    },
-                    c => s.push(c),
-                }
-            }
-        }
-        fn hex4(&mut self) -> u32 {
-            let digits: String = (0..4).map(|_| self.next()).collect();
-            u32::from_str_radix(&digits, 16).expect("four hex digits")
         }
     }
 }

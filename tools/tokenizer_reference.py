@@ -89,6 +89,8 @@ CORPUS = [
     "cafe\u0301 nai\u0308ve re\u0301sume\u0301",
     "A\u030a \u212b \u1e9b\u0323",
     "한\u1100\u1161\u11a8 decomposed hangul",
+    # Marks newer than the Unicode data of the reference normalizer, which leaves them alone.
+    "e\u1abf\u0301 \u1ddc\u1715 \U00011935\U00011930 a\U0001e08f\u0323",
     "<|im_start|>user\nhi<|im_end|>\n",
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>assistant\n",
     "<|vision_start|><|image_pad|><|vision_end|>",
@@ -117,7 +119,7 @@ CORPUS = [
 FUZZ_ALPHABET = (
     list("abcXYZ") + list("0123") + list(" \t\n\r") + list("'sStTmMlLdD") + list(".,!?-_<>|")
     + ["\u3000", "\u00a0", "\u2028", "\u0085", "\u000b", "\u000c"]
-    + list("中文字日本한국") + ["\u0301", "\u0308", "\u094d", "\u0915", "e", "\u017f"]
+    + list("中文字日本한국") + ["\u0301", "\u0308", "\u0323", "\u094d", "\u0915", "e", "\u017f", "\u1715"]
     + ["😀", "👍", "\U0001f3fd", "\u200d", "①", "٣", "½", "é", "ß"]
     + ["<|im_start|>", "<|im_end|>", "<think>", "<|image_pad|>"]
 )
@@ -246,7 +248,8 @@ def main():
     }
     out = FIXTURES / "reference.json"
     out.write_text(json.dumps(reference, ensure_ascii=False, indent=1) + "\n")
-    print(f"wrote {out}: {len(reference['encode'])} corpus, {len(reference['fuzz'])} fuzz, {len(reference['decode'])} decode cases")
+    counts = ", ".join(f"{len(cases)} {name}" for name, cases in reference.items() if isinstance(cases, list))
+    print(f"wrote {out}: {counts} cases")
     write_tables(TABLES)
     print(f"wrote {TABLES}")
 

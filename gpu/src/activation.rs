@@ -1,7 +1,7 @@
-//! Elementwise binary ops: the SwiGLU gate and the residual add.
+//! Elementwise ops: the SwiGLU gate, the residual add, and the two GELU forms.
 //!
-//! # Parameters ([`BinaryParams`])
-//! `a`, `b`, `out`: `len` f32 each (`out` may alias either input).
+//! # Parameters ([`BinaryParams`], [`UnaryParams`])
+//! `a`, `b` / `x`, `out`: `len` f32 each (`out` may alias an input).
 //!
 //! # Thread mapping
 //! Grid-stride loop: `ELEMENTWISE_THREADS` (256) threads per block, as many blocks as the
@@ -10,8 +10,8 @@
 //! # Safety
 //! The launcher validates that all three buffers hold `len` elements.
 
-use crate::math::silu_mul;
-use crate::params::BinaryParams;
+use crate::math::{gelu_erf, gelu_tanh, silu_mul};
+use crate::params::{BinaryParams, UnaryParams};
 use cuda_std::{kernel, thread};
 
 #[inline(always)]
@@ -36,4 +36,28 @@ pub unsafe fn silu_mul_f32(p: BinaryParams) {
 #[kernel]
 pub unsafe fn add_f32(p: BinaryParams) {
     binary(p, |x, y| x + y)
+}
+
+#[inline(always)]
+unsafe fn unary(p: UnaryParams, f: impl Fn(f32) -> f32) {
+    let stride = (thread::block_dim_x() * thread::grid_dim_x()) as u64;
+    let mut i = (thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x()) as u64;
+    let (x, o) = (p.x as *const f32, p.out as *mut f32);
+    while i < p.len {
+        let j = i as usize;
+        *o.add(j) = f(*x.add(j));
+        i += stride;
+    }
+}
+
+/// `out = gelu(x)`, tanh approximation (vision MLP). See the module docs.
+#[kernel]
+pub unsafe fn gelu_tanh_f32(p: UnaryParams) {
+    unary(p, gelu_tanh)
+}
+
+/// `out = gelu(x)`, exact erf form (patch mergers). See the module docs.
+#[kernel]
+pub unsafe fn gelu_erf_f32(p: UnaryParams) {
+    unary(p, gelu_erf)
 }

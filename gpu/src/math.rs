@@ -88,6 +88,33 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
 
+/// The error function, Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7, far under the
+/// f32 resolution that matters for GELU).
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    let a = if x < 0.0 { -x } else { x };
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t * (0.254_829_6 + t * (-0.284_496_72 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
+    let y = 1.0 - poly * (-a * a).exp();
+    if x < 0.0 {
+        -y
+    } else {
+        y
+    }
+}
+
+/// Exact GELU, `x · Φ(x)` (PyTorch's default `nn.GELU()`).
+#[inline(always)]
+pub fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * core::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// LayerNorm of one element given its row's mean and `1 / sqrt(var + eps)`.
+#[inline(always)]
+pub fn layer_norm_elem(x: f32, mean: f32, inv_std: f32, w: f32, b: f32) -> f32 {
+    (x - mean) * inv_std * w + b
+}
+
 /// 1 / sqrt(mean + eps), the RMSNorm scale of a row whose mean square is `mean_sq`.
 #[inline(always)]
 pub fn rms_scale(mean_sq: f32, eps: f32) -> f32 {
@@ -206,6 +233,32 @@ mod tests {
             assert!(((st.sum as f64) - s).abs() < 1e-5 * s);
         }
         assert_eq!(OnlineSoftmax::EMPTY.merge(OnlineSoftmax::EMPTY).prob(1.0), 0.0);
+    }
+
+    #[test]
+    fn erf_and_gelu_match_f64_references() {
+        // erf reference values (from tables) and gelu via the f64 identity
+        for &(x, e) in &[(0.0f64, 0.0f64), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265), (3.5, 0.999_999_256_9)] {
+            assert!((erf(x as f32) as f64 - e).abs() < 3e-7, "erf({})", x);
+        }
+        for &x in &[-6.0f32, -1.0, -0.1, 0.0, 0.7, 2.5, 8.0] {
+            let want = 0.5 * x as f64 * (1.0 + libm_erf(x as f64 / 2f64.sqrt()));
+            assert!((gelu_erf(x) as f64 - want).abs() < 1e-6, "gelu({})", x);
+        }
+    }
+
+    /// erf by its Taylor series / continued fraction in f64, for the test only.
+    fn libm_erf(x: f64) -> f64 {
+        if x.abs() > 4.0 {
+            return x.signum();
+        }
+        let (mut sum, mut term, mut n) = (x, x, 0.0);
+        while term.abs() > 1e-17 {
+            n += 1.0;
+            term *= -x * x / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
     }
 
     #[test]

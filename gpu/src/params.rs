@@ -42,6 +42,33 @@ pub struct RmsNormParams {
     pub _pad: u32,
 }
 
+/// `y[r, :] = (x[r, :] - mean) · rsqrt(var + eps) · w + b` for each of `rows` rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LayerNormParams {
+    /// `[rows, n]` f32 input.
+    pub x: u64,
+    /// `[n]` f32 weight.
+    pub w: u64,
+    /// `[n]` f32 bias.
+    pub b: u64,
+    /// `[rows, n]` f32 output (may alias `x`).
+    pub y: u64,
+    pub rows: u32,
+    pub n: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+/// `out[i] = f(x[i])` for `i < len`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnaryParams {
+    pub x: u64,
+    pub out: u64,
+    pub len: u64,
+}
+
 /// `y[r, :] = softmax(x[r, :])` for each of `rows` rows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

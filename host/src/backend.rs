@@ -18,6 +18,13 @@ pub struct MemoryStats {
     pub device_allocs: u64,
 }
 
+/// The two GELU forms Qwen3-VL uses: tanh in the vision MLP, erf in the patch mergers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    Tanh,
+    Erf,
+}
+
 /// How queries see keys in [`Backend::attention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
@@ -57,6 +64,12 @@ pub trait Backend: Send + Sync {
 
     /// RMSNorm over the last axis of `x` with f32 weight `w [cols]`.
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor>;
+
+    /// LayerNorm over the last axis of `x` with f32 weight and bias `[cols]`.
+    fn layer_norm(&self, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<Tensor>;
+
+    /// GELU, elementwise (tanh approximation or exact erf form).
+    fn gelu(&self, x: &Tensor, kind: Gelu) -> Result<Tensor>;
 
     /// Softmax over the last axis of `x`.
     fn softmax(&self, x: &Tensor) -> Result<Tensor>;

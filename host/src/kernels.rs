@@ -21,11 +21,14 @@ pub enum Kernel {
     RopeF32,
     AttentionF32,
     ScatterRowsF32,
+    LayerNormF32,
+    GeluTanhF32,
+    GeluErfF32,
 }
 
 impl Kernel {
     /// Every kernel, for load-time checks and the PTX test.
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::MatmulF32,
         Kernel::MatmulF16,
         Kernel::MatmulBf16,
@@ -42,6 +45,9 @@ impl Kernel {
         Kernel::RopeF32,
         Kernel::AttentionF32,
         Kernel::ScatterRowsF32,
+        Kernel::LayerNormF32,
+        Kernel::GeluTanhF32,
+        Kernel::GeluErfF32,
     ];
 
     /// The entry name in the PTX.
@@ -63,6 +69,9 @@ impl Kernel {
             Kernel::RopeF32 => "rope_f32",
             Kernel::AttentionF32 => "attention_f32",
             Kernel::ScatterRowsF32 => "scatter_rows_f32",
+            Kernel::LayerNormF32 => "layer_norm_f32",
+            Kernel::GeluTanhF32 => "gelu_tanh_f32",
+            Kernel::GeluErfF32 => "gelu_erf_f32",
         }
     }
 

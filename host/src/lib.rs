@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod generate;
+pub mod image;
 mod dtype;
 mod error;
 pub mod kernels;
@@ -20,7 +21,7 @@ pub mod ops;
 mod tensor;
 pub mod tokenizer;
 
-pub use backend::{AttnParams, Backend, MemoryStats};
+pub use backend::{AttnParams, Backend, Gelu, MemoryStats};
 pub use device::{select, DeviceRequest, Selection};
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -44,6 +44,19 @@ pub fn rms_norm_dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize)> {
     Ok((rows, cols))
 }
 
+/// `(rows, cols)` of a LayerNorm, after checking `x [.., cols]`, `w`, `b` `[cols]`, all f32.
+pub fn layer_norm_dims(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(usize, usize)> {
+    const OP: &str = "layer_norm";
+    for t in [x, w, b] {
+        expect_f32(OP, t)?;
+    }
+    let (rows, cols) = x.rows_cols();
+    if w.shape() != [cols] || b.shape() != [cols] {
+        return Err(Error::shape(OP, &[x.shape(), w.shape(), b.shape()], format!("weight and bias must be [{}]", cols)));
+    }
+    Ok((rows, cols))
+}
+
 /// `(rows, cols)` of a row softmax of f32 `x`.
 pub fn softmax_dims(x: &Tensor) -> Result<(usize, usize)> {
     expect_f32("softmax", x)?;

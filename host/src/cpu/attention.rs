@@ -1,10 +1,14 @@
 //! Scaled dot-product attention on the CPU with grouped KV heads and an optional causal mask.
 //!
-//! One rayon task per (query row, head), one pass over the visible keys with the streaming
-//! update `gpu::math::OnlineSoftmax::push_weighted`: the same arithmetic as the
-//! `attention_f32` kernel.
+//! Two paths, both with `gpu::math::OnlineSoftmax` as the normaliser:
+//! - short query blocks (decode, small prompts): one rayon task per (query row, head), one pass
+//!   over the visible keys with the streaming update `push_weighted`, the arithmetic of the
+//!   `attention_f32` kernel;
+//! - long blocks (prefill, the vision tower's thousands of patches): per head, scores for
+//!   `QB` queries at a time as one matrix product against the head's keys, masked, softmaxed,
+//!   then one product with the head's values, all through the SIMD linear kernels.
 
-use super::linear::dot;
+use super::linear::{dot, linear, Weights};
 use crate::backend::AttnParams;
 use gpu::math::OnlineSoftmax;
 use rayon::prelude::*;
@@ -18,12 +22,71 @@ pub struct Dims {
     pub d: usize,
 }
 
+/// Query rows per score block of the matrix-product path.
+const QB: usize = 256;
+/// The matrix-product path is used from this many query rows on.
+const BLOCKED_FROM: usize = 32;
+
 /// `out [t, heads, d]` = softmax(q · kᵀ · scale, masked) · v, with `k`, `v` `[cap, kv_heads, d]`.
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &mut [f32]) {
-    let Dims { heads, kv_heads, d, .. } = dims;
-    if d == 0 || heads == 0 {
+    let Dims { t, heads, d, .. } = dims;
+    if d == 0 || heads == 0 || t == 0 {
         return;
     }
+    if t >= BLOCKED_FROM && p.kv_len >= BLOCKED_FROM {
+        blocked(q, k, v, dims, p, out)
+    } else {
+        streaming(q, k, v, dims, p, out)
+    }
+}
+
+/// Per head: `S = Q_h · K_hᵀ · scale` for blocks of `QB` queries, masked rows softmaxed, then
+/// `O = P · V_h` (with `V_h` transposed once per head so both products are `linear` calls).
+fn blocked(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &mut [f32]) {
+    let Dims { t, heads, kv_heads, d } = dims;
+    let (group, n) = (heads / kv_heads, p.kv_len);
+    let (mut kh, mut vt) = (vec![0.0f32; n * d], vec![0.0f32; d * n]);
+    let mut qh = vec![0.0f32; QB * d];
+    let mut scores = vec![0.0f32; QB * n];
+    let mut oh = vec![0.0f32; QB * d];
+    for kvh in 0..kv_heads {
+        for j in 0..n {
+            let src = &k[(j * kv_heads + kvh) * d..(j * kv_heads + kvh + 1) * d];
+            kh[j * d..(j + 1) * d].copy_from_slice(src);
+            for (x, &val) in v[(j * kv_heads + kvh) * d..(j * kv_heads + kvh + 1) * d].iter().enumerate() {
+                vt[x * n + j] = val;
+            }
+        }
+        for h in kvh * group..(kvh + 1) * group {
+            let mut i0 = 0;
+            while i0 < t {
+                let rows = QB.min(t - i0);
+                for r in 0..rows {
+                    qh[r * d..(r + 1) * d].copy_from_slice(&q[((i0 + r) * heads + h) * d..((i0 + r) * heads + h + 1) * d]);
+                }
+                let s = &mut scores[..rows * n];
+                linear(&qh[..rows * d], Weights::F32(&kh), None, rows, n, d, s);
+                s.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
+                    let visible = if p.causal { (p.q_pos0 + i0 + r + 1).min(n) } else { n };
+                    row.iter_mut().for_each(|x| *x *= p.scale);
+                    let norm = row[..visible].iter().fold(OnlineSoftmax::EMPTY, |st, &x| st.push(x));
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x = if j < visible { norm.prob(*x) } else { 0.0 };
+                    }
+                });
+                linear(s, Weights::F32(&vt), None, rows, d, n, &mut oh[..rows * d]);
+                for r in 0..rows {
+                    out[((i0 + r) * heads + h) * d..((i0 + r) * heads + h + 1) * d].copy_from_slice(&oh[r * d..(r + 1) * d]);
+                }
+                i0 += rows;
+            }
+        }
+    }
+}
+
+/// One task per (query row, head) with the streaming online-softmax update.
+fn streaming(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &mut [f32]) {
+    let Dims { heads, kv_heads, d, .. } = dims;
     let group = heads / kv_heads;
     let kv_stride = kv_heads * d;
     out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
@@ -71,6 +134,22 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn blocked_path_matches_naive_for_long_blocks() {
+        let dims = Dims { t: 300, heads: 4, kv_heads: 2, d: 8 };
+        let cap = 330;
+        let gen = |n: usize, s: f32| (0..n).map(|i| ((i as f32 * s).sin())).collect::<Vec<f32>>();
+        let (q, k, v) = (gen(300 * 4 * 8, 0.37), gen(cap * 2 * 8, 1.1), gen(cap * 2 * 8, 0.23));
+        for &(causal, q_pos0, kv_len) in &[(true, 0, 300), (true, 30, 330), (false, 0, 330)] {
+            let p = AttnParams { kv_len, q_pos0, causal, scale: 0.35 };
+            let mut out = vec![f32::NAN; 300 * 4 * 8];
+            attention(&q, &k, &v, dims, p, &mut out);
+            for (o, w) in out.iter().zip(naive(&q, &k, &v, dims, p)) {
+                assert!((*o as f64 - w).abs() < 1e-5, "{} vs {}", o, w);
+            }
+        }
     }
 
     #[test]

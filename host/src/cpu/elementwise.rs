@@ -29,6 +29,19 @@ mod tests {
     }
 }
 
+/// `out = gelu(x)` in the given form.
+pub fn gelu(x: &[f32], kind: crate::Gelu, out: &mut [f32]) {
+    let f = match kind {
+        crate::Gelu::Tanh => gpu::math::gelu_tanh,
+        crate::Gelu::Erf => gpu::math::gelu_erf,
+    };
+    out.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, x)| {
+        for (o, &v) in o.iter_mut().zip(x) {
+            *o = f(v);
+        }
+    });
+}
+
 /// `out = a + b`.
 pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
     out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {

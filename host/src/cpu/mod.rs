@@ -12,7 +12,7 @@ mod simd;
 
 pub use linear::{dot, linear_on, Isa, Weights};
 
-use crate::backend::{AttnParams, Backend};
+use crate::backend::{AttnParams, Backend, Gelu};
 use crate::ops;
 use crate::{DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,6 +101,22 @@ impl Backend for CpuBackend {
         let (xv, wv) = (x.as_cpu_f32("rms_norm")?, w.as_cpu_f32("rms_norm")?);
         let mut out = self.output(rows * cols);
         self.pool.install(|| rowwise::rms_norm(xv, wv, eps, cols, &mut out));
+        Tensor::cpu_f32(x.shape(), out)
+    }
+
+    fn layer_norm(&self, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<Tensor> {
+        let (rows, cols) = ops::layer_norm_dims(x, w, b)?;
+        let (xv, wv, bv) = (x.as_cpu_f32("layer_norm")?, w.as_cpu_f32("layer_norm")?, b.as_cpu_f32("layer_norm")?);
+        let mut out = self.output(rows * cols);
+        self.pool.install(|| rowwise::layer_norm(xv, wv, bv, eps, cols, &mut out));
+        Tensor::cpu_f32(x.shape(), out)
+    }
+
+    fn gelu(&self, x: &Tensor, kind: Gelu) -> Result<Tensor> {
+        ops::expect_f32("gelu", x)?;
+        let xv = x.as_cpu_f32("gelu")?;
+        let mut out = self.output(xv.len());
+        self.pool.install(|| elementwise::gelu(xv, kind, &mut out));
         Tensor::cpu_f32(x.shape(), out)
     }
 

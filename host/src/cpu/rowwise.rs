@@ -1,7 +1,7 @@
 //! Row-wise CPU ops (one rayon task per block of rows): RMSNorm and softmax. The scalar math
 //! (`rms_scale`, the online-softmax step) is `gpu::math`'s, shared with the kernels.
 
-use gpu::math::{rms_scale, OnlineSoftmax};
+use gpu::math::{layer_norm_elem, rms_scale, OnlineSoftmax};
 use rayon::prelude::*;
 
 /// Rows per rayon task, so small rows do not drown in scheduling.
@@ -21,6 +21,25 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, cols: usize, y: &mut [f32]) {
             let scale = rms_scale(ss / cols as f32, eps);
             for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
                 *o = v * scale * g;
+            }
+        }
+    });
+}
+
+/// `y = (x - mean) / sqrt(var + eps) · w + b` for each row of `x` (`cols` wide); mean and
+/// (biased) variance in f32 over the row, as PyTorch computes them.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, cols: usize, y: &mut [f32]) {
+    if cols == 0 {
+        return;
+    }
+    let per = rows_per_task(cols) * cols;
+    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(yb, xb)| {
+        for (yr, xr) in yb.chunks_mut(cols).zip(xb.chunks(cols)) {
+            let mean = xr.iter().sum::<f32>() / cols as f32;
+            let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+            let inv = rms_scale(var, eps);
+            for (((o, &v), &g), &bb) in yr.iter_mut().zip(xr).zip(w).zip(b) {
+                *o = layer_norm_elem(v, mean, inv, g, bb);
             }
         }
     });
@@ -60,6 +79,25 @@ mod tests {
             for c in 0..cols {
                 let want = row[c] as f64 * s * w[c] as f64;
                 assert!((y[r * cols + c] as f64 - want).abs() < 1e-5, "{} {}", y[r * cols + c], want);
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_f64() {
+        let cols = 29;
+        let x: Vec<f32> = (0..2 * cols).map(|i| ((i * 37) % 17) as f32 / 3.0 - 2.0).collect();
+        let w: Vec<f32> = (0..cols).map(|i| 1.0 + i as f32 / 50.0).collect();
+        let b: Vec<f32> = (0..cols).map(|i| i as f32 / 10.0 - 1.0).collect();
+        let mut y = vec![f32::NAN; x.len()];
+        layer_norm(&x, &w, &b, 1e-6, cols, &mut y);
+        for r in 0..2 {
+            let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|&v| v as f64).collect();
+            let m = row.iter().sum::<f64>() / cols as f64;
+            let var = row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / cols as f64;
+            for c in 0..cols {
+                let want = (row[c] - m) / (var + 1e-6).sqrt() * w[c] as f64 + b[c] as f64;
+                assert!((y[r * cols + c] as f64 - want).abs() < 1e-5);
             }
         }
     }

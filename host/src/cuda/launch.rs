@@ -9,7 +9,7 @@ use cust::function::{BlockSize, GridSize};
 use cust::module::Module;
 use cust::stream::Stream;
 use gpu::params::{
-    attention_tile, gemv_tile, matmul_tile, AttentionParams, BinaryParams, EmbeddingParams, ScatterRowsParams, LinearParams, RmsNormParams, RopeParams, SoftmaxParams, ELEMENTWISE_THREADS, ROW_THREADS,
+    attention_tile, gemv_tile, matmul_tile, AttentionParams, BinaryParams, EmbeddingParams, LayerNormParams, ScatterRowsParams, UnaryParams, LinearParams, RmsNormParams, RopeParams, SoftmaxParams, ELEMENTWISE_THREADS, ROW_THREADS,
 };
 use std::ffi::c_void;
 
@@ -150,6 +150,33 @@ pub fn rms_norm(l: &Launcher<'_>, x: &DeviceBuffer, w: &DeviceBuffer, y: &Device
         return Ok(());
     }
     l.launch(kernel, GridSize::x(grid_dim(kernel, "x", rows, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
+}
+
+/// LayerNorm of `rows` rows of `cols` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm(l: &Launcher<'_>, x: &DeviceBuffer, w: &DeviceBuffer, b: &DeviceBuffer, y: &DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()> {
+    let kernel = Kernel::LayerNormF32;
+    need(kernel, "x", x, rows * cols * 4)?;
+    need(kernel, "w", w, cols * 4)?;
+    need(kernel, "b", b, cols * 4)?;
+    need(kernel, "y", y, rows * cols * 4)?;
+    let p = LayerNormParams { x: x.addr(), w: w.addr(), b: b.addr(), y: y.addr(), rows: fits_u32(kernel, "rows", rows)?, n: fits_u32(kernel, "cols", cols)?, eps, _pad: 0 };
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, GridSize::x(grid_dim(kernel, "x", rows, MAX_GRID_X)?), BlockSize::x(ROW_THREADS), &p)
+}
+
+/// An elementwise unary kernel (`gelu_tanh_f32`, `gelu_erf_f32`) over `len` f32.
+pub fn unary(l: &Launcher<'_>, kernel: Kernel, x: &DeviceBuffer, out: &DeviceBuffer, len: usize) -> Result<()> {
+    need(kernel, "x", x, len * 4)?;
+    need(kernel, "out", out, len * 4)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let p = UnaryParams { x: x.addr(), out: out.addr(), len: len as u64 };
+    let blocks = ceil_div(len, ELEMENTWISE_THREADS as usize).min(65_535 * 8);
+    l.launch(kernel, GridSize::x(blocks as u32), BlockSize::x(ELEMENTWISE_THREADS), &p)
 }
 
 /// Softmax of `rows` rows of `cols` f32.

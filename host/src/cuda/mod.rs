@@ -9,7 +9,7 @@ mod pool;
 pub use launch::LinearAlgo;
 pub use pool::{bucket, DeviceBuffer, Pool};
 
-use crate::backend::{AttnParams, Backend, MemoryStats};
+use crate::backend::{AttnParams, Backend, Gelu, MemoryStats};
 use crate::kernels::Kernel;
 use crate::tensor::Storage;
 use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
@@ -181,6 +181,26 @@ impl Backend for CudaBackend {
         let l = self.enter()?;
         let out = self.output(rows * cols)?;
         launch::rms_norm(&l, self.buffer("rms_norm", x)?, self.buffer("rms_norm", w)?, &out, rows, cols, eps)?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
+    fn layer_norm(&self, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<Tensor> {
+        let (rows, cols) = ops::layer_norm_dims(x, w, b)?;
+        let l = self.enter()?;
+        let out = self.output(rows * cols)?;
+        launch::layer_norm(&l, self.buffer("layer_norm", x)?, self.buffer("layer_norm", w)?, self.buffer("layer_norm", b)?, &out, rows, cols, eps)?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
+    fn gelu(&self, x: &Tensor, kind: Gelu) -> Result<Tensor> {
+        ops::expect_f32("gelu", x)?;
+        let kernel = match kind {
+            Gelu::Tanh => Kernel::GeluTanhF32,
+            Gelu::Erf => Kernel::GeluErfF32,
+        };
+        let l = self.enter()?;
+        let out = self.output(x.elem_count())?;
+        launch::unary(&l, kernel, self.buffer("gelu", x)?, &out, x.elem_count())?;
         Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
     }
 

@@ -6,8 +6,9 @@ pub mod sampling;
 
 pub use sampling::{Sampler, SamplingParams};
 
-use crate::model::rope::text_positions;
-use crate::model::{KvCache, Model};
+use crate::model::positions::multimodal_positions;
+use crate::model::text::Deepstack;
+use crate::model::{Images, KvCache, Model};
 use crate::{Backend, Error, Result};
 
 /// One conversation's state on one backend.
@@ -66,6 +67,14 @@ impl<'a> Session<'a> {
 
     /// Appends text tokens to the context and returns the logits `[vocab]` after the last one.
     pub fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.feed_with_images(ids, None)
+    }
+
+    /// Appends tokens whose image placeholders (runs of the image token, one run per image, in
+    /// order) are filled by `images`: the vision tower's embeddings replace those rows, its
+    /// DeepStack features join them after the first decoder layers, and the rotary positions
+    /// follow the image grids. Returns the logits `[vocab]` after the last token.
+    pub fn feed_with_images(&mut self, ids: &[u32], images: Option<&Images<'_>>) -> Result<Vec<f32>> {
         if ids.is_empty() {
             return Err(Error::Tokenizer { msg: "nothing to feed: the token list is empty".into() });
         }
@@ -76,13 +85,29 @@ impl<'a> Session<'a> {
                 msg: "the prompt does not fit the context".into(),
             });
         }
-        let (b, text) = (self.backend, &self.model.text);
-        let x = text.embed(b, ids)?; // [t, hidden]
-        let pos = text_positions(self.next_pos, ids.len());
-        let h = text.forward(b, x, &pos, &mut self.cache, None)?; // [t, hidden]
+        let (b, m) = (self.backend, self.model);
+        let cfg = &m.config;
+        let grids: &[[usize; 3]] = images.map_or(&[], |im| im.grids);
+        // 1. rotary positions (fails if placeholders and images disagree)
+        let (pos, next_pos) = multimodal_positions(ids, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, self.next_pos)?;
+        // 2. token embeddings [t, hidden], image rows replaced by the vision tower's output
+        let mut x = m.text.embed(b, ids)?;
+        let rows: Vec<usize> = ids.iter().enumerate().filter(|(_, &t)| t == cfg.image_token_id).map(|(i, _)| i).collect();
+        let vis = match images {
+            Some(im) if !im.grids.is_empty() => {
+                let n = im.patches.len() / im.row_len.max(1);
+                let out = m.vision.forward(b, &b.upload_f32(&[n, im.row_len], im.patches)?, im.grids)?;
+                x = b.scatter_rows(&x, &rows, &out.embeds, false)?;
+                Some(out)
+            }
+            _ => None,
+        };
+        // 3. the decoder, with DeepStack features on the image rows
+        let ds = vis.as_ref().map(|v| Deepstack { rows: &rows, features: &v.deepstack });
+        let h = m.text.forward(b, x, &pos, &mut self.cache, ds.as_ref())?; // [t, hidden]
         let last = b.take_rows(&h, ids.len() - 1, 1)?; // [1, hidden]
-        let logits = b.download_f32(&text.logits(b, &last)?)?; // [vocab]
-        self.next_pos += ids.len() as u32;
+        let logits = b.download_f32(&m.text.logits(b, &last)?)?; // [vocab]
+        self.next_pos = next_pos;
         self.tokens.extend_from_slice(ids);
         Ok(logits)
     }
@@ -91,6 +116,19 @@ impl<'a> Session<'a> {
     /// of `stop_ids`. `on_token` sees each new token as it is chosen (stop token included) and
     /// may return `false` to end early.
     pub fn generate(&mut self, prompt: &[u32], max_new: usize, sampler: &mut Sampler, stop_ids: &[u32], on_token: &mut dyn FnMut(u32) -> bool) -> Result<Generated> {
+        self.generate_with_images(prompt, None, max_new, sampler, stop_ids, on_token)
+    }
+
+    /// [`Session::generate`] for a prompt with image placeholders filled by `images`.
+    pub fn generate_with_images(
+        &mut self,
+        prompt: &[u32],
+        images: Option<&Images<'_>>,
+        max_new: usize,
+        sampler: &mut Sampler,
+        stop_ids: &[u32],
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Generated> {
         let start = std::time::Instant::now();
         if self.cache.len() + prompt.len() + max_new > self.cache.capacity() {
             return Err(Error::Context {
@@ -99,7 +137,7 @@ impl<'a> Session<'a> {
                 msg: format!("{} in context + {} prompt + {} to generate", self.cache.len(), prompt.len(), max_new),
             });
         }
-        let mut logits = self.feed(prompt)?;
+        let mut logits = self.feed_with_images(prompt, images)?;
         let prefill_secs = start.elapsed().as_secs_f64();
         let start = std::time::Instant::now();
         let mut out = Vec::new();

@@ -133,6 +133,36 @@ impl Checkpoint {
         backend.upload_f32(shape, &data)
     }
 
+    /// Rows `row0 .. row0 + rows` of the 2-D tensor `name` (checked to be `[total_rows, cols]`),
+    /// as a `[rows, cols]` tensor in the stored dtype: how fused checkpoint weights (the vision
+    /// tower's qkv) are split without copying.
+    pub fn load_rows(&self, backend: &dyn Backend, name: &str, shape: &[usize], row0: usize, rows: usize) -> Result<Tensor> {
+        let e = self.entry(name)?;
+        if e.shape != shape || shape.is_empty() || row0 + rows > shape[0] {
+            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?} (rows {}..{})", e.shape, shape, row0, row0 + rows) });
+        }
+        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+        let row_bytes = shape[1..].iter().product::<usize>() * e.dtype.size_of();
+        let mut out_shape = shape.to_vec();
+        out_shape[0] = rows;
+        let bytes = MappedBytes::new(Arc::clone(&self.files[e.file].1), e.start + row0 * row_bytes, rows * row_bytes).expect("inside the tensor");
+        backend.upload_mapped(&out_shape, e.dtype, bytes)
+    }
+
+    /// The tensor `name` (checked to have `shape`) widened to f32 in host memory.
+    pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entry(name)?;
+        if e.shape != shape {
+            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?}", e.shape, shape) });
+        }
+        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+        let raw = &self.files[e.file].1[e.start..e.end];
+        Ok(match e.dtype {
+            DType::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            d => raw.chunks_exact(2).map(|c| d.half_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        })
+    }
+
     /// Bytes of a tensor (for progress accounting); 0 when absent.
     pub fn bytes_of(&self, name: &str) -> usize {
         self.entries.get(name).map_or(0, |e| e.end - e.start)
@@ -180,6 +210,18 @@ impl Loader<'_> {
     pub fn weight(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         (self.progress)(self.ckpt.bytes_of(name));
         self.ckpt.load(self.backend, name, shape)
+    }
+
+    /// Rows of a 2-D weight (see [`Checkpoint::load_rows`]); the progress counts the share.
+    pub fn weight_rows(&mut self, name: &str, shape: &[usize], row0: usize, rows: usize) -> Result<Tensor> {
+        (self.progress)(self.ckpt.bytes_of(name) * rows / shape[0].max(1));
+        self.ckpt.load_rows(self.backend, name, shape, row0, rows)
+    }
+
+    /// A table kept in host memory as f32 (see [`Checkpoint::read_f32`]).
+    pub fn host_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        (self.progress)(self.ckpt.bytes_of(name));
+        self.ckpt.read_f32(name, shape)
     }
 
     /// A norm weight or bias as f32 (see [`Checkpoint::load_f32`]).

@@ -3,24 +3,25 @@
 pub mod checkpoint;
 pub mod config;
 pub mod kv_cache;
+pub mod positions;
 pub mod rope;
 pub mod text;
+pub mod vision;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Config, TextConfig, VisionConfig};
 pub use kv_cache::KvCache;
 pub use rope::Pos3;
 pub use text::TextModel;
+pub use vision::{Images, VisionModel, VisionOutput};
 
 use crate::{Backend, Error, Result};
 use std::path::Path;
 
-/// Checkpoint tensors that belong to parts not loaded by this build (the vision tower).
-const NOT_LOADED_PREFIXES: &[&str] = &["model.visual."];
-
 pub struct Model {
     pub config: Config,
     pub text: TextModel,
+    pub vision: VisionModel,
 }
 
 impl Model {
@@ -29,7 +30,7 @@ impl Model {
     pub fn load(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
         let config = Config::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir)?;
-        let total: usize = ckpt.names().filter(|n| !NOT_LOADED_PREFIXES.iter().any(|p| n.starts_with(p))).map(|n| ckpt.bytes_of(n)).sum();
+        let total = ckpt.total_bytes();
         let mut done = 0usize;
         let mut tick = |bytes: usize| {
             done += bytes;
@@ -37,7 +38,8 @@ impl Model {
         };
         let mut ld = checkpoint::Loader { ckpt: &ckpt, backend, progress: &mut tick };
         let text = TextModel::new(&config.text, config.tie_word_embeddings, &mut ld)?;
-        let mut ignored = NOT_LOADED_PREFIXES.to_vec();
+        let vision = VisionModel::new(&config.vision, &mut ld)?;
+        let mut ignored = Vec::new();
         if config.tie_word_embeddings {
             ignored.push("lm_head.weight"); // a tied checkpoint may carry the copy anyway
         }
@@ -51,6 +53,6 @@ impl Model {
             });
         }
         progress(total, total);
-        Ok(Model { config, text })
+        Ok(Model { config, text, vision })
     }
 }

@@ -63,7 +63,8 @@ mod tests {
 
     #[test]
     fn leftmost_longest_non_overlapping() {
-        let added = AddedTokens::new(vec![("<a>".into(), 1), ("<a><b>".into(), 2), ("<b>".into(), 3), ("b><".into(), 4)]);
+        let tokens = [("<a>", 1), ("<a><b>", 2), ("<b>", 3), ("b><", 4)];
+        let added = AddedTokens::new(tokens.iter().map(|&(t, id)| (t.to_string(), id)).collect());
         assert_eq!(added.split(""), []);
         assert_eq!(added.split("plain"), [Text("plain")]);
         assert_eq!(added.split("<a>"), [Added(1)]);

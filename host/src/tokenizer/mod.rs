@@ -4,8 +4,8 @@
 //! Hugging Face `tokenizers` (checked id for id by `tests/tokenizer.rs`):
 //! - added tokens (`<|im_start|>`, `<|image_pad|>`, `<think>`, ...) are found in the raw text
 //!   first, leftmost-longest, and become their ids whether they are special or not;
-//! - the text between them is normalized to NFC, cut by the Qwen pre-tokenizer regex
-//!   ([`pretokenize`]), and each piece is encoded by byte-level BPE ([`bpe`]);
+//! - the text between them is normalized to NFC (`normalize.rs`), cut by the Qwen pre-tokenizer
+//!   regex (`pretokenize.rs`), and each piece is encoded by byte-level BPE (`bpe.rs`);
 //! - decoding maps tokens back to bytes and replaces invalid UTF-8 with U+FFFD.
 //!
 //! A file that asks for anything else (another normalizer, pre-tokenizer pattern, decoder, BPE
@@ -14,6 +14,7 @@
 mod added;
 mod bpe;
 mod load;
+mod normalize;
 mod pretokenize;
 mod unicode_tables;
 
@@ -23,7 +24,6 @@ use bpe::Bpe;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
-use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 /// A byte-level BPE tokenizer as described by a Hugging Face `tokenizer.json`. It is `Send` and
 /// `Sync`: one instance can serve several threads.
@@ -80,11 +80,7 @@ impl Tokenizer {
 
     /// Encodes text that holds no added token: normalization, pre-tokenization, BPE.
     fn encode_plain(&self, text: &str, ids: &mut Vec<u32>) {
-        let text: Cow<str> = if !self.nfc || text.is_ascii() || is_nfc_quick(text.chars()) == IsNormalized::Yes {
-            Cow::Borrowed(text)
-        } else {
-            Cow::Owned(text.nfc().collect())
-        };
+        let text = if self.nfc { normalize::nfc(text) } else { Cow::Borrowed(text) };
         for piece in pretokenize::split(&text) {
             self.bpe.encode(piece, ids);
         }

@@ -17,7 +17,7 @@
 //!
 //! Every character matches one alternative, so the pieces cover the text without gaps.
 
-use super::unicode_tables::RANGES;
+use super::unicode_tables::CLASSES;
 use std::cmp::Ordering;
 
 /// The regex of the `Split` pre-tokenizer that [`split`] implements.
@@ -45,7 +45,7 @@ pub(super) fn class(c: char) -> Class {
         '\0'..='\x7f' => Class::Other,
         _ => {
             let cp = c as u32;
-            let found = RANGES.binary_search_by(|&(lo, hi, _)| {
+            let found = CLASSES.binary_search_by(|&(lo, hi, _)| {
                 if hi < cp {
                     Ordering::Less
                 } else if lo > cp {
@@ -54,7 +54,7 @@ pub(super) fn class(c: char) -> Class {
                     Ordering::Equal
                 }
             });
-            found.map_or(Class::Other, |i| RANGES[i].2)
+            found.map_or(Class::Other, |i| CLASSES[i].2)
         }
     }
 }
@@ -167,7 +167,7 @@ mod tests {
         for b in 0u8..128 {
             let c = b as char;
             let cp = b as u32;
-            let in_table = RANGES.iter().find(|r| r.0 <= cp && cp <= r.1).map_or(Class::Other, |r| r.2);
+            let in_table = CLASSES.iter().find(|r| r.0 <= cp && cp <= r.1).map_or(Class::Other, |r| r.2);
             assert_eq!(class(c), in_table, "{:?}", c);
         }
     }

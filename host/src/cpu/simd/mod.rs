@@ -7,7 +7,7 @@
 //!   into a few contiguous chunks per thread, so each thread streams one contiguous range of
 //!   memory. Inside a chunk the kernel takes groups of `R` rows, widens them to f32 in
 //!   registers (no scratch round trip) and accumulates `m × R` dot products vectorised over
-//!   `k`, prefetching the next group into L2 while it works on the current one.
+//!   `k`, software-prefetching each row a little ahead of its loads.
 //! * **GEMM path** (larger `m`, prefill): compute-bound. `a` is packed once into groups of
 //!   `lanes` rows stored k-major (`ap[g][kk][lane]`, zero-padded rows), so one vector holds
 //!   `lanes` rows of `a` at one `kk`. Tasks own `NC = nr · TILES` weight rows (output columns);
@@ -16,12 +16,14 @@
 //!   `mrv · lanes` rows × `nr` columns over it: `mrv` vector loads of `a` and `nr` broadcast
 //!   weights feed `mrv · nr` FMAs per `kk`. The `a` block (`kc × mrv · lanes` floats) stays in
 //!   L1 across the tiles of a panel; partial sums live in a per-task column-major scratch
-//!   `ct[NC][m_pad]` and are written to `out` (plus bias) after the last `k` block.
+//!   `ct[NC][m_pad]` and are written to `out` (plus bias) after the last `k` block. The next
+//!   weight block is software-prefetched a few lines per tile while the current one computes.
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 
 use super::linear::Weights;
+use core::arch::x86_64::_MM_HINT_T1;
 use gpu::math::{bf16_to_f32, f16_to_f32};
 use rayon::prelude::*;
 
@@ -100,16 +102,15 @@ pub(crate) unsafe fn widen_at<const DT: u8>(w: *const u8, i: usize) -> f32 {
     }
 }
 
-/// Prefetches into L2 the cache lines at byte offsets `lo..hi` from `base` (one per 64 bytes).
-/// Prefetches never fault, so the span may run past the end of the weights; `wrapping_add`
-/// keeps the address arithmetic well-defined there.
+/// Prefetches (with hint `H`, e.g. `_MM_HINT_T0`) the cache lines at byte offsets `lo..hi`
+/// from `base`, one per 64 bytes. Prefetches never fault, so the span may run past the end of
+/// the weights; `wrapping_add` keeps the address arithmetic well-defined there.
 #[inline(always)]
-pub(crate) fn prefetch_span(base: *const u8, lo: usize, hi: usize) {
-    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+pub(crate) fn prefetch_span<const H: i32>(base: *const u8, lo: usize, hi: usize) {
     let mut o = (lo + 63) & !63;
     while o < hi {
         // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing architecturally.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(o) as *const i8) };
+        unsafe { core::arch::x86_64::_mm_prefetch::<H>(base.wrapping_add(o) as *const i8) };
         o += 64;
     }
 }
@@ -128,8 +129,7 @@ pub(crate) struct Kernels {
     pub(crate) small_m: usize,
     /// Dot path: `out[r, c0 + j] = a[r] · w[c0 + j] + bias` for `r < m ≤ small_m`, `j < cols`.
     pub(crate) dot_rows: unsafe fn(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize),
-    /// GEMM path: widens weights `[c0, c0 + cols) × [k0, k0 + kc)` into `dst` (row stride `ld`)
-    /// and prefetches the next `kc` block of the same rows.
+    /// GEMM path: widens weights `[c0, c0 + cols) × [k0, k0 + kc)` into `dst` (row stride `ld`).
     pub(crate) widen: unsafe fn(w: RawW, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize),
     /// GEMM path: one register tile of `gv ≤ mrv` row vectors × `nr` columns over `kc` steps:
     /// `ct[j * ld_c + v * lanes + l] (+)= Σ_kk ap[v * ap_stride + kk * lanes + l] · wf[j * ld_w + kk]`,
@@ -162,6 +162,7 @@ fn dot_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, 
 
 fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
     let (lanes, nr, kcb) = (kern.lanes, kern.nr, kern.kc);
+    let es = elem_size(w.dt);
     let groups = m.div_ceil_(lanes);
     let m_pad = groups * lanes;
     // a packed k-major per group of `lanes` rows: ap[g][kk][l] = a[g * lanes + l][kk] (0 past m)
@@ -190,9 +191,21 @@ fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize,
                 // SAFETY: rows c0..c0 + cols and elements k0..k0 + kc lie inside the `n × k`
                 // weights; `wf` holds `nc` rows of `kcb >= kc` floats.
                 unsafe { (kern.widen)(w, c0, cols, k, k0, kc, wf.as_mut_ptr(), kcb) };
+                // the weights the next widen reads: this panel's next k block, or after the
+                // last one the first block of the next panel (likely this thread's next task)
+                let (pf_c0, pf_cols, pf_k0) = if k0 + kc < k { (c0, cols, k0 + kc) } else { (c0 + nc, nc.min(n - n.min(c0 + nc)), 0) };
+                let pf_bytes = kcb.min(k - pf_k0) * es;
                 for g0 in (0..groups).step_by(kern.mrv) {
                     let gv = kern.mrv.min(groups - g0);
                     for jt in (0..cols_pad).step_by(nr) {
+                        if g0 == 0 {
+                            // spread over the tiles, a few lines per tile: issuing them all at
+                            // once would fill the line-fill buffers and stall the core
+                            for j in jt..(jt + nr).min(pf_cols) {
+                                let row = ((pf_c0 + j) * k + pf_k0) * es;
+                                prefetch_span::<_MM_HINT_T1>(w.ptr, row, row + pf_bytes);
+                            }
+                        }
                         // SAFETY: the tile reads `gv` groups of `ap` (each `k * lanes` floats,
                         // `kk < kc <= k - k0`), rows jt..jt + nr of `wf` (`jt + nr <= cols_pad
                         // <= nc`) and writes `nr` columns × `gv * lanes` rows of `ct`

@@ -1,0 +1,152 @@
+//! Encoded files to upright 8-bit RGB, as transformers' `load_image` gets them from Pillow:
+//! decode, `ImageOps.exif_transpose`, `convert("RGB")`.
+//!
+//! Conversions, as Pillow's `convert("RGB")` does them: gray is repeated into the three
+//! channels; alpha is dropped (not composited: `load_image` converts to RGB before the
+//! processor's own `convert_to_rgb`, which would composite on white, ever sees the image);
+//! palettes are looked up (a tRNS entry is ignored); 16-bit samples keep their high byte, as
+//! Pillow does for 16-bit RGB, RGBA and gray+alpha PNGs. For 16-bit grayscale PNGs Pillow
+//! instead clips the value to 255 (mode "I;16"), which whitens almost every pixel; the high byte
+//! is kept there too, a deliberate deviation.
+
+use super::{exif, RgbImage};
+use crate::{Error, Result};
+use ::image::{DynamicImage, ImageFormat};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+/// The container formats that are read; recognized by content, not by file name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    Jpeg,
+    Png,
+    WebP,
+}
+
+impl Format {
+    fn sniff(b: &[u8]) -> Option<Format> {
+        if b.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some(Format::Jpeg)
+        } else if b.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some(Format::Png)
+        } else if b.len() >= 12 && &b[0..4] == b"RIFF" && &b[8..12] == b"WEBP" {
+            Some(Format::WebP)
+        } else {
+            None
+        }
+    }
+}
+
+/// Reads and decodes an image file (JPEG, PNG or WebP, told apart by content) into upright RGB.
+/// Every failure (missing, unreadable or empty file, another format, corrupt or truncated data)
+/// is an [`Error::Image`] naming the file.
+pub fn load_image(path: &Path) -> Result<RgbImage> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| Error::Image { file: name.clone(), msg: format!("cannot read: {}", e) })?;
+    decode_image(&bytes, &name)
+}
+
+/// Decodes an encoded image held in memory (JPEG, PNG or WebP, told apart by content) into
+/// upright RGB: the EXIF orientation (all eight values) is applied, alpha dropped, gray, palette
+/// and 16-bit images converted. `name` is only used in errors, which are [`Error::Image`].
+pub fn decode_image(bytes: &[u8], name: &str) -> Result<RgbImage> {
+    let fail = |msg: String| Error::Image { file: name.to_string(), msg };
+    if bytes.is_empty() {
+        return Err(fail("empty file".into()));
+    }
+    let format = Format::sniff(bytes).ok_or_else(|| {
+        fail(format!("unsupported image format (not JPEG, PNG or WebP; starts with {:02x?})", &bytes[..bytes.len().min(8)]))
+    })?;
+    let image_format = match format {
+        Format::Jpeg => ImageFormat::Jpeg,
+        Format::Png => ImageFormat::Png,
+        Format::WebP => ImageFormat::WebP,
+    };
+    // The decoders return errors for bad data, but a decoder panic must not take the engine
+    // down either: it becomes an error too.
+    let decoded = catch_unwind(AssertUnwindSafe(|| ::image::load_from_memory_with_format(bytes, image_format)))
+        .map_err(|_| fail(format!("{:?} decoder failed on malformed data", format)))?
+        .map_err(|e| fail(format!("cannot decode {:?}: {}", format, e)))?;
+    let rgb = to_rgb(decoded);
+    if rgb.width == 0 || rgb.height == 0 {
+        return Err(fail(format!("image has no pixels ({}x{})", rgb.width, rgb.height)));
+    }
+    Ok(orient(rgb, exif::orientation(bytes, format)))
+}
+
+/// Pillow's `convert("RGB")` of whatever the decoder produced (see the module docs).
+fn to_rgb(img: DynamicImage) -> RgbImage {
+    let (width, height) = (img.width() as usize, img.height() as usize);
+    let data: Vec<u8> = match img {
+        DynamicImage::ImageRgb8(b) => b.into_raw(),
+        DynamicImage::ImageRgba8(b) => b.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+        DynamicImage::ImageLuma8(b) => b.iter().flat_map(|&v| [v, v, v]).collect(),
+        DynamicImage::ImageLumaA8(b) => b.chunks_exact(2).flat_map(|p| [p[0], p[0], p[0]]).collect(),
+        DynamicImage::ImageRgb16(b) => b.iter().map(|&v| (v >> 8) as u8).collect(),
+        DynamicImage::ImageRgba16(b) => b.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).map(|v| (v >> 8) as u8).collect(),
+        DynamicImage::ImageLuma16(b) => b.iter().flat_map(|&v| [(v >> 8) as u8; 3]).collect(),
+        DynamicImage::ImageLumaA16(b) => b.chunks_exact(2).flat_map(|p| [(p[0] >> 8) as u8; 3]).collect(),
+        other => other.to_rgb8().into_raw(),
+    };
+    RgbImage { width, height, data }
+}
+
+/// Applies an EXIF orientation as Pillow's `ImageOps.exif_transpose` does: 2 mirror, 3 rotate
+/// 180°, 4 flip, 5 transpose, 6 rotate 90° clockwise, 7 transverse, 8 rotate 90° counterclockwise.
+pub(crate) fn orient(img: RgbImage, orientation: u8) -> RgbImage {
+    if !(2..=8).contains(&orientation) {
+        return img;
+    }
+    let (w, h) = (img.width, img.height);
+    let swap = orientation >= 5;
+    let (ow, oh) = if swap { (h, w) } else { (w, h) };
+    let mut data = vec![0u8; img.data.len()];
+    for y in 0..oh {
+        for x in 0..ow {
+            // The source pixel of output pixel (x, y).
+            let (sx, sy) = match orientation {
+                2 => (w - 1 - x, y),
+                3 => (w - 1 - x, h - 1 - y),
+                4 => (x, h - 1 - y),
+                5 => (y, x),
+                6 => (y, h - 1 - x),
+                7 => (w - 1 - y, h - 1 - x),
+                _ => (w - 1 - y, x), // 8
+            };
+            let (s, d) = ((sy * w + sx) * 3, (y * ow + x) * 3);
+            data[d..d + 3].copy_from_slice(&img.data[s..s + 3]);
+        }
+    }
+    RgbImage { width: ow, height: oh, data }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_orient_round_trips() {
+        // 3 wide, 2 high, pixel value = index.
+        let img = RgbImage { width: 3, height: 2, data: (0..18).collect() };
+        let px = |i: &RgbImage| i.data.chunks(3).map(|p| p[0] / 3).collect::<Vec<_>>();
+        assert_eq!(px(&orient(img.clone(), 1)), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(px(&orient(img.clone(), 2)), vec![2, 1, 0, 5, 4, 3]);
+        assert_eq!(px(&orient(img.clone(), 3)), vec![5, 4, 3, 2, 1, 0]);
+        assert_eq!(px(&orient(img.clone(), 4)), vec![3, 4, 5, 0, 1, 2]);
+        assert_eq!(px(&orient(img.clone(), 5)), vec![0, 3, 1, 4, 2, 5]);
+        assert_eq!(px(&orient(img.clone(), 6)), vec![3, 0, 4, 1, 5, 2]);
+        assert_eq!(px(&orient(img.clone(), 7)), vec![5, 2, 4, 1, 3, 0]);
+        assert_eq!(px(&orient(img.clone(), 8)), vec![2, 5, 1, 4, 0, 3]);
+        assert_eq!((orient(img.clone(), 6).width, orient(img, 6).height), (2, 3));
+    }
+
+    #[test]
+    fn image_decode_rejects_junk() {
+        for (bytes, needle) in [(&b""[..], "empty"), (b"GIF89a....", "unsupported"), (b"\xFF\xD8\xFF\xE0", "cannot decode")] {
+            match decode_image(bytes, "x.bin") {
+                Err(Error::Image { file, msg }) => assert!(file == "x.bin" && msg.contains(needle), "{}", msg),
+                other => panic!("{:?}", other.map(|i| (i.width, i.height))),
+            }
+        }
+    }
+}

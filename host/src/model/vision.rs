@@ -1,0 +1,347 @@
+//! The Qwen3-VL vision tower: Conv3d patch embedding (as a linear layer), learned position
+//! embeddings bilinearly interpolated to each image's grid, `depth` pre-norm LayerNorm blocks
+//! with 2-D rotary attention (full, within each image only) and a tanh-GELU MLP, the patch
+//! merger, and the DeepStack mergers taken after the configured blocks.
+//!
+//! Patch rows arrive in merge-window order `(t, h/m, w/m, m, m)` (m = spatial_merge_size),
+//! each row `(C, T, P, P)` values; every position table below is built in that order.
+
+use super::checkpoint::Loader;
+use super::config::VisionConfig;
+use crate::{AttnParams, Backend, Error, Gelu, Result, Tensor};
+
+/// Checkpoint names of the vision tower.
+pub const PREFIX: &str = "model.visual.";
+
+const LN_EPS: f32 = 1e-6;
+
+struct Linear {
+    w: Tensor, // [out, in]
+    b: Tensor, // [out] f32
+}
+
+impl Linear {
+    fn load(ld: &mut Loader<'_>, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        Ok(Linear { w: ld.weight(&format!("{}.weight", name), &[out, inp])?, b: ld.f32(&format!("{}.bias", name), &[out])? })
+    }
+    fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
+        b.linear(x, &self.w, Some(&self.b))
+    }
+}
+
+struct Norm {
+    w: Tensor, // [n] f32
+    b: Tensor, // [n] f32
+}
+
+impl Norm {
+    fn load(ld: &mut Loader<'_>, name: &str, n: usize) -> Result<Norm> {
+        Ok(Norm { w: ld.f32(&format!("{}.weight", name), &[n])?, b: ld.f32(&format!("{}.bias", name), &[n])? })
+    }
+    fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
+        b.layer_norm(x, &self.w, &self.b, LN_EPS)
+    }
+}
+
+struct Block {
+    norm1: Norm, // [hidden]
+    q: Linear,   // [hidden, hidden]: rows 0..hidden of the fused qkv
+    k: Linear,   // rows hidden..2·hidden
+    v: Linear,   // rows 2·hidden..3·hidden
+    proj: Linear, // [hidden, hidden]
+    norm2: Norm, // [hidden]
+    fc1: Linear, // [intermediate, hidden]
+    fc2: Linear, // [hidden, intermediate]
+}
+
+/// Patch merger: 2×2 neighbouring patches concatenated (`m²·hidden`), MLP with exact GELU.
+struct Merger {
+    /// LayerNorm over `hidden` per patch before the concatenation (main merger), or over the
+    /// concatenated `m²·hidden` after it (DeepStack mergers).
+    norm: Norm,
+    post_shuffle: bool,
+    fc1: Linear, // [m²·hidden, m²·hidden]
+    fc2: Linear, // [out_hidden, m²·hidden]
+}
+
+impl Merger {
+    fn load(ld: &mut Loader<'_>, name: &str, cfg: &VisionConfig, post_shuffle: bool) -> Result<Merger> {
+        let m = cfg.hidden_size * cfg.spatial_merge_size * cfg.spatial_merge_size;
+        Ok(Merger {
+            norm: Norm::load(ld, &format!("{}.norm", name), if post_shuffle { m } else { cfg.hidden_size })?,
+            post_shuffle,
+            fc1: Linear::load(ld, &format!("{}.linear_fc1", name), m, m)?,
+            fc2: Linear::load(ld, &format!("{}.linear_fc2", name), cfg.out_hidden_size, m)?,
+        })
+    }
+
+    /// `x [n, hidden]` (n a multiple of m²) → `[n / m², out_hidden]`.
+    fn forward(&self, b: &dyn Backend, x: &Tensor, group: usize) -> Result<Tensor> {
+        let (n, hidden) = x.rows_cols();
+        let x = if self.post_shuffle {
+            self.norm.forward(b, &x.reshape(&[n / group, group * hidden])?)?
+        } else {
+            self.norm.forward(b, x)?.reshape(&[n / group, group * hidden])?
+        };
+        let h = b.gelu(&self.fc1.forward(b, &x)?, Gelu::Erf)?;
+        self.fc2.forward(b, &h)
+    }
+}
+
+/// A batch of preprocessed images: patch rows of all images concatenated, and each image's patch
+/// grid (t, h, w).
+#[derive(Clone, Copy, Debug)]
+pub struct Images<'a> {
+    /// `[Σ t·h·w, row_len]` row-major, rows in merge-window order.
+    pub patches: &'a [f32],
+    pub row_len: usize,
+    pub grids: &'a [[usize; 3]],
+}
+
+/// What the tower produces for a batch of images.
+pub struct VisionOutput {
+    /// `[tokens, out_hidden]`: one embedding per merged 2×2 window, images in order.
+    pub embeds: Tensor,
+    /// One `[tokens, out_hidden]` tensor per DeepStack merger, in `deepstack_visual_indexes` order.
+    pub deepstack: Vec<Tensor>,
+}
+
+pub struct VisionModel {
+    pub cfg: VisionConfig,
+    patch_embed: Linear, // [hidden, C·T·P·P]
+    pos_embed: Vec<f32>, // [num_position_embeddings, hidden], host f32 (interpolated per grid)
+    blocks: Vec<Block>,
+    merger: Merger,
+    deepstack: Vec<Merger>,
+}
+
+impl VisionModel {
+    pub fn new(cfg: &VisionConfig, ld: &mut Loader<'_>) -> Result<VisionModel> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let row = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size * cfg.patch_size;
+        let side = (cfg.num_position_embeddings as f64).sqrt() as usize;
+        if side * side != cfg.num_position_embeddings {
+            return Err(Error::Config { file: "config.json".into(), msg: format!("vision_config.num_position_embeddings {} is not a square", cfg.num_position_embeddings) });
+        }
+        let conv = format!("{}patch_embed.proj.weight", PREFIX);
+        let patch_embed = Linear {
+            // a stride = kernel Conv3d is a linear layer over flattened (C, T, P, P) patches
+            w: ld.weight(&conv, &[h, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size])?.reshape(&[h, row])?,
+            b: ld.f32(&format!("{}patch_embed.proj.bias", PREFIX), &[h])?,
+        };
+        let pos_embed = ld.host_f32(&format!("{}pos_embed.weight", PREFIX), &[cfg.num_position_embeddings, h])?;
+        let mut blocks = Vec::with_capacity(cfg.depth);
+        for k in 0..cfg.depth {
+            let p = format!("{}blocks.{}.", PREFIX, k);
+            let qkv = format!("{}attn.qkv.weight", p);
+            let qkv_b = ld.host_f32(&format!("{}attn.qkv.bias", p), &[3 * h])?;
+            let part = |ld: &mut Loader<'_>, n: usize| -> Result<Linear> {
+                Ok(Linear { w: ld.weight_rows(&qkv, &[3 * h, h], n * h, h)?, b: ld.backend.upload_f32(&[h], &qkv_b[n * h..(n + 1) * h])? })
+            };
+            let (q, k_, v) = (part(ld, 0)?, part(ld, 1)?, part(ld, 2)?);
+            blocks.push(Block {
+                norm1: Norm::load(ld, &format!("{}norm1", p), h)?,
+                q,
+                k: k_,
+                v,
+                proj: Linear::load(ld, &format!("{}attn.proj", p), h, h)?,
+                norm2: Norm::load(ld, &format!("{}norm2", p), h)?,
+                fc1: Linear::load(ld, &format!("{}mlp.linear_fc1", p), i, h)?,
+                fc2: Linear::load(ld, &format!("{}mlp.linear_fc2", p), h, i)?,
+            });
+        }
+        let merger = Merger::load(ld, &format!("{}merger", PREFIX), cfg, false)?;
+        let deepstack = (0..cfg.deepstack_visual_indexes.len())
+            .map(|k| Merger::load(ld, &format!("{}deepstack_merger_list.{}", PREFIX, k), cfg, true))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(VisionModel { cfg: cfg.clone(), patch_embed, pos_embed, blocks, merger, deepstack })
+    }
+
+    /// Merged tokens an image of patch grid `grid` becomes.
+    pub fn tokens_for(&self, grid: [usize; 3]) -> usize {
+        grid[0] * grid[1] * grid[2] / (self.cfg.spatial_merge_size * self.cfg.spatial_merge_size)
+    }
+
+    /// Checks a batch's grids against the patch rows: every h and w a multiple of the merge size.
+    fn check_grids(&self, rows: usize, row_len: usize, grids: &[[usize; 3]]) -> Result<()> {
+        let m = self.cfg.spatial_merge_size;
+        let want_len = self.cfg.in_channels * self.cfg.temporal_patch_size * self.cfg.patch_size * self.cfg.patch_size;
+        let total: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+        if row_len != want_len || total != rows || grids.iter().any(|g| g[0] == 0 || g[1] % m != 0 || g[2] % m != 0 || g[1] == 0 || g[2] == 0) {
+            return Err(Error::shape("vision forward", &[&[rows, row_len]], format!("grids {:?} (merge {}) need {} rows of {} values", grids, m, total, want_len)));
+        }
+        Ok(())
+    }
+
+    /// Patch embedding plus interpolated position embedding: `[patches, hidden]` (before the
+    /// blocks; exposed for stage-by-stage tests).
+    pub fn embed_patches(&self, b: &dyn Backend, patches: &Tensor, grids: &[[usize; 3]]) -> Result<Tensor> {
+        let (rows, row_len) = patches.rows_cols();
+        self.check_grids(rows, row_len, grids)?;
+        let x = self.patch_embed.forward(b, patches)?; // [N, hidden]
+        let pos = self.position_embeddings(grids); // [N, hidden]
+        b.add(&x, &b.upload_f32(&[rows, self.cfg.hidden_size], &pos)?)
+    }
+
+    /// Runs the tower on `patches [N, C·T·P·P]` of the images with patch grids `grids` (t, h, w).
+    pub fn forward(&self, b: &dyn Backend, patches: &Tensor, grids: &[[usize; 3]]) -> Result<VisionOutput> {
+        let c = &self.cfg;
+        let (hidden, heads) = (c.hidden_size, c.num_heads);
+        let d = hidden / heads;
+        // 1. patch + position embeddings: x [N, hidden]
+        let mut x = self.embed_patches(b, patches, grids)?;
+        let n = x.shape()[0];
+        // 2. 2-D rotary tables over (row, col): cos, sin [N, d / 2]
+        let (cos, sin) = self.rotary_tables(grids);
+        let (cos, sin) = (b.upload_f32(&[n, d / 2], &cos)?, b.upload_f32(&[n, d / 2], &sin)?);
+        // attention never crosses images (or frames): one segment per (image, frame)
+        let segments: Vec<(usize, usize)> = grids
+            .iter()
+            .flat_map(|g| std::iter::repeat(g[1] * g[2]).take(g[0]))
+            .scan(0, |start, len| {
+                let s = (*start, len);
+                *start += len;
+                Some(s)
+            })
+            .collect();
+        let group = c.spatial_merge_size * c.spatial_merge_size;
+        let mut deepstack = Vec::new();
+        for (k, blk) in self.blocks.iter().enumerate() {
+            // 3. attention: x += proj(attn(rope(q), rope(k), v)) within each segment
+            let h = blk.norm1.forward(b, &x)?;
+            let q = b.rope(&blk.q.forward(b, &h)?.reshape(&[n, heads, d])?, &cos, &sin)?;
+            let kk = b.rope(&blk.k.forward(b, &h)?.reshape(&[n, heads, d])?, &cos, &sin)?;
+            let v = blk.v.forward(b, &h)?.reshape(&[n, heads, d])?;
+            let o = segmented_attention(b, &q, &kk, &v, &segments)?.reshape(&[n, hidden])?;
+            x = b.add(&x, &blk.proj.forward(b, &o)?)?;
+            // 4. MLP: x += fc2(gelu_tanh(fc1(norm2(x))))
+            let h = blk.norm2.forward(b, &x)?;
+            x = b.add(&x, &blk.fc2.forward(b, &b.gelu(&blk.fc1.forward(b, &h)?, Gelu::Tanh)?)?)?;
+            // 5. DeepStack features from the configured blocks
+            if let Some(j) = c.deepstack_visual_indexes.iter().position(|&i| i == k) {
+                deepstack.push(self.deepstack[j].forward(b, &x, group)?);
+            }
+        }
+        // 6. main merger: [N / m², out_hidden]
+        let embeds = self.merger.forward(b, &x, group)?;
+        Ok(VisionOutput { embeds, deepstack })
+    }
+
+    /// Learned position embeddings bilinearly interpolated to each grid (corners floor and
+    /// min(floor + 1, side - 1) of `linspace(0, side - 1, n)`), repeated over t, in merge order.
+    fn position_embeddings(&self, grids: &[[usize; 3]]) -> Vec<f32> {
+        let hidden = self.cfg.hidden_size;
+        let side = (self.cfg.num_position_embeddings as f64).sqrt() as usize;
+        let m = self.cfg.spatial_merge_size;
+        let table = &self.pos_embed;
+        let mut out = Vec::new();
+        for g in grids {
+            let (t, h, w) = (g[0], g[1], g[2]);
+            let (hi, wi) = (linspace(side, h), linspace(side, w));
+            // row-major [h * w, hidden] interpolation
+            let mut grid = vec![0.0f32; h * w * hidden];
+            for (i, &hy) in hi.iter().enumerate() {
+                let (h0, dh) = (hy as usize, hy - (hy as usize) as f32);
+                let h1 = (h0 + 1).min(side - 1);
+                for (j, &wx) in wi.iter().enumerate() {
+                    let (w0, dw) = (wx as usize, wx - (wx as usize) as f32);
+                    let w1 = (w0 + 1).min(side - 1);
+                    let corners = [(h0 * side + w0, (1.0 - dh) * (1.0 - dw)), (h0 * side + w1, (1.0 - dh) * dw), (h1 * side + w0, dh * (1.0 - dw)), (h1 * side + w1, dh * dw)];
+                    let dst = &mut grid[(i * w + j) * hidden..(i * w + j + 1) * hidden];
+                    for (idx, wt) in corners.iter() {
+                        for (o, &v) in dst.iter_mut().zip(&table[idx * hidden..(idx + 1) * hidden]) {
+                            *o += v * wt;
+                        }
+                    }
+                }
+            }
+            for _ in 0..t {
+                for_each_merge_order(h, w, m, |r, col| out.extend_from_slice(&grid[(r * w + col) * hidden..(r * w + col + 1) * hidden]));
+            }
+        }
+        out
+    }
+
+    /// cos, sin `[N, head_dim / 2]`: the first half of each row rotates by the patch's row, the
+    /// second by its column, with frequencies `1 / 10000^(2j / (head_dim / 2))`.
+    fn rotary_tables(&self, grids: &[[usize; 3]]) -> (Vec<f32>, Vec<f32>) {
+        let d = self.cfg.hidden_size / self.cfg.num_heads;
+        let dim = d / 2;
+        let inv: Vec<f32> = (0..dim / 2).map(|j| (1.0 / 10_000f64.powf((2 * j) as f64 / dim as f64)) as f32).collect();
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for g in grids {
+            for _ in 0..g[0] {
+                for_each_merge_order(g[1], g[2], self.cfg.spatial_merge_size, |r, col| {
+                    for &p in &[r, col] {
+                        for &f in &inv {
+                            let a = p as f32 * f;
+                            cos.push(a.cos());
+                            sin.push(a.sin());
+                        }
+                    }
+                });
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// `torch.linspace(0, side - 1, n)` in f32 (first half from the start, second from the end).
+fn linspace(side: usize, n: usize) -> Vec<f32> {
+    let end = (side - 1) as f32;
+    if n == 1 {
+        return vec![0.0];
+    }
+    let step = end / (n - 1) as f32;
+    (0..n).map(|i| if i < n / 2 { i as f32 * step } else { end - (n - 1 - i) as f32 * step }).collect()
+}
+
+/// Visits the (row, col) of an `h × w` grid in merge-window order `(h/m, w/m, m, m)`.
+fn for_each_merge_order(h: usize, w: usize, m: usize, mut f: impl FnMut(usize, usize)) {
+    for bh in 0..h / m {
+        for bw in 0..w / m {
+            for ir in 0..m {
+                for ic in 0..m {
+                    f(bh * m + ir, bw * m + ic);
+                }
+            }
+        }
+    }
+}
+
+/// Full (non-causal) attention within each `(start, len)` segment of rows.
+fn segmented_attention(b: &dyn Backend, q: &Tensor, k: &Tensor, v: &Tensor, segments: &[(usize, usize)]) -> Result<Tensor> {
+    let d = q.shape()[2];
+    let scale = 1.0 / (d as f32).sqrt();
+    let full = |len| AttnParams { kv_len: len, q_pos0: 0, causal: false, scale };
+    if segments.len() == 1 {
+        return b.attention(q, k, v, full(q.shape()[0]));
+    }
+    let mut out = b.zeros(q.shape())?;
+    for &(start, len) in segments {
+        let (qs, ks, vs) = (b.take_rows(q, start, len)?, b.take_rows(k, start, len)?, b.take_rows(v, start, len)?);
+        b.write_rows(&mut out, start, &b.attention(&qs, &ks, &vs, full(len))?)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_order_visits_2x2_windows() {
+        let mut v = Vec::new();
+        for_each_merge_order(2, 4, 2, |r, c| v.push((r, c)));
+        assert_eq!(v, vec![(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]);
+    }
+
+    #[test]
+    fn linspace_matches_torch_endpoints() {
+        assert_eq!(linspace(48, 1), vec![0.0]);
+        let l = linspace(48, 5);
+        assert_eq!(l[0], 0.0);
+        assert_eq!(l[4], 47.0);
+        assert!((l[2] - 23.5).abs() < 1e-6);
+    }
+}

@@ -7,8 +7,10 @@
 It writes small deterministic test images into tests/fixtures/images/ and, for each, what
 transformers does with it:
 
-* `<name>.rgb`: the decoded image as `transformers.image_utils.load_image` returns it
-  (Pillow decode, `ImageOps.exif_transpose`, `convert("RGB")`), raw 8-bit RGB, row-major;
+* `<name>.rgb`: the decoded image as the processor resizes it: what
+  `transformers.image_utils.load_image` returns (Pillow decode, `ImageOps.exif_transpose`,
+  `convert("RGB")`) after the processor's own `convert_to_rgb` (which paints the pixels of a
+  PNG tRNS color key white), raw 8-bit RGB, row-major;
 * for some images `<name>.<config>.f32`: the `pixel_values` (raw little-endian float32) that
   transformers' slow, PIL-based `Qwen2VLImageProcessorPil` makes of that RGB image;
 * reference.json: sizes, `image_grid_thw` for every image under the configs below, and, where
@@ -27,11 +29,13 @@ reference for gray16.png is that high byte (see DEVIATIONS in reference.json).
 
 import json
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from transformers.image_transforms import convert_to_rgb
 from transformers.image_utils import load_image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -105,7 +109,13 @@ def make_images():
     save("gray_alpha_20x26.png", Image.fromarray(la, "LA"), "gray + alpha")
     save("bilevel_17x23.png", Image.fromarray(pattern(17, 23, 9)[..., 0] > 127), "1-bit")
     pal = Image.fromarray(pattern(27, 33, 10)).quantize(colors=37)
-    save("palette_27x33.png", pal, "palette with tRNS", transparency=5)
+    save("palette_27x33.png", pal, "palette, tRNS key (index 5 turns white)", transparency=5)
+    pal_alpha = Image.fromarray(np.dstack([pattern(19, 21, 17), pattern(19, 21, 18)[..., 0]]), "RGBA")
+    save("palette_alpha_19x21.png", pal_alpha.quantize(colors=20), "palette with per-entry alpha (dropped)")
+    save("gray_key_22x25.png", Image.fromarray(pattern(22, 25, 19)[..., 1] // 32 * 32, "L"),
+         "gray, tRNS key 96", transparency=96)
+    save("rgb_key_18x23.png", Image.fromarray(pattern(18, 23, 20) // 128 * 128), "RGB, tRNS key",
+         transparency=(128, 128, 0))
     save("cmyk_24x32.jpg", Image.fromarray(pattern(24, 32, 11)).convert("CMYK"), "CMYK JPEG", quality=95)
     webp = Image.fromarray(pattern(36, 40, 12))
     save("lossless_36x40.webp", webp, "lossless WebP (VP8L)", lossless=True)
@@ -141,10 +151,15 @@ FULL = {
 
 
 def reference_rgb(name):
-    if name.startswith("gray16"):
-        raw = np.array(Image.open(OUT / name), dtype=np.uint16)
-        return Image.fromarray(np.repeat((raw >> 8).astype(np.uint8)[..., None], 3, -1))
-    return load_image(str(OUT / name))
+    """The image handed to the processor, and the RGB array that the processor resizes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Palette images with Transparency expressed in bytes"
+        if name.startswith("gray16"):
+            raw = np.array(Image.open(OUT / name), dtype=np.uint16)
+            img = Image.fromarray(np.repeat((raw >> 8).astype(np.uint8)[..., None], 3, -1))
+        else:
+            img = load_image(str(OUT / name))
+        return img, np.asarray(convert_to_rgb(img, return_numpy=True), dtype=np.uint8)
 
 
 def main():
@@ -155,8 +170,7 @@ def main():
     processors = {k: Qwen2VLImageProcessorPil(**v) for k, v in CONFIGS.items()}
     entries = []
     for name in sorted(notes):
-        rgb = reference_rgb(name)
-        arr = np.asarray(rgb, dtype=np.uint8)
+        rgb, arr = reference_rgb(name)
         stem = name.rsplit(".", 1)[0]
         entry = {"file": name, "note": notes[name], "height": arr.shape[0], "width": arr.shape[1], "configs": {}}
         if name != BIG:  # the big PNG's decode is lossless like the others; its RGB is not kept
@@ -165,7 +179,9 @@ def main():
         for cfg, proc in processors.items():
             if (cfg == "capped") != (name == BIG):
                 continue
-            out = proc(images=[rgb])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = proc(images=[rgb])
             pv = np.asarray(out["pixel_values"], dtype=np.float32)
             res = {"grid_thw": [int(v) for v in out["image_grid_thw"][0]], "rows": pv.shape[0], "row_len": pv.shape[1]}
             if (name, cfg) in FULL:

@@ -175,8 +175,8 @@ def pil_image_processor(ckpt_dir):
 
 def smart_resize_ref(h, w, factor, min_pixels, max_pixels):
     """Our own statement of the resize rule (checked against the processor's grids)."""
-    hb = max(factor, round(h / factor) * factor)
-    wb = max(factor, round(w / factor) * factor)
+    hb = round(h / factor) * factor
+    wb = round(w / factor) * factor
     if hb * wb > max_pixels:
         beta = math.sqrt(h * w / max_pixels)
         hb = max(factor, math.floor(h / beta / factor) * factor)
@@ -555,6 +555,8 @@ def record_case(model, name, c, out):
     if c["spec"]["debug_vision"]:
         pe = cap.patch
         bi = cap.block_in
+        # transformers 5.17 interpolates inside forward (no separate function): the position
+        # embedding is then recorded as block input - patch embedding (exact to f32 rounding).
         pos = None
         if hasattr(vis, "fast_pos_embed_interpolate"):
             pos = vis.fast_pos_embed_interpolate(c["grid"]).float().cpu()

@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Measured runs (after one warm-up run).
     #[clap(long, default_value = "3")]
     runs: usize,
+    /// Also time the vision tower on one image of this many pixels per side (e.g. 1024); the
+    /// patches are synthetic, the work is the real tower's.
+    #[clap(long)]
+    image_side: Option<usize>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -57,6 +61,28 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         }
     }
     let c = &model.config.text;
+    if let Some(side) = a.image_side {
+        let v = &model.config.vision;
+        let unit = v.patch_size * v.spatial_merge_size;
+        let cells = side / unit * v.spatial_merge_size;
+        let grid = [1, cells, cells];
+        let row_len = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
+        let n = cells * cells;
+        let patches: Vec<f32> = (0..n * row_len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+        let mut times = Vec::new();
+        for run in 0..=a.runs.min(2) {
+            let t0 = Instant::now();
+            let x = b.upload_f32(&[n, row_len], &patches)?;
+            let out = model.vision.forward(b, &x, &[grid])?;
+            b.download_f32(&out.embeds)?;
+            if run > 0 {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        println!("| backend | image | patches | tokens | vision tower s |");
+        println!("|---|---|---|---|---|");
+        println!("| {} | {}x{} | {} | {} | {:.2} (median of {}) |", b.describe(), cells * v.patch_size, cells * v.patch_size, n, n / 4, median(times.clone()), times.len());
+    }
     println!("| backend | model | prompt tokens | prefill tok/s | decode tok/s | runs |");
     println!("|---|---|---|---|---|---|");
     println!(

@@ -2,14 +2,19 @@
 //! decode, `ImageOps.exif_transpose`, `convert("RGB")`.
 //!
 //! Conversions, as Pillow's `convert("RGB")` does them: gray is repeated into the three
-//! channels; alpha is dropped (not composited: `load_image` converts to RGB before the
-//! processor's own `convert_to_rgb`, which would composite on white, ever sees the image);
-//! palettes are looked up (a tRNS entry is ignored); 16-bit samples keep their high byte, as
-//! Pillow does for 16-bit RGB, RGBA and gray+alpha PNGs. For 16-bit grayscale PNGs Pillow
-//! instead clips the value to 255 (mode "I;16"), which whitens almost every pixel; the high byte
-//! is kept there too, a deliberate deviation.
+//! channels; an alpha channel is dropped (not composited: `load_image` converts to RGB before
+//! the processor's own `convert_to_rgb`, which would composite on white, ever sees the image);
+//! palettes are looked up; 16-bit samples keep their high byte, as Pillow does for 16-bit RGB,
+//! RGBA and gray+alpha PNGs. For 16-bit grayscale PNGs Pillow instead clips the value to 255
+//! (mode "I;16"), which whitens almost every pixel; the high byte is kept there too, a
+//! deliberate deviation.
+//!
+//! One more step comes from the processor: a PNG with a tRNS color key (rather than an alpha
+//! channel) keeps that key through `convert("RGB")`, and the processor's `convert_to_rgb` then
+//! paints the pixels of the key color white; so does [`decode_image`] (see
+//! `meta::png_color_key`). WebP goes through `webp.rs` to decode as libwebp does.
 
-use super::{exif, RgbImage};
+use super::{meta, webp, RgbImage};
 use crate::{Error, Result};
 use ::image::{DynamicImage, ImageFormat};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -57,21 +62,38 @@ pub fn decode_image(bytes: &[u8], name: &str) -> Result<RgbImage> {
     let format = Format::sniff(bytes).ok_or_else(|| {
         fail(format!("unsupported image format (not JPEG, PNG or WebP; starts with {:02x?})", &bytes[..bytes.len().min(8)]))
     })?;
-    let image_format = match format {
-        Format::Jpeg => ImageFormat::Jpeg,
-        Format::Png => ImageFormat::Png,
-        Format::WebP => ImageFormat::WebP,
-    };
     // The decoders return errors for bad data, but a decoder panic must not take the engine
     // down either: it becomes an error too.
-    let decoded = catch_unwind(AssertUnwindSafe(|| ::image::load_from_memory_with_format(bytes, image_format)))
+    let mut rgb = catch_unwind(AssertUnwindSafe(|| decode_pixels(bytes, format)))
         .map_err(|_| fail(format!("{:?} decoder failed on malformed data", format)))?
         .map_err(|e| fail(format!("cannot decode {:?}: {}", format, e)))?;
-    let rgb = to_rgb(decoded);
     if rgb.width == 0 || rgb.height == 0 {
         return Err(fail(format!("image has no pixels ({}x{})", rgb.width, rgb.height)));
     }
-    Ok(orient(rgb, exif::orientation(bytes, format)))
+    if format == Format::Png {
+        if let Some(key) = meta::png_color_key(bytes) {
+            for px in rgb.data.chunks_exact_mut(3).filter(|px| **px == key) {
+                px.copy_from_slice(&[255; 3]);
+            }
+        }
+    }
+    Ok(orient(rgb, meta::orientation(bytes, format)))
+}
+
+fn decode_pixels(bytes: &[u8], format: Format) -> ::image::ImageResult<RgbImage> {
+    let image_format = match format {
+        Format::Jpeg => ImageFormat::Jpeg,
+        Format::Png => ImageFormat::Png,
+        Format::WebP => match webp::bitstream(bytes) {
+            Some(webp::Bitstream::Lossy(vp8)) => return webp::decode_lossy(vp8),
+            Some(webp::Bitstream::Lossless(vp8l)) => {
+                let file = webp::simple_lossless_file(vp8l);
+                return ::image::load_from_memory_with_format(&file, ImageFormat::WebP).map(to_rgb);
+            }
+            None => ImageFormat::WebP,
+        },
+    };
+    ::image::load_from_memory_with_format(bytes, image_format).map(to_rgb)
 }
 
 /// Pillow's `convert("RGB")` of whatever the decoder produced (see the module docs).

@@ -19,9 +19,10 @@
 //! ```
 
 mod decode;
-mod exif;
+mod meta;
 mod preprocess;
 mod resize;
+mod webp;
 
 pub use decode::{decode_image, load_image};
 pub use preprocess::{preprocess, smart_resize, PreprocessConfig};

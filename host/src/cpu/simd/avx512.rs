@@ -9,7 +9,7 @@
 //! * GEMM tile: 4 vectors (64 rows of `a`) × 6 weight rows = 24 accumulators; per `kk` it
 //!   loads 4 vectors of packed `a` and broadcasts 6 widened weights (24 FMAs).
 
-use super::{elem_size, prefetch_span, widen_at, Kernels, OutPtr, RawW, DT_BF16, DT_F16, DT_F32};
+use super::{elem_size, prefetch_span, widen_at, Kernels, OutPtr, Prefetch, RawW, DT_BF16, DT_F16, DT_F32};
 use core::arch::x86_64::*;
 
 const L: usize = 16;
@@ -220,18 +220,18 @@ unsafe fn widen_dt<const DT: u8>(w: *const u8, c0: usize, cols: usize, k: usize,
 ///
 /// # Safety
 /// AVX-512F present; `1 <= gv <= 4`; `ap`, `wf`, `ct` valid for the extents described there.
-unsafe fn tile(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool) {
+unsafe fn tile(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool, pf: Prefetch) {
     match gv {
-        4 => tile_g::<4>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
-        3 => tile_g::<3>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
-        2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
-        _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first),
+        4 => tile_g::<4>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        3 => tile_g::<3>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
     }
 }
 
 /// `G` vectors of 16 rows × `NR` columns, accumulated in registers over `kc` steps.
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_g<const G: usize>(ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool) {
+unsafe fn tile_g<const G: usize>(ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool, pf: Prefetch) {
     let mut acc = [[_mm512_setzero_ps(); G]; NR];
     if !first {
         for (j, accj) in acc.iter_mut().enumerate() {
@@ -241,7 +241,13 @@ unsafe fn tile_g<const G: usize>(ap: *const f32, ap_stride: usize, wf: *const f3
         }
     }
     let mut x = [_mm512_setzero_ps(); G];
+    let (every, mut next, mut issued) = (pf.every(kc), 0, 0);
     for kk in 0..kc {
+        if kk == next {
+            pf.issue(issued);
+            issued += 1;
+            next += every;
+        }
         for (v, xv) in x.iter_mut().enumerate() {
             *xv = _mm512_loadu_ps(ap.add(v * ap_stride + kk * L));
         }

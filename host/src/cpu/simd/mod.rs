@@ -115,6 +115,40 @@ pub(crate) fn prefetch_span<const H: i32>(base: *const u8, lo: usize, hi: usize)
     }
 }
 
+/// Cache lines for a GEMM tile to prefetch (into L2) while it computes: `lines` lines from
+/// each of `rows` rows `stride` bytes apart, starting at `base`. Spreading them over the
+/// tile's steps keeps few of them in flight at a time; a burst of prefetches fills the core's
+/// line-fill buffers and stalls it.
+#[derive(Clone, Copy)]
+pub(crate) struct Prefetch {
+    pub(crate) base: *const u8,
+    pub(crate) stride: usize,
+    pub(crate) rows: usize,
+    pub(crate) lines: usize,
+}
+
+impl Prefetch {
+    pub(crate) const NONE: Prefetch = Prefetch { base: std::ptr::null(), stride: 0, rows: 0, lines: 0 };
+
+    /// Issues prefetch number `i` (row-major over rows × lines), if there is one.
+    #[inline(always)]
+    pub(crate) fn issue(&self, i: usize) {
+        if i < self.rows * self.lines {
+            let (r, l) = (i / self.lines, i % self.lines);
+            // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing
+            // architecturally and never faults, so any address is fine (wrapping_add keeps
+            // the arithmetic defined).
+            unsafe { core::arch::x86_64::_mm_prefetch::<_MM_HINT_T1>(self.base.wrapping_add(r * self.stride + l * 64) as *const i8) };
+        }
+    }
+
+    /// Steps between two prefetches so that they spread over `steps`.
+    #[inline(always)]
+    pub(crate) fn every(&self, steps: usize) -> usize {
+        (steps / (self.rows * self.lines + 1)).max(1)
+    }
+}
+
 /// What one instruction set provides to the shared blocking.
 pub(crate) struct Kernels {
     /// f32 lanes per vector: rows of `a` held by one packed vector in the GEMM path.
@@ -134,7 +168,8 @@ pub(crate) struct Kernels {
     /// GEMM path: one register tile of `gv ≤ mrv` row vectors × `nr` columns over `kc` steps:
     /// `ct[j * ld_c + v * lanes + l] (+)= Σ_kk ap[v * ap_stride + kk * lanes + l] · wf[j * ld_w + kk]`,
     /// overwriting `ct` when `first`, accumulating otherwise.
-    pub(crate) tile: unsafe fn(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool),
+    /// The tile also issues the prefetches of `pf`, spread over its `kc` steps.
+    pub(crate) tile: unsafe fn(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool, pf: Prefetch),
 }
 
 /// `out = a · wᵀ + bias` on the given kernels (the caller checked the CPU supports them).
@@ -168,10 +203,15 @@ fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize,
     // a packed k-major per group of `lanes` rows: ap[g][kk][l] = a[g * lanes + l][kk] (0 past m)
     let mut ap = vec![0.0f32; m_pad * k];
     ap.par_chunks_mut(k * lanes).enumerate().for_each(|(g, blk)| {
-        for l in 0..lanes.min(m - g * lanes) {
-            let row = &a[(g * lanes + l) * k..][..k];
-            for (kk, &x) in row.iter().enumerate() {
-                blk[kk * lanes + l] = x;
+        let rows = lanes.min(m - g * lanes);
+        // 64 columns at a time, so the 64 destination lines stay in L1 across the rows
+        for kb in (0..k).step_by(64) {
+            let kn = 64.min(k - kb);
+            for l in 0..rows {
+                let src = &a[(g * lanes + l) * k + kb..][..kn];
+                for (i, &x) in src.iter().enumerate() {
+                    blk[(kb + i) * lanes + l] = x;
+                }
             }
         }
     });
@@ -198,14 +238,13 @@ fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize,
                 for g0 in (0..groups).step_by(kern.mrv) {
                     let gv = kern.mrv.min(groups - g0);
                     for jt in (0..cols_pad).step_by(nr) {
-                        if g0 == 0 {
-                            // spread over the tiles, a few lines per tile: issuing them all at
-                            // once would fill the line-fill buffers and stall the core
-                            for j in jt..(jt + nr).min(pf_cols) {
-                                let row = ((pf_c0 + j) * k + pf_k0) * es;
-                                prefetch_span::<_MM_HINT_T1>(w.ptr, row, row + pf_bytes);
-                            }
-                        }
+                        // the first row group's tiles prefetch the next block of their rows
+                        let pf = if g0 == 0 && jt < pf_cols {
+                            let base = w.ptr.wrapping_add(((pf_c0 + jt) * k + pf_k0) * es);
+                            Prefetch { base, stride: k * es, rows: nr.min(pf_cols - jt), lines: (pf_bytes + 63) / 64 }
+                        } else {
+                            Prefetch::NONE
+                        };
                         // SAFETY: the tile reads `gv` groups of `ap` (each `k * lanes` floats,
                         // `kk < kc <= k - k0`), rows jt..jt + nr of `wf` (`jt + nr <= cols_pad
                         // <= nc`) and writes `nr` columns × `gv * lanes` rows of `ct`
@@ -221,6 +260,7 @@ fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize,
                                 ct.as_mut_ptr().add(jt * m_pad + g0 * lanes),
                                 m_pad,
                                 k0 == 0,
+                                pf,
                             )
                         };
                     }

@@ -1,5 +1,6 @@
-//! The EXIF orientation of an encoded image, found where Pillow's `Image.getexif()` looks for
-//! it: the first `Exif` APP1 segment of a JPEG, the `eXIf` chunk of a PNG, the `EXIF` chunk of a
+//! Metadata that changes pixels: the EXIF orientation, and a PNG's transparent color key.
+//!
+//! The orientation is found where Pillow's `Image.getexif()` looks for it: the first `Exif` APP1 segment of a JPEG, the `eXIf` chunk of a PNG, the `EXIF` chunk of a
 //! WebP; and, as Pillow does when the EXIF has no orientation, `tiff:Orientation` in the XMP
 //! packet (JPEG APP1 `http://ns.adobe.com/xap/1.0/`, uncompressed PNG iTXt
 //! `XML:com.adobe.xmp`, WebP `XMP ` chunk). Anything malformed counts as no orientation.
@@ -59,6 +60,50 @@ fn jpeg_segments(b: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
         i += 2 + len;
     }
     (exif, xmp)
+}
+
+/// The color that transformers paints white in a PNG with a tRNS color key.
+///
+/// `load_image` keeps Pillow's `info["transparency"]` through `convert("RGB")`, so the
+/// processor's `convert_to_rgb` sees a transparent image and composites it on white: every pixel
+/// of the key color turns white (255, 255, 255). Pillow's key is: for palettes, the color of the
+/// one fully transparent entry when tRNS is otherwise all opaque (other palette tRNS are dropped
+/// with a warning); for 8-bit-or-less gray, the raw tRNS value repeated (compared with the
+/// scaled pixels); for 1-bit gray, black if tRNS is 0; for RGB, the raw tRNS triple (which only
+/// matches with values up to 255). 16-bit gray has none (Pillow's "I;16" path differs anyway).
+pub(crate) fn png_color_key(b: &[u8]) -> Option<[u8; 3]> {
+    let (mut ihdr, mut plte, mut trns) = (None, None, None);
+    let mut i = 8;
+    while i + 8 <= b.len() {
+        let len = u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+        let data = b.get(i + 8..(i + 8).checked_add(len)?)?;
+        match &b[i + 4..i + 8] {
+            b"IHDR" => ihdr = Some(data),
+            b"PLTE" => plte = Some(data),
+            b"tRNS" => trns = Some(data),
+            b"IDAT" | b"IEND" => break,
+            _ => {}
+        }
+        i += 12 + len;
+    }
+    let (ihdr, trns) = (ihdr.filter(|h| h.len() >= 10)?, trns?);
+    let (depth, color_type) = (ihdr[8], ihdr[9]);
+    let word = |k: usize| trns.get(2 * k..2 * k + 2).map(|s| u16::from_be_bytes([s[0], s[1]]));
+    let byte = |v: u16| u8::try_from(v).ok();
+    match color_type {
+        3 => {
+            let zero = trns.iter().position(|&a| a == 0)?;
+            if trns.iter().enumerate().any(|(k, &a)| k != zero && a != 255) {
+                return None;
+            }
+            let c = plte?.get(3 * zero..3 * zero + 3)?;
+            Some([c[0], c[1], c[2]])
+        }
+        0 if depth == 1 => (word(0)? == 0).then(|| [0, 0, 0]),
+        0 if depth <= 8 => byte(word(0)?).map(|t| [t; 3]),
+        2 => Some([byte(word(0)?)?, byte(word(1)?)?, byte(word(2)?)?]),
+        _ => None,
+    }
 }
 
 /// The `eXIf` chunk and the uncompressed `XML:com.adobe.xmp` iTXt chunk, anywhere in the file.

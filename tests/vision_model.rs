@@ -1,0 +1,143 @@
+//! The vision tower, multimodal positions and image prompts against transformers
+//! (tests/fixtures/vision, made by tools/make_vision_fixtures.py). Every stage is compared so a
+//! failure points at its stage: pixel patches → patch+position embeddings → tower output and
+//! DeepStack features → 3-axis positions → logits → greedy continuation. Runs on the CPU, and
+//! on the GPU when there is one. Tolerance: max |diff| under 1e-3 of the reference's std.
+
+mod common;
+
+use qwen3_vl::generate::{Sampler, SamplingParams, Session};
+use qwen3_vl::model::positions::multimodal_positions;
+use qwen3_vl::model::{Images, Model};
+use qwen3_vl::Backend;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const CASES: &[&str] = &["one_image_exact", "one_image_resized", "two_images"];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision")
+}
+
+fn case(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join(format!("{}.json", name))).unwrap()).unwrap()
+}
+
+fn tensor(v: &Value) -> Vec<f32> {
+    let bytes = std::fs::read(dir().join(v["file"].as_str().unwrap())).unwrap();
+    let n: u64 = v["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).product();
+    assert_eq!(bytes.len() as u64, n * 4);
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn grids(c: &Value) -> Vec<[usize; 3]> {
+    c["image_grid_thw"].as_array().unwrap().iter().map(|g| {
+        let g = u32s(g);
+        [g[0] as usize, g[1] as usize, g[2] as usize]
+    }).collect()
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{}: length", what);
+    let m = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
+    let std = (want.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    let worst = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).fold(0.0, f64::max);
+    assert!(worst <= rel * std, "{}: max |diff| {:.3e} exceeds {:.0e} of std {:.3e}", what, worst, rel, std);
+}
+
+fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
+    let mut v = vec![common::cpu()];
+    if let Some(g) = common::gpu(test) {
+        v.push(g);
+    }
+    v
+}
+
+fn load(b: &dyn Backend) -> Model {
+    Model::load(&dir().join("tiny"), b, &mut |_, _| {}).unwrap()
+}
+
+#[test]
+fn multimodal_positions_match_get_rope_index() {
+    let model = load(&*common::cpu());
+    for name in CASES {
+        let c = case(name);
+        let (pos, next) = multimodal_positions(&u32s(&c["input_ids"]), model.config.image_token_id, &grids(&c), 2, 0).unwrap();
+        let want: Vec<Vec<u32>> = c["position_ids"].as_array().unwrap().iter().map(u32s).collect();
+        for (i, p) in pos.iter().enumerate() {
+            assert_eq!(*p, [want[0][i], want[1][i], want[2][i]], "{} token {}", name, i);
+        }
+        assert_eq!(next as u64, c["next_position"].as_u64().unwrap(), "{}", name);
+    }
+}
+
+#[test]
+fn vision_tower_stages_match_transformers() {
+    for b in backends("vision tower") {
+        let model = load(&*b);
+        for name in CASES {
+            let c = case(name);
+            let px = tensor(&c["pixel_values"]);
+            let n = px.len() / 1536;
+            let x = b.upload_f32(&[n, 1536], &px).unwrap();
+            let g = grids(&c);
+            if let Some(input) = c.get("vision_block_input") {
+                let got = b.download_f32(&model.vision.embed_patches(&*b, &x, &g).unwrap()).unwrap();
+                assert_close(&format!("{} patch+position embedding on {}", name, b.describe()), &got, &tensor(input), 1e-4);
+            }
+            let out = model.vision.forward(&*b, &x, &g).unwrap();
+            assert_close(&format!("{} image embeds on {}", name, b.describe()), &b.download_f32(&out.embeds).unwrap(), &tensor(&c["image_embeds"]), 1e-3);
+            let ds = c["deepstack_embeds"].as_array().unwrap();
+            assert_eq!(out.deepstack.len(), ds.len());
+            for (k, (got, want)) in out.deepstack.iter().zip(ds).enumerate() {
+                assert_close(&format!("{} deepstack {} on {}", name, k, b.describe()), &b.download_f32(got).unwrap(), &tensor(want), 1e-3);
+            }
+        }
+    }
+}
+
+#[test]
+fn image_prompts_logits_and_greedy_continuations_match_transformers() {
+    for b in backends("image prompts") {
+        let model = load(&*b);
+        for name in CASES {
+            let c = case(name);
+            let (ids, px, g) = (u32s(&c["input_ids"]), tensor(&c["pixel_values"]), grids(&c));
+            let images = Images { patches: &px, row_len: 1536, grids: &g };
+            let greedy = u32s(&c["greedy"]["ids"]);
+            let mut s = Session::new(&model, &*b, ids.len() + greedy.len()).unwrap();
+            let logits = s.feed_with_images(&ids, Some(&images)).unwrap();
+            assert_close(&format!("{} last logits on {}", name, b.describe()), &logits, &tensor(&c["last_logits"]), 1e-3);
+            // greedy decoding continues from the multimodal position offset
+            let mut s = Session::new(&model, &*b, ids.len() + greedy.len()).unwrap();
+            let mut sampler = Sampler::new(SamplingParams::greedy());
+            let out = s.generate_with_images(&ids, Some(&images), greedy.len(), &mut sampler, &[], &mut |_| true).unwrap();
+            assert_eq!(out.tokens, greedy, "{} greedy on {}", name, b.describe());
+        }
+    }
+}
+
+#[test]
+fn image_placeholders_must_match_the_images() {
+    let b = common::cpu();
+    let model = load(&*b);
+    let c = case("one_image_exact");
+    let (ids, px, g) = (u32s(&c["input_ids"]), tensor(&c["pixel_values"]), grids(&c));
+    let mut s = Session::new(&model, &*b, 64).unwrap();
+    // placeholders without an image
+    let e = s.feed(&ids).unwrap_err().to_string();
+    assert!(e.contains("image"), "{}", e);
+    // an image whose grid needs more placeholders than the prompt has
+    let wrong = [[1, 6, 6]];
+    let px2 = vec![0.0f32; 36 * 1536];
+    let e = s.feed_with_images(&ids, Some(&Images { patches: &px2, row_len: 1536, grids: &wrong })).unwrap_err().to_string();
+    assert!(e.contains("image 1 needs 9"), "{}", e);
+    // patch rows that do not match the grid
+    let e = s.feed_with_images(&ids, Some(&Images { patches: &px[..1536 * 10], row_len: 1536, grids: &g })).unwrap_err().to_string();
+    assert!(e.contains("grids"), "{}", e);
+}

@@ -2,11 +2,17 @@
 //!
 //! Times `out[m, n] = a[m, k] · w[n, k]ᵀ` on Qwen3-VL-2B's projection shapes for decode
 //! (m = 1), a short batch (m = 8) and prefill (m = 64), on every SIMD path this CPU has, and
-//! prints a table of medians. Weights are bf16 (plus f16/f32 rows for one shape); activations
-//! f32. A reference row gives this machine's raw memory read bandwidth.
+//! prints a table of medians. Weights are bf16 (plus f16/f32 rows for one shape, and rows
+//! through the `Backend` trait); activations f32.
 //!
 //! The weights rotate through copies spanning at least `POOL_BYTES`, so each timed call reads
 //! weights that are not in cache, as in a real forward pass over the whole model.
+//!
+//! Reference rows: the machine's raw read bandwidth over 1 GiB with the same threads (a plain
+//! summing loop, and the same loop with software prefetch), and per shape a `read` row that sums
+//! the very weight bytes the kernels stream (same rotation, with prefetch); `% read` compares
+//! each kernel's weight GB/s with that row. The machine is shared, so rows taken minutes apart
+//! can differ by more than the kernels do: compare `% read`, and the min column.
 //!
 //! Environment knobs: `LINEAR_BENCH_THREADS` (default 2), `LINEAR_BENCH_PATHS` (e.g.
 //! `avx512,scalar`), `LINEAR_BENCH_M` (e.g. `1,64`), `LINEAR_BENCH_SHAPES` (e.g. `q,lm_head`),
@@ -20,15 +26,10 @@ use std::time::Instant;
 
 /// Weights span at least this many bytes over the rotation of copies (beyond the caches).
 const POOL_BYTES: usize = 1 << 30;
+/// Where the reference sums go, so they are not optimised away.
 static SINK: AtomicU64 = AtomicU64::new(0);
-const SHAPES: [(&str, usize, usize); 6] = [
-    ("q", 2048, 2048),
-    ("k/v", 1024, 2048),
-    ("o", 2048, 2048),
-    ("gate/up", 6144, 2048),
-    ("down", 2048, 6144),
-    ("lm_head", 151_936, 2048),
-];
+const SHAPES: [(&str, usize, usize); 6] =
+    [("q", 2048, 2048), ("k/v", 1024, 2048), ("o", 2048, 2048), ("gate/up", 6144, 2048), ("down", 2048, 6144), ("lm_head", 151_936, 2048)];
 
 fn main() {
     let threads: usize = env("LINEAR_BENCH_THREADS").and_then(|s| s.parse().ok()).unwrap_or(2);
@@ -41,18 +42,35 @@ fn main() {
     };
     let ms: Vec<usize> = env("LINEAR_BENCH_M").map_or(vec![1, 8, 64], |s| s.split(',').filter_map(|x| x.parse().ok()).collect());
     let shape_filter = env("LINEAR_BENCH_SHAPES");
-    let shapes: Vec<_> = SHAPES
-        .iter()
-        .filter(|(name, _, _)| shape_filter.as_ref().map_or(true, |f| f.split(',').any(|x| x == *name)))
-        .collect();
+    let shapes: Vec<_> =
+        SHAPES.iter().filter(|(name, _, _)| shape_filter.as_ref().map_or(true, |f| f.split(',').any(|x| x == *name))).collect();
 
-    println!("CPU linear benchmark: {} threads, paths available {:?}, dispatched {}", threads, Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>(), Isa::detect().name());
+    println!(
+        "CPU linear benchmark: {} threads, paths available {:?}, dispatched {}",
+        threads,
+        Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>(),
+        Isa::detect().name()
+    );
     println!("medians over >= {} s per row; weights rotate over >= {} MiB of copies (cold in cache)\n", secs, POOL_BYTES >> 20);
     header();
     let reader = Reader::new(threads);
     let big: Vec<u64> = (0..(1u64 << 27)).collect();
-    let t = time(secs.max(2.0), |_| reader.read(&big));
-    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8} {:>6}", "memory read 1 GiB", "-", "-", "read", fmt_ms(t.median), fmt_ms(t.min), (8usize << 27) as f64 / t.median / 1e9, "-", "-");
+    for (label, prefetch) in [("memory read 1 GiB", false), ("  + sw prefetch", true)] {
+        let t = time(secs.max(2.0), |_| reader.read(&big, prefetch));
+        let gbs = (8usize << 27) as f64 / t.median / 1e9;
+        println!(
+            "{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8} {:>6}",
+            label,
+            "-",
+            "-",
+            "read",
+            fmt_ms(t.median),
+            fmt_ms(t.min),
+            gbs,
+            "-",
+            "-"
+        );
+    }
     drop(big);
 
     for &&(name, n, k) in &shapes {
@@ -102,7 +120,10 @@ fn main() {
 }
 
 fn header() {
-    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}", "shape (n x k)", "m", "dtype", "path", "median ms", "min ms", "GB/s w", "GFLOP/s", "% read");
+    println!(
+        "{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "shape (n x k)", "m", "dtype", "path", "median ms", "min ms", "GB/s w", "GFLOP/s", "% read"
+    );
     println!("{}", "-".repeat(22 + 5 + 6 + 8 + 10 + 10 + 10 + 9 + 7));
 }
 
@@ -121,7 +142,18 @@ fn row(name: &str, n: usize, k: usize, m: usize, dt: Dt, path: &str, t: &Timing,
     let gflops = (2 * m * n * k) as f64 / t.median / 1e9;
     let pct = read_gbs.map_or("-".to_string(), |r| format!("{:.0}%", 100.0 * gbs / r));
     let (m, gflops) = if m == 0 { ("-".to_string(), "-".to_string()) } else { (m.to_string(), format!("{:.1}", gflops)) };
-    println!("{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8} {:>6}", shape, m, dt.name(), path, fmt_ms(t.median), fmt_ms(t.min), gbs, gflops, pct);
+    println!(
+        "{:<22} {:>4} {:>5} {:>7} {:>9} {:>9} {:>9.1} {:>8} {:>6}",
+        shape,
+        m,
+        dt.name(),
+        path,
+        fmt_ms(t.median),
+        fmt_ms(t.min),
+        gbs,
+        gflops,
+        pct
+    );
 }
 
 fn fmt_ms(s: f64) -> String {
@@ -192,7 +224,11 @@ impl WeightPool {
                 WeightPool::F32(v, len)
             }
             _ => {
-                let one = if let Dt::Bf16 = dt { pseudo_bf16(len, 5) } else { pseudo(len, 5).iter().map(|&x| half::f16::from_f32(x).to_bits()).collect() };
+                let one = if let Dt::Bf16 = dt {
+                    pseudo_bf16(len, 5)
+                } else {
+                    pseudo(len, 5).iter().map(|&x| half::f16::from_f32(x).to_bits()).collect()
+                };
                 let mut v = Vec::with_capacity(len * copies);
                 (0..copies).for_each(|_| v.extend_from_slice(&one));
                 WeightPool::Half(dt, v, len)
@@ -200,11 +236,11 @@ impl WeightPool {
         }
     }
 
-    /// Sums the `i`-th call's copy with `reader`.
+    /// Sums the `i`-th call's copy with `reader` (with software prefetch).
     fn read(&self, reader: &Reader, i: usize) {
         match self.get(i) {
-            Weights::F32(s) => reader.read(s),
-            Weights::F16(s) | Weights::Bf16(s) => reader.read(s),
+            Weights::F32(s) => reader.read(s, true),
+            Weights::F16(s) | Weights::Bf16(s) => reader.read(s, true),
         }
     }
 
@@ -225,29 +261,39 @@ impl WeightPool {
 }
 
 /// `threads` persistent threads that sum a byte range between two barriers: the plain
-/// read-bandwidth reference (no thread start-up inside the timing).
+/// read-bandwidth reference (no thread start-up inside the timing). With `prefetch`, each
+/// thread also software-prefetches `PREFETCH_AHEAD` bytes ahead of its sums, as the dot
+/// kernels do; on this kind of VM that reads markedly faster than relying on the hardware
+/// prefetchers alone.
 struct Reader {
     go: Arc<Barrier>,
     done: Arc<Barrier>,
-    job: Arc<(AtomicUsize, AtomicUsize)>,
+    /// (pointer, words, prefetch as 0/1) of the current job
+    job: Arc<[AtomicUsize; 3]>,
 }
+
+const PREFETCH_AHEAD: usize = 4096;
 
 impl Reader {
     fn new(threads: usize) -> Reader {
         let (go, done) = (Arc::new(Barrier::new(threads + 1)), Arc::new(Barrier::new(threads + 1)));
-        let job = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        let job = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)]);
         for t in 0..threads {
             let (go, done, job) = (Arc::clone(&go), Arc::clone(&done), Arc::clone(&job));
             std::thread::spawn(move || loop {
                 go.wait();
-                let (ptr, words) = (job.0.load(Ordering::Acquire) as *const u64, job.1.load(Ordering::Acquire));
+                let (ptr, words) = (job[0].load(Ordering::Acquire) as *const u64, job[1].load(Ordering::Acquire));
+                let prefetch = job[2].load(Ordering::Acquire) != 0;
                 let per = words / threads;
                 // SAFETY: `read` publishes a live `&[u64]` of `words` words and waits on `done`
                 // before returning, so the slice outlives this use.
                 let s = unsafe { std::slice::from_raw_parts(ptr.add(t * per), per) };
-                // 8 independent lanes so the sum is not one dependency chain
+                // 8 independent lanes (one cache line) so the sum is not one dependency chain
                 let mut acc = [0u64; 8];
                 for c in s.chunks_exact(8) {
+                    if prefetch {
+                        prefetch_line((c.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
+                    }
                     for l in 0..8 {
                         acc[l] = acc[l].wrapping_add(c[l]);
                     }
@@ -259,15 +305,29 @@ impl Reader {
         Reader { go, done, job }
     }
 
-    /// Sums `bytes` (its whole 8-byte words) on all threads.
-    fn read<T>(&self, data: &[T]) {
-        // SAFETY: any initialised bytes are valid u64 bits once aligned.
+    /// Sums `data` (its whole aligned 8-byte words) on all threads.
+    fn read<T>(&self, data: &[T], prefetch: bool) {
+        // SAFETY: the weights and the reference buffer are plain integers / floats, so any
+        // aligned run of their initialised bytes is a valid `u64`.
         let (_, words, _) = unsafe { data.align_to::<u64>() };
-        self.job.0.store(words.as_ptr() as usize, Ordering::Release);
-        self.job.1.store(words.len(), Ordering::Release);
+        self.job[0].store(words.as_ptr() as usize, Ordering::Release);
+        self.job[1].store(words.len(), Ordering::Release);
+        self.job[2].store(prefetch as usize, Ordering::Release);
         self.go.wait();
         self.done.wait();
     }
+}
+
+/// Prefetch hint for the line at `p` (nothing off x86-64).
+#[inline(always)]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is baseline on x86-64; a prefetch never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 fn env(key: &str) -> Option<String> {

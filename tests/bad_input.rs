@@ -1,5 +1,7 @@
 //! Bad input gets a clear error naming the file, tensor or limit: never a panic or wrong output.
 
+mod common;
+
 use qwen3_vl::generate::Session;
 use qwen3_vl::model::Model;
 use qwen3_vl::{select_device, Backend, DeviceRequest, Error};
@@ -8,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/tied_gqa")
+    common::repo_root().join("tests/fixtures/text/tied_gqa")
 }
 
 /// A scratch copy of the tied_gqa fixture (config.json + model.safetensors).
@@ -121,7 +123,7 @@ fn missing_shard_is_named() {
     let dir = std::env::temp_dir().join(format!("qwen3-vl-bad-input-shard-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text/untied_mha");
+    let src = common::repo_root().join("tests/fixtures/text/untied_mha");
     for f in std::fs::read_dir(&src).unwrap() {
         let f = f.unwrap().path();
         let name = f.file_name().unwrap().to_string_lossy().to_string();

@@ -5,13 +5,15 @@
 //!
 //! Run with `-- --nocapture` to see the measured differences per image.
 
-use qwen3_vl::image::{decode_image, load_image, preprocess, smart_resize, ImagePatches, PreprocessConfig, RgbImage};
+mod common;
+
+use qwen3_vl::image::{decode_image, load_image, preprocess, resize_bicubic, smart_resize, ImagePatches, PreprocessConfig, RgbImage};
 use qwen3_vl::Error;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(name)
+    common::repo_root().join("tests/fixtures/images").join(name)
 }
 
 fn manifest() -> Value {
@@ -44,13 +46,14 @@ fn max_diff_u8(a: &[u8], b: &[u8]) -> u8 {
 }
 
 /// How far our decode may be from Pillow's, in 8-bit levels, by file: lossless formats must
-/// agree exactly; JPEG and lossy WebP decoders differ in IDCT, upsampling and color conversion
-/// rounding.
+/// agree exactly; JPEG decoders differ in IDCT, upsampling and color conversion rounding; the
+/// VP8 decoder of the `image` crate (0.24.4) has loop-filter divergences from libwebp (measured
+/// up to 6 levels on lossy_alpha_36x40.webp; lossy_36x40.webp is exact).
 fn decode_tolerance(file: &str) -> u8 {
     if file.ends_with(".jpg") {
         3
     } else if file.starts_with("lossy") {
-        12
+        8
     } else {
         0
     }
@@ -93,7 +96,8 @@ fn decode_matches_pillow() {
         assert_eq!((ours.width, ours.height), (w, h), "{}: size after EXIF orientation", file);
         if let Some(reference) = pillow_rgb(e) {
             let d = max_diff_u8(&ours.data, &reference.data);
-            let mean = ours.data.iter().zip(&reference.data).map(|(&a, &b)| (a as f64 - b as f64).abs()).sum::<f64>() / ours.data.len() as f64;
+            let total: f64 = ours.data.iter().zip(&reference.data).map(|(&a, &b)| (a as f64 - b as f64).abs()).sum();
+            let mean = total / ours.data.len() as f64;
             println!("decode {:24} {:>3}x{:<3} max |diff| {:2} levels, mean {:.3}", file, w, h, d, mean);
             assert!(d <= decode_tolerance(file), "{}: decoded RGB differs from Pillow's by {} levels", file, d);
         }
@@ -134,9 +138,36 @@ fn patches_match_transformers_end_to_end() {
     }
 }
 
+/// Our bicubic against Pillow's `Image.resize(size, BICUBIC)` at many sizes: bit for bit.
+#[test]
+fn resize_matches_pillow_bit_for_bit() {
+    let m = manifest();
+    let sweep = &m["resize_sweep"];
+    let src = load_image(&fixture(sweep["source"].as_str().unwrap())).unwrap();
+    let data = std::fs::read(fixture(sweep["data"].as_str().unwrap())).unwrap();
+    let mut offset = 0;
+    for wh in sweep["sizes_wh"].as_array().unwrap() {
+        let (w, h) = (wh[0].as_u64().unwrap() as usize, wh[1].as_u64().unwrap() as usize);
+        let ours = resize_bicubic(&src, w, h);
+        let reference = &data[offset..offset + w * h * 3];
+        offset += w * h * 3;
+        assert_eq!((ours.width, ours.height), (w, h));
+        let diff = max_diff_u8(&ours.data, reference);
+        assert!(diff == 0, "{}x{} -> {}x{}: differs from Pillow by {} levels", src.width, src.height, w, h, diff);
+    }
+    assert_eq!(offset, data.len());
+}
+
 #[test]
 fn exif_orientation_sizes() {
-    for (file, w, h) in [("exif_o6_32x48.jpg", 32, 48), ("exif_o3_32x48.jpg", 48, 32), ("exif_o8_20x30.webp", 20, 30), ("exif_o5_6x10.png", 6, 10), ("exif_o2_6x10.png", 10, 6)] {
+    let cases = [
+        ("exif_o6_32x48.jpg", 32, 48),
+        ("exif_o3_32x48.jpg", 48, 32),
+        ("exif_o8_20x30.webp", 20, 30),
+        ("exif_o5_6x10.png", 6, 10),
+        ("exif_o2_6x10.png", 10, 6),
+    ];
+    for (file, w, h) in cases {
         let img = load_image(&fixture(file)).unwrap();
         assert_eq!((img.width, img.height), (w, h), "{}", file);
     }
@@ -169,7 +200,8 @@ fn smart_resize_matches_transformers() {
         assert_eq!(smart_resize(h, w, f, lo, hi).unwrap(), want, "smart_resize({}, {}, {}, {}, {})", h, w, f, lo, hi);
     }
     // transformers raises for these (ValueError, ZeroDivisionError) or would resize to 0 pixels.
-    for &(h, w, lo, hi) in &[(201, 1, 65536, 16777216), (1, 201, 4, 100), (0, 5, 1, 1), (16, 16, 0, 16777216), (15, 40, 0, 16777216), (5, 5, 1, 0)] {
+    let failing = [(201, 1, 65536, 16777216), (1, 201, 4, 100), (0, 5, 1, 1), (16, 16, 0, 16777216), (15, 40, 0, 16777216), (5, 5, 1, 0)];
+    for &(h, w, lo, hi) in &failing {
         match smart_resize(h, w, 32, lo, hi) {
             Err(Error::Limit { op, .. }) => assert_eq!(op, "smart_resize"),
             other => panic!("smart_resize({}, {}) = {:?}", h, w, other),

@@ -11,13 +11,13 @@ use qwen3_vl::model::rope::text_positions;
 use qwen3_vl::model::{KvCache, Model};
 use qwen3_vl::{Backend, Tokenizer};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 const CASES: &[&str] = &["tied_gqa", "untied_mha", "fullvocab"];
 
 fn case_dir(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text").join(case)
+    common::repo_root().join("tests/fixtures/text").join(case)
 }
 
 fn reference(case: &str) -> Value {
@@ -123,11 +123,27 @@ fn greedy_continuations_and_cached_step_logits_match_transformers() {
 
 #[test]
 fn chat_prompts_tokenize_like_transformers() {
-    let tok = Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/tokenizer.json")).unwrap();
+    let tok = Tokenizer::from_file(&common::repo_root().join("tests/fixtures/tokenizer/tokenizer.json")).unwrap();
     let r = reference("fullvocab");
     for p in r["prompts"].as_array().unwrap() {
         let text = render(&[Message::user(p["text"].as_str().unwrap())], true);
         assert_eq!(text, p["rendered"].as_str().unwrap());
         assert_eq!(tok.encode(&text), ids(&p["ids"]), "{}", text);
+    }
+}
+
+#[test]
+fn a_prompt_fed_in_pieces_gives_the_same_logits_as_in_one_go() {
+    // multi-turn chat feeds each turn onto the cache of the previous ones
+    for b in backends("text pieces") {
+        let model = load("untied_mha", &*b);
+        let prompt = ids(&reference("untied_mha")["prompts"][3]["ids"]);
+        let mut whole = Session::new(&model, &*b, prompt.len()).unwrap();
+        let want = whole.feed(&prompt).unwrap();
+        let mut parts = Session::new(&model, &*b, prompt.len()).unwrap();
+        parts.feed(&prompt[..7]).unwrap();
+        parts.feed(&prompt[7..19]).unwrap();
+        let got = parts.feed(&prompt[19..]).unwrap();
+        assert_logits_close(&format!("pieces on {}", b.describe()), &got, &want);
     }
 }

@@ -2,12 +2,14 @@
 //! tests/fixtures/tokenizer/reference.json (made by tools/tokenizer_reference.py from the same
 //! tokenizer.json), streaming decoding, special tokens, and errors.
 
+mod common;
+
 use qwen3_vl::{Error, Tokenizer};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer").join(name)
+    common::repo_root().join("tests/fixtures/tokenizer").join(name)
 }
 
 fn qwen() -> Tokenizer {

@@ -11,13 +11,13 @@ use qwen3_vl::model::positions::multimodal_positions;
 use qwen3_vl::model::{Images, Model};
 use qwen3_vl::Backend;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 const CASES: &[&str] = &["one_image_exact", "one_image_resized", "two_images"];
 
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision")
+    common::repo_root().join("tests/fixtures/vision")
 }
 
 fn case(name: &str) -> Value {
@@ -140,4 +140,32 @@ fn image_placeholders_must_match_the_images() {
     // patch rows that do not match the grid
     let e = s.feed_with_images(&ids, Some(&Images { patches: &px[..1536 * 10], row_len: 1536, grids: &g })).unwrap_err().to_string();
     assert!(e.contains("grids"), "{}", e);
+}
+
+#[test]
+fn image_files_through_preprocessing_give_transformers_logits() {
+    use qwen3_vl::image::{load_image, preprocess, PreprocessConfig};
+    let b = common::cpu();
+    let model = load(&*b);
+    let cfg = PreprocessConfig::from_file(&dir().join("tiny/preprocessor_config.json")).unwrap();
+    for name in CASES {
+        let c = case(name);
+        let (mut patches, mut grids_got) = (Vec::new(), Vec::new());
+        let mut resampled = false;
+        for im in c["images"].as_array().unwrap() {
+            let p = preprocess(&load_image(&dir().join(im["file"].as_str().unwrap())).unwrap(), &cfg).unwrap();
+            resampled |= im["resampled"].as_bool().unwrap();
+            grids_got.push(p.grid_thw);
+            patches.extend_from_slice(&p.patches);
+        }
+        assert_eq!(grids_got, grids(&c), "{}", name);
+        // sides that are multiples of 32 are not resampled: agree like the text model;
+        // resampled images within 1e-2 of the std
+        let tol = if resampled { 1e-2 } else { 1e-3 };
+        assert_close(&format!("{} pixel patches", name), &patches, &tensor(&c["pixel_values"]), tol);
+        let ids = u32s(&c["input_ids"]);
+        let mut s = Session::new(&model, &*b, ids.len()).unwrap();
+        let logits = s.feed_with_images(&ids, Some(&Images { patches: &patches, row_len: 1536, grids: &grids_got })).unwrap();
+        assert_close(&format!("{} logits from image files", name), &logits, &tensor(&c["last_logits"]), tol);
+    }
 }

@@ -13,6 +13,7 @@ transformers does with it:
   PNG tRNS color key white), raw 8-bit RGB, row-major;
 * for some images `<name>.<config>.f32`: the `pixel_values` (raw little-endian float32) that
   transformers' slow, PIL-based `Qwen2VLImageProcessorPil` makes of that RGB image;
+* resize_sweep.u8: Pillow's bicubic resize of gradient_64x96.png to the sizes in RESIZE_SWEEP;
 * reference.json: sizes, `image_grid_thw` for every image under the configs below, and, where
   the full patches are not stored, their sum and every `stride`-th value (about SAMPLES).
 
@@ -139,6 +140,11 @@ def make_images():
     return made
 
 
+# (width, height) targets for resize_sweep.u8, from gradient_64x96.png (96 wide, 64 high).
+# Pillow 13 runs the vertical pass first for (250, 8), (130, 30) and (90, 20) (the height shrinks
+# by more than twice as many pixels as the width), the horizontal pass first for the others.
+RESIZE_SWEEP = [(1, 1), (3, 200), (7, 5), (16, 16), (31, 45), (97, 65), (31, 128), (13, 200), (47, 47),
+                (96, 17), (250, 8), (33, 64), (130, 30), (90, 20), (19, 61), (112, 70)]
 BIG = "big_200x300.png"
 # (image, config) pairs whose full patches are stored; the rest get sum + samples.
 FULL = {
@@ -195,6 +201,13 @@ def main():
                 res["samples"] = [float(v) for v in flat[::stride]]  # exact: float32 -> float64
             entry["configs"][cfg] = res
         entries.append(entry)
+    # Pillow's bicubic resize of one decoded image to many sizes (up, down, mixed, extreme).
+    src = load_image(str(OUT / "gradient_64x96.png"))
+    sweep = []
+    with open(OUT / "resize_sweep.u8", "wb") as f:
+        for w, h in RESIZE_SWEEP:
+            f.write(np.asarray(src.resize((w, h), Image.BICUBIC), dtype=np.uint8).tobytes())
+            sweep.append([w, h])
     configs = {k: {"min_pixels": v["size"]["shortest_edge"], "max_pixels": v["size"]["longest_edge"]}
                for k, v in CONFIGS.items()}
     manifest = {
@@ -205,6 +218,7 @@ def main():
         "configs": configs,
         "DEVIATIONS": {"gray16_21x19.png": "Pillow clips I;16 to 255 in convert('RGB'); reference is value >> 8"},
         "images": entries,
+        "resize_sweep": {"source": "gradient_64x96.png", "data": "resize_sweep.u8", "sizes_wh": sweep},
     }
     (OUT / "reference.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(p.stat().st_size for p in OUT.iterdir())

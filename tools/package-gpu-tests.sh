@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the test binaries with CUDA support and packs them, stripped, into a folder that can be
-# copied to a CUDA machine without Rust (default: .device/gpu-tests). There, run
+# copied to a CUDA machine without Rust (default: .device/gpu-tests). There, from a checkout of
+# the repository (the tests read tests/fixtures), run
 #   <folder>/run.sh
 # which sets QWEN3_VL_EXPECT_GPU=1 (a GPU test then fails instead of skipping when CUDA does
-# not come up) and runs every test binary. Needs the environment of /opt/rust-cuda-env.sh.
+# not come up) and QWEN3_VL_ROOT to the current directory, and runs every test binary.
+# Needs the environment of /opt/rust-cuda-env.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.device/gpu-tests}
@@ -26,6 +28,8 @@ cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the packed test binaries on this (CUDA) machine. Uses the machine's own libcuda.
 set -u
+export QWEN3_VL_ROOT=${QWEN3_VL_ROOT:-$PWD}
+[ -d "$QWEN3_VL_ROOT/tests/fixtures" ] || { echo "run this from the repository root (tests/fixtures not found)" >&2; exit 2; }
 cd "$(dirname "$0")"
 export QWEN3_VL_EXPECT_GPU=1
 status=0

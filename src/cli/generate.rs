@@ -1,6 +1,6 @@
 //! `qwen3-vl generate` (one prompt, streamed reply) and `qwen3-vl chat` (interactive).
 
-use super::load::{stop_ids, CliResult, ModelArgs, SamplingArgs};
+use super::load::{stop_ids, CliResult, ImageArgs, ModelArgs, SamplingArgs};
 use qwen3_vl::generate::chat::{render, render_turn, Message, GENERATION_PROMPT};
 use qwen3_vl::generate::{Sampler, Session, Stop};
 use std::io::{BufRead, Write};
@@ -12,6 +12,8 @@ pub struct GenerateArgs {
     /// The user's message.
     #[clap(long, short = 'p')]
     prompt: String,
+    #[clap(flatten)]
+    images: ImageArgs,
     /// An optional system message.
     #[clap(long)]
     system: Option<String>,
@@ -43,11 +45,19 @@ pub struct ChatArgs {
 }
 
 /// Streams one reply: prints text as tokens complete and returns why it stopped.
-fn stream_reply(session: &mut Session<'_>, tok: &qwen3_vl::Tokenizer, prompt: &[u32], max_tokens: usize, sampler: &mut Sampler, stops: &[u32]) -> CliResult<(Vec<u32>, qwen3_vl::generate::Generated)> {
+fn stream_reply(
+    session: &mut Session<'_>,
+    tok: &qwen3_vl::Tokenizer,
+    prompt: &[u32],
+    images: Option<&qwen3_vl::model::Images<'_>>,
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stops: &[u32],
+) -> CliResult<(Vec<u32>, qwen3_vl::generate::Generated)> {
     let mut dec = tok.stream_decoder(true);
     let mut out = std::io::stdout();
     let mut err: Option<qwen3_vl::Error> = None;
-    let g = session.generate(prompt, max_tokens, sampler, stops, &mut |t| {
+    let g = session.generate_with_images(prompt, images, max_tokens, sampler, stops, &mut |t| {
         if stops.contains(&t) {
             return false;
         }
@@ -73,6 +83,10 @@ fn stream_reply(session: &mut Session<'_>, tok: &qwen3_vl::Tokenizer, prompt: &[
 
 pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     let l = a.model.load()?;
+    let prepared = a.images.prepare(&a.model.model)?;
+    if a.raw && !prepared.grids.is_empty() {
+        return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
+    }
     let text = if a.raw {
         a.prompt.clone()
     } else {
@@ -80,14 +94,16 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
         if let Some(s) = &a.system {
             msgs.push(Message::system(s));
         }
-        msgs.push(Message::user(&a.prompt));
+        let mut user = Message::user(&a.prompt);
+        user.image_tokens = prepared.tokens.clone();
+        msgs.push(user);
         render(&msgs, true)
     };
     let prompt = l.tokenizer.encode(&text);
     let capacity = (prompt.len() + a.max_tokens).min(l.model.config.text.max_position_embeddings);
     let mut session = Session::new(&l.model, &*l.backend, capacity)?;
     let mut sampler = Sampler::new(a.sampling.params(&a.model.model));
-    let (_, g) = stream_reply(&mut session, &l.tokenizer, &prompt, a.max_tokens, &mut sampler, &stop_ids(&l.tokenizer))?;
+    let (_, g) = stream_reply(&mut session, &l.tokenizer, &prompt, prepared.images().as_ref(), a.max_tokens, &mut sampler, &stop_ids(&l.tokenizer))?;
     let n = g.tokens.len();
     eprintln!(
         "[{} prompt tokens in {:.2} s ({:.1} tok/s); {} generated in {:.2} s ({:.2} tok/s); stop: {}]",
@@ -143,7 +159,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
             continue;
         }
         let budget = a.max_tokens.min(room - prompt.len());
-        let (tokens, g) = stream_reply(&mut session, &l.tokenizer, &prompt, budget, &mut sampler, &stops)?;
+        let (tokens, g) = stream_reply(&mut session, &l.tokenizer, &prompt, None, budget, &mut sampler, &stops)?;
         // The reply's last token was sampled but not fed; the template closes the turn with
         // <|im_end|>\n, which goes in front of the next user turn.
         pending = match g.stop {

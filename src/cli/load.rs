@@ -91,6 +91,75 @@ impl ModelArgs {
     }
 }
 
+/// Images attached to the user's message.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ImageArgs {
+    /// An image (JPEG, PNG or WebP) to ask about; repeat for several, they come before the text.
+    #[clap(long = "image", short = 'i')]
+    pub images: Vec<PathBuf>,
+    /// Resize images above this many pixels down (bounds memory and time; default from
+    /// preprocessor_config.json).
+    #[clap(long)]
+    pub max_pixels: Option<usize>,
+}
+
+/// Preprocessed images: concatenated patch rows, per-image grids and placeholder counts.
+pub struct Prepared {
+    pub patches: Vec<f32>,
+    pub row_len: usize,
+    pub grids: Vec<[usize; 3]>,
+    pub tokens: Vec<usize>,
+}
+
+impl Prepared {
+    pub fn images(&self) -> Option<qwen3_vl::model::Images<'_>> {
+        if self.grids.is_empty() {
+            None
+        } else {
+            Some(qwen3_vl::model::Images { patches: &self.patches, row_len: self.row_len, grids: &self.grids })
+        }
+    }
+}
+
+impl ImageArgs {
+    /// Decodes and preprocesses every image as the model directory's preprocessor_config.json
+    /// says (Qwen3-VL's defaults when it has none).
+    pub fn prepare(&self, model_dir: &Path) -> CliResult<Prepared> {
+        use qwen3_vl::image::{load_image, preprocess, PreprocessConfig};
+        let mut out = Prepared { patches: Vec::new(), row_len: 0, grids: Vec::new(), tokens: Vec::new() };
+        if self.images.is_empty() {
+            return Ok(out);
+        }
+        let cfg_path = model_dir.join("preprocessor_config.json");
+        let mut cfg = if cfg_path.exists() { PreprocessConfig::from_file(&cfg_path)? } else { PreprocessConfig::qwen3_vl_default() };
+        if let Some(m) = self.max_pixels {
+            cfg.max_pixels = m;
+            cfg.min_pixels = cfg.min_pixels.min(m);
+        }
+        for path in &self.images {
+            let t0 = Instant::now();
+            let img = load_image(path)?;
+            let p = preprocess(&img, &cfg)?;
+            log::info!(
+                "{}: {}x{} -> {} patches ({}x{} grid), {} image tokens, {:.0} ms",
+                path.display(),
+                img.width,
+                img.height,
+                p.rows(),
+                p.grid_thw[1],
+                p.grid_thw[2],
+                p.num_tokens(cfg.merge_size),
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+            out.row_len = p.row_len;
+            out.tokens.push(p.num_tokens(cfg.merge_size));
+            out.grids.push(p.grid_thw);
+            out.patches.extend_from_slice(&p.patches);
+        }
+        Ok(out)
+    }
+}
+
 /// Token ids that end a reply: `<|im_end|>` and `<|endoftext|>` when the tokenizer has them.
 pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
     ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|t| tok.token_to_id(t)).collect()

@@ -2,7 +2,14 @@
 #![allow(dead_code)]
 
 use qwen3_vl::{select_device, Backend, DeviceRequest};
+use std::path::PathBuf;
 use std::sync::Arc;
+
+/// The repository root holding `tests/fixtures`: `QWEN3_VL_ROOT` when set (test binaries run on
+/// another machine, see tools/package-gpu-tests.sh), else where the crate was built.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("QWEN3_VL_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
 
 /// Deterministic pseudo-random f32 in [-1, 1) (xorshift32).
 pub fn random(n: usize, seed: u32) -> Vec<f32> {

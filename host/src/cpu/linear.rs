@@ -76,6 +76,7 @@ impl Isa {
     /// Every variant, fastest first.
     pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
 
+    /// Short lowercase name ("avx512", "avx2", "scalar").
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",
@@ -136,6 +137,13 @@ pub fn linear_on(isa: Isa, a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: u
     assert!(a.len() >= m * k && out.len() >= m * n && w_len >= n * k, "linear: caller validated sizes");
     assert!(bias.map_or(true, |b| b.len() >= n), "linear: bias shorter than n");
     if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // empty dot products: just the bias
+        for row in out[..m * n].chunks_mut(n) {
+            row.iter_mut().enumerate().for_each(|(c, o)| *o = bias.map_or(0.0, |b| b[c]));
+        }
         return;
     }
     match isa {
@@ -258,6 +266,23 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Degenerate shapes: empty `k` gives the bias, empty `m` or `n` writes nothing.
+    #[test]
+    fn every_path_handles_empty_shapes() {
+        let bias = [0.5f32, -1.0, 2.0];
+        for isa in Isa::available() {
+            let mut out = [f32::NAN; 6];
+            linear_on(isa, &[], Weights::F32(&[]), Some(&bias), 2, 3, 0, &mut out);
+            assert_eq!(out, [0.5, -1.0, 2.0, 0.5, -1.0, 2.0], "{}", isa.name());
+            linear_on(isa, &[], Weights::Bf16(&[]), None, 2, 3, 0, &mut out);
+            assert_eq!(out, [0.0; 6], "{}", isa.name());
+            let mut none = [f32::NAN; 1];
+            linear_on(isa, &[], Weights::F32(&[1.0; 12]), None, 0, 3, 4, &mut none);
+            linear_on(isa, &[1.0; 4], Weights::F32(&[]), None, 1, 0, 4, &mut none);
+            assert!(none[0].is_nan());
         }
     }
 

@@ -82,7 +82,8 @@ impl CudaBackend {
         Tensor::from_storage(shape, dtype, Storage::Cuda(Arc::new(buf)))
     }
 
-    fn upload_bytes(&self, shape: &[usize], dtype: DType, src: *const u8, bytes: usize) -> Result<Tensor> {
+    /// Copies `bytes` bytes from host memory at `src` into a new pool buffer.
+    fn upload_raw(&self, src: *const u8, bytes: usize) -> Result<DeviceBuffer> {
         self.enter()?;
         let buf = self.pool.alloc(bytes)?;
         if bytes > 0 {
@@ -91,7 +92,16 @@ impl CudaBackend {
             // the source is pageable host memory owned by the caller: wait until it is read
             self.synchronize()?;
         }
-        Ok(Self::wrap(shape.to_vec(), dtype, buf))
+        Ok(buf)
+    }
+
+    /// Index lists (token ids, row numbers) as a u32 device buffer.
+    fn upload_u32(&self, v: &[u32]) -> Result<DeviceBuffer> {
+        self.upload_raw(v.as_ptr() as *const u8, v.len() * 4)
+    }
+
+    fn upload_bytes(&self, shape: &[usize], dtype: DType, src: *const u8, bytes: usize) -> Result<Tensor> {
+        Ok(Self::wrap(shape.to_vec(), dtype, self.upload_raw(src, bytes)?))
     }
 
     /// A linear layer with an explicit kernel choice (tests and benchmarks use this to cover
@@ -233,10 +243,10 @@ impl Backend for CudaBackend {
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let (rows, hidden) = ops::embedding_dims(table, ids)?;
         let tb = self.buffer("embedding", table)?;
-        let id_buf = self.upload_bytes(&[rows], DType::F32, ids.as_ptr() as *const u8, rows * 4)?;
+        let id_buf = self.upload_u32(ids)?;
         let l = self.enter()?;
         let out = self.output(rows * hidden)?;
-        launch::embedding(&l, table.dtype(), tb, table.shape()[0], self.buffer("embedding", &id_buf)?, &out, rows, hidden)?;
+        launch::embedding(&l, table.dtype(), tb, table.shape()[0], &id_buf, &out, rows, hidden)?;
         Ok(Self::wrap(vec![rows, hidden], DType::F32, out))
     }
 
@@ -286,9 +296,9 @@ impl Backend for CudaBackend {
         }
         let out = self.take_rows(x, 0, n)?.reshape(x.shape())?;
         let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        let idx_buf = self.upload_bytes(&[idx.len()], DType::F32, idx.as_ptr() as *const u8, idx.len() * 4)?;
+        let idx_buf = self.upload_u32(&idx)?;
         let l = self.enter()?;
-        launch::scatter_rows(&l, self.buffer("scatter_rows", &out)?, n, self.buffer("scatter_rows", &idx_buf)?, self.buffer("scatter_rows", src)?, rows.len(), width, add)?;
+        launch::scatter_rows(&l, self.buffer("scatter_rows", &out)?, n, &idx_buf, self.buffer("scatter_rows", src)?, rows.len(), width, add)?;
         Ok(out)
     }
 

@@ -1,9 +1,10 @@
 //! Metadata that changes pixels: the EXIF orientation, and a PNG's transparent color key.
 //!
-//! The orientation is found where Pillow's `Image.getexif()` looks for it: the first `Exif` APP1 segment of a JPEG, the `eXIf` chunk of a PNG, the `EXIF` chunk of a
-//! WebP; and, as Pillow does when the EXIF has no orientation, `tiff:Orientation` in the XMP
-//! packet (JPEG APP1 `http://ns.adobe.com/xap/1.0/`, uncompressed PNG iTXt
-//! `XML:com.adobe.xmp`, WebP `XMP ` chunk). Anything malformed counts as no orientation.
+//! The orientation is found where Pillow's `Image.getexif()` looks for it: the first `Exif`
+//! APP1 segment of a JPEG, the `eXIf` chunk of a PNG, the `EXIF` chunk of a WebP; and, as
+//! Pillow does when the EXIF has no orientation, `tiff:Orientation` in the XMP packet (JPEG APP1
+//! `http://ns.adobe.com/xap/1.0/`, uncompressed PNG iTXt `XML:com.adobe.xmp`, WebP `XMP `
+//! chunk). Anything malformed counts as no orientation.
 
 use super::decode::Format;
 

@@ -2,6 +2,7 @@
 
 use super::{resize_bicubic, ImagePatches, RgbImage};
 use crate::{Error, Result};
+use rayon::prelude::*;
 use serde_json::Value;
 use std::path::Path;
 
@@ -111,7 +112,9 @@ impl PreprocessConfig {
                 "max_pixels" => c.max_pixels = count(key, value)?,
                 "image_mean" => c.image_mean = triple(key, value)?,
                 "image_std" => c.image_std = triple(key, value)?,
-                "rescale_factor" => c.rescale_factor = value.as_f64().ok_or_else(|| bad(format!("rescale_factor: expected a number, got {}", value)))?,
+                "rescale_factor" => {
+                    c.rescale_factor = value.as_f64().ok_or_else(|| bad(format!("rescale_factor: expected a number, got {}", value)))?
+                }
                 "do_resize" => c.do_resize = flag(key, value)?,
                 "do_rescale" => c.do_rescale = flag(key, value)?,
                 "do_normalize" => c.do_normalize = flag(key, value)?,
@@ -128,7 +131,8 @@ impl PreprocessConfig {
 
     fn validate(&self) -> std::result::Result<(), String> {
         if self.patch_size == 0 || self.merge_size == 0 || self.temporal_patch_size == 0 {
-            return Err(format!("patch_size {}, merge_size {} and temporal_patch_size {} must be positive", self.patch_size, self.merge_size, self.temporal_patch_size));
+            let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
+            return Err(format!("patch_size {}, merge_size {} and temporal_patch_size {} must be positive", p, m, t));
         }
         if self.max_pixels == 0 {
             return Err("size.longest_edge (max_pixels) must be positive".into());
@@ -200,9 +204,14 @@ pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatches
     cfg.validate().map_err(|msg| Error::Config { file: "PreprocessConfig".into(), msg })?;
     let (p, m, t) = (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
     let factor = p * m;
-    let (h, w) = if cfg.do_resize { smart_resize(img.height, img.width, factor, cfg.min_pixels, cfg.max_pixels)? } else { (img.height, img.width) };
+    let (h, w) = if cfg.do_resize {
+        smart_resize(img.height, img.width, factor, cfg.min_pixels, cfg.max_pixels)?
+    } else {
+        (img.height, img.width)
+    };
     if h == 0 || w == 0 || h % factor != 0 || w % factor != 0 {
-        return Err(Error::Limit { op: "image preprocess", msg: format!("{}x{} is not a multiple of patch_size * merge_size = {} (do_resize is off)", w, h, factor) });
+        let msg = format!("{}x{} is not a multiple of patch_size * merge_size = {} (do_resize is off)", w, h, factor);
+        return Err(Error::Limit { op: "image preprocess", msg });
     }
     let resized;
     let src = if (h, w) == (img.height, img.width) {
@@ -228,7 +237,7 @@ pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatches
     let row_len = 3 * t * p * p;
     let mut patches = vec![0f32; gh * gw * row_len];
     // Row order (h / m, w / m, m, m); within a row (channel, t, p, p).
-    for (r, row) in patches.chunks_exact_mut(row_len).enumerate() {
+    patches.par_chunks_exact_mut(row_len).enumerate().for_each(|(r, row)| {
         let (mw, mh) = (r % m, (r / m) % m);
         let (bw, bh) = ((r / (m * m)) % (gw / m), r / (m * m) / (gw / m));
         let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
@@ -244,7 +253,7 @@ pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatches
                 row.copy_within(c * t * p * p..(c * t + 1) * p * p, (c * t + k) * p * p);
             }
         }
-    }
+    });
     Ok(ImagePatches { patches, grid_thw: [1, gh, gw], row_len })
 }
 

@@ -4,12 +4,15 @@
 //! a = -0.5, whose support (2 pixels) is stretched by the scale factor when shrinking (so a
 //! downscale averages, an upscale interpolates); per output pixel the weights are computed in
 //! f64, normalized to sum 1, then converted to fixed point with 22 fractional bits (rounded
-//! away from zero). The horizontal pass runs first (only over the source rows the vertical pass
-//! needs) and is rounded and clipped to 8 bits; then the vertical pass. A pass whose size does
-//! not change is skipped.
+//! away from zero). Each pass is rounded and clipped to 8 bits; a pass whose size does not
+//! change is skipped. The order of the passes is Pillow 13's: vertical first when the height
+//! shrinks by more than twice as many pixels as the width does, otherwise horizontal first (then
+//! only over the source rows the vertical pass reads). Pillow 12 and older always ran the
+//! horizontal pass first; the two orders can differ by a few levels where both passes run.
 
 use super::RgbImage;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Fractional bits of the fixed-point weights (Pillow: 32 - 8 - 2).
 const PRECISION_BITS: u32 = 22;
@@ -77,53 +80,69 @@ fn clip8(acc: i32) -> u8 {
 const HALF: i32 = 1 << (PRECISION_BITS - 1);
 
 /// Resizes to `width` x `height` exactly as Pillow's `Image.resize((width, height),
-/// Image.BICUBIC)` does for an RGB image. Sizes must be nonzero. The same size gives a copy.
+/// Image.BICUBIC)` (Pillow 13) does for an RGB image. Sizes must be nonzero. The same size gives
+/// a copy.
 pub fn resize_bicubic(img: &RgbImage, width: usize, height: usize) -> RgbImage {
     assert!(width > 0 && height > 0 && img.width > 0 && img.height > 0, "resize_bicubic: empty image");
     let need_h = width != img.width;
     let need_v = height != img.height;
+    let (dy, dx) = (img.height as i64 - height as i64, img.width as i64 - width as i64);
+    let horizontal_first = !(dy > 0 && dy > dx * 2);
     let wv = weights(img.height, height);
-    // Source rows that the vertical pass reads.
-    let first = wv.start[0];
-    let last = wv.start[height - 1] + wv.len[height - 1];
-
-    let mut tmp;
-    let (src, src_w, row_offset) = if need_h {
-        let wh = weights(img.width, width);
-        tmp = vec![0u8; (last - first) * width * 3];
-        tmp.par_chunks_mut(width * 3).enumerate().for_each(|(r, out)| {
-            let row = &img.data[(first + r) * img.width * 3..(first + r + 1) * img.width * 3];
-            for xx in 0..width {
-                let k = &wh.k[xx * wh.ksize..xx * wh.ksize + wh.len[xx]];
-                let px = &row[wh.start[xx] * 3..(wh.start[xx] + wh.len[xx]) * 3];
-                let (mut r0, mut g0, mut b0) = (HALF, HALF, HALF);
-                for (p, &c) in px.chunks_exact(3).zip(k) {
-                    r0 += i32::from(p[0]) * c;
-                    g0 += i32::from(p[1]) * c;
-                    b0 += i32::from(p[2]) * c;
-                }
-                out[xx * 3] = clip8(r0);
-                out[xx * 3 + 1] = clip8(g0);
-                out[xx * 3 + 2] = clip8(b0);
-            }
-        });
-        (&tmp[..], width, first)
+    if horizontal_first {
+        // Horizontal pass over the source rows that the vertical pass reads, then vertical.
+        let (first, last) = (wv.start[0], wv.start[height - 1] + wv.len[height - 1]);
+        let mid = if need_h { Cow::Owned(horizontal(img, &weights(img.width, width), first, last)) } else { Cow::Borrowed(img) };
+        let offset = if need_h { first } else { 0 };
+        if need_v {
+            vertical(&mid, &wv, offset)
+        } else {
+            RgbImage { width: mid.width, height, data: mid.data[..height * mid.width * 3].to_vec() }
+        }
     } else {
-        (&img.data[..], img.width, 0)
-    };
-    if !need_v {
-        let data = src[..height * src_w * 3].to_vec();
-        return RgbImage { width: src_w, height, data };
+        let mid = vertical(img, &wv, 0); // need_v holds here: the height shrinks
+        if need_h {
+            horizontal(&mid, &weights(img.width, width), 0, height)
+        } else {
+            mid
+        }
     }
+}
 
-    let stride = src_w * 3;
+/// The horizontal pass over source rows `first..last`.
+fn horizontal(img: &RgbImage, wh: &Weights, first: usize, last: usize) -> RgbImage {
+    let width = wh.start.len();
+    let mut data = vec![0u8; (last - first) * width * 3];
+    data.par_chunks_mut(width * 3).enumerate().for_each(|(r, out)| {
+        let row = &img.data[(first + r) * img.width * 3..(first + r + 1) * img.width * 3];
+        for xx in 0..width {
+            let k = &wh.k[xx * wh.ksize..xx * wh.ksize + wh.len[xx]];
+            let px = &row[wh.start[xx] * 3..(wh.start[xx] + wh.len[xx]) * 3];
+            let (mut r0, mut g0, mut b0) = (HALF, HALF, HALF);
+            for (p, &c) in px.chunks_exact(3).zip(k) {
+                r0 += i32::from(p[0]) * c;
+                g0 += i32::from(p[1]) * c;
+                b0 += i32::from(p[2]) * c;
+            }
+            out[xx * 3] = clip8(r0);
+            out[xx * 3 + 1] = clip8(g0);
+            out[xx * 3 + 2] = clip8(b0);
+        }
+    });
+    RgbImage { width, height: last - first, data }
+}
+
+/// The vertical pass; `row_offset` is the first source row held by `img`.
+fn vertical(img: &RgbImage, wv: &Weights, row_offset: usize) -> RgbImage {
+    let stride = img.width * 3;
+    let height = wv.start.len();
     let mut data = vec![0u8; height * stride];
     data.par_chunks_mut(stride).enumerate().for_each(|(yy, out)| {
         let k = &wv.k[yy * wv.ksize..yy * wv.ksize + wv.len[yy]];
         let y0 = wv.start[yy] - row_offset;
         let mut acc = vec![HALF; stride];
         for (dy, &c) in k.iter().enumerate() {
-            let row = &src[(y0 + dy) * stride..(y0 + dy + 1) * stride];
+            let row = &img.data[(y0 + dy) * stride..(y0 + dy + 1) * stride];
             for (a, &v) in acc.iter_mut().zip(row) {
                 *a += i32::from(v) * c;
             }
@@ -132,7 +151,7 @@ pub fn resize_bicubic(img: &RgbImage, width: usize, height: usize) -> RgbImage {
             *o = clip8(a);
         }
     });
-    RgbImage { width: src_w, height, data }
+    RgbImage { width: img.width, height, data }
 }
 
 #[cfg(test)]

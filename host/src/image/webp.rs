@@ -7,6 +7,11 @@
 //!   and libwebp's "fancy" upsampler (the 9-3-3-1 chroma filter) and fixed-point YUV to RGB
 //!   conversion (`src/dsp/upsampling.c`, `src/dsp/yuv.h`) are reproduced here.
 //!
+//! What remains: the VP8 decoder of `image` 0.24.4 itself is not bit-exact with libwebp (its loop
+//! filter diverges; fixed upstream only in `image-webp`, which needs a newer compiler). Measured
+//! against Pillow: exact at quality 100 and on some files, otherwise up to about 25 levels on
+//! a few percent of the pixels at low quality, 4 to 13 levels at quality 50 to 90.
+//!
 //! The alpha channel (ALPH chunk or VP8L alpha) is dropped, as `convert("RGB")` does.
 //! Animated files (ANIM) go to the `image` crate as they are.
 
@@ -52,10 +57,53 @@ pub(crate) fn simple_lossless_file(vp8l: &[u8]) -> Vec<u8> {
 }
 
 /// Decodes a VP8 bitstream to RGB the way libwebp does by default.
+///
+/// The `image` crate's VP8 decoder keeps only the visible part of the macroblocks on the right
+/// edge, and then predicts the next macroblock row from wrong pixels when the width is not a
+/// multiple of 16. libwebp decodes whole macroblocks and crops afterwards; so is it done here:
+/// the size in the key-frame header is rounded up to whole macroblocks (the bitstream depends
+/// on the size only through the macroblock count), and the planes are cropped after decoding.
 pub(crate) fn decode_lossy(vp8: &[u8]) -> ::image::ImageResult<RgbImage> {
-    let mut decoder = Vp8Decoder::new(Cursor::new(vp8));
+    let mut padded = vp8.to_vec();
+    let mut size = None;
+    // Key frame: bit 0 of the frame tag clear, then the start code 9d 01 2a, then 14-bit width
+    // and height (each with 2 scale bits on top), little-endian.
+    if padded.len() >= 10 && padded[0] & 1 == 0 && padded[3..6] == [0x9d, 0x01, 0x2a] {
+        let (w, h) = (u16::from_le_bytes([padded[6], padded[7]]), u16::from_le_bytes([padded[8], padded[9]]));
+        let round = |v: u16| ((v & 0x3fff) + 15) / 16 * 16;
+        if round(w) <= 0x3fff && round(h) <= 0x3fff {
+            padded[6..8].copy_from_slice(&(round(w) | (w & 0xc000)).to_le_bytes());
+            padded[8..10].copy_from_slice(&(round(h) | (h & 0xc000)).to_le_bytes());
+            size = Some((usize::from(w & 0x3fff), usize::from(h & 0x3fff)));
+        }
+    }
+    let mut decoder = Vp8Decoder::new(Cursor::new(&padded[..]));
     let frame = decoder.decode_frame()?;
-    Ok(fancy_upsample(frame))
+    let (w, h) = size.unwrap_or((usize::from(frame.width), usize::from(frame.height)));
+    if w == 0 || h == 0 || w > usize::from(frame.width) || h > usize::from(frame.height) {
+        return Ok(RgbImage { width: 0, height: 0, data: Vec::new() }); // refused by the caller
+    }
+    Ok(fancy_upsample(&Planes::crop(frame, w, h)))
+}
+
+/// Y, U, V planes of a frame, cropped to the visible size.
+struct Planes {
+    width: usize,
+    height: usize,
+    y: Vec<u8>,
+    u: Vec<u8>,
+    v: Vec<u8>,
+}
+
+impl Planes {
+    fn crop(f: &Frame, width: usize, height: usize) -> Planes {
+        let (fw, fcw) = (usize::from(f.width), (usize::from(f.width) + 1) / 2);
+        let (cw, ch) = ((width + 1) / 2, (height + 1) / 2);
+        let cut = |buf: &[u8], stride: usize, w: usize, h: usize| -> Vec<u8> {
+            (0..h).flat_map(|r| buf[r * stride..r * stride + w].iter().copied()).collect()
+        };
+        Planes { width, height, y: cut(&f.ybuf, fw, width, height), u: cut(&f.ubuf, fcw, cw, ch), v: cut(&f.vbuf, fcw, cw, ch) }
+    }
 }
 
 /// libwebp's `MultHi` + `VP8Clip8`: the YUV to RGB fixed point with 6 fractional bits.
@@ -117,13 +165,13 @@ fn upsample_row(y: &[u8], near: (&[u8], &[u8]), far: (&[u8], &[u8]), dst: &mut [
 /// libwebp's `EmitFancyRGB` over a whole frame: row 0 and (for even heights) the last row
 /// use one chroma row; rows 2k-1 and 2k interpolate chroma rows k-1 and k, each weighting
 /// the nearer one by 3.
-fn fancy_upsample(f: &Frame) -> RgbImage {
-    let (w, h) = (usize::from(f.width), usize::from(f.height));
+fn fancy_upsample(f: &Planes) -> RgbImage {
+    let (w, h) = (f.width, f.height);
     let cw = (w + 1) / 2;
-    let urow = |k: usize| (&f.ubuf[k * cw..(k + 1) * cw], &f.vbuf[k * cw..(k + 1) * cw]);
+    let urow = |k: usize| (&f.u[k * cw..(k + 1) * cw], &f.v[k * cw..(k + 1) * cw]);
     let mut data = vec![0u8; w * h * 3];
     for (row, dst) in data.chunks_exact_mut(w * 3).enumerate() {
-        let y = &f.ybuf[row * w..(row + 1) * w];
+        let y = &f.y[row * w..(row + 1) * w];
         let (near, far) = if row == 0 {
             (0, 0)
         } else if row % 2 == 1 {

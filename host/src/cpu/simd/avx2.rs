@@ -10,18 +10,20 @@
 //! * GEMM tile: 2 vectors (16 rows of `a`) × 6 weight rows = 12 accumulators; per `kk` it
 //!   loads 2 vectors of packed `a` and broadcasts 6 widened weights (12 FMAs).
 
-use super::{elem_size, prefetch_span, widen_at, Kernels, OutPtr, Prefetch, RawW, DT_BF16, DT_F16, DT_F32};
+use super::{elem_size, widen_at, Kernels, OutPtr, Prefetch, RawW, DT_BF16, DT_F16, DT_F32};
 use core::arch::x86_64::*;
 
+/// f32 lanes per vector.
 const L: usize = 8;
+/// GEMM tile columns (weight rows).
 const NR: usize = 6;
 /// Dot path register block for `m ≥ 2`: chunks of up to `DOT_MR` rows of `a` × `DOT_R` weight rows.
 const DOT_MR: usize = 3;
-/// Dot path software prefetch distance along each weight row, in bytes.
-const PF_DIST: usize = 1024;
 const DOT_R: usize = 3;
+/// Dot path software prefetch distance along each weight row, in bytes (tuned: 512 beat 1024).
+const PF_DIST: usize = 512;
 
-pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 2, nr: NR, kc: 256, small_m: 8, dot_rows, widen, tile };
+pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 2, nr: NR, kc: 128, small_m: 8, dot_rows, widen, tile };
 
 /// Weights `i..i + 8` of `w` (dtype `DT`) widened to f32.
 #[inline]
@@ -80,7 +82,17 @@ unsafe fn dot_rows(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usiz
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows_dt<const DT: u8>(a: &[f32], m: usize, k: usize, w: *const u8, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+unsafe fn dot_rows_dt<const DT: u8>(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    w: *const u8,
+    c0: usize,
+    cols: usize,
+    bias: Option<&[f32]>,
+    out: OutPtr,
+    n: usize,
+) {
     let a = a.as_ptr();
     if m == 1 {
         dot_block::<DT, 8>(a, 1, k, w, c0, cols, bias, out, n);
@@ -119,7 +131,16 @@ unsafe fn dot_block<const DT: u8, const R: usize>(
 /// `out[r, c + j]` for all rows `r` of `a` and the `R` weight rows at `w`, in chunks of rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_chunks<const DT: u8, const R: usize>(a: *const f32, m: usize, k: usize, w: *const u8, c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+unsafe fn dot_chunks<const DT: u8, const R: usize>(
+    a: *const f32,
+    m: usize,
+    k: usize,
+    w: *const u8,
+    c: usize,
+    bias: Option<&[f32]>,
+    out: OutPtr,
+    n: usize,
+) {
     let mut r0 = 0;
     while r0 < m {
         let mr = DOT_MR.min(m - r0);
@@ -140,7 +161,14 @@ unsafe fn dot_chunks<const DT: u8, const R: usize>(a: *const f32, m: usize, k: u
 
 /// `out[r0 + r, c + j] = res[r][j] + bias[c + j]`.
 #[inline(always)]
-unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], r0: usize, c: usize, bias: Option<&[f32]>, out: OutPtr, n: usize) {
+unsafe fn store_dot<const MR: usize, const R: usize>(
+    res: &[[f32; R]; MR],
+    r0: usize,
+    c: usize,
+    bias: Option<&[f32]>,
+    out: OutPtr,
+    n: usize,
+) {
     for (r, row) in res.iter().enumerate() {
         for (j, &v) in row.iter().enumerate() {
             out.write((r0 + r) * n + c + j, v + bias.map_or(0.0, |b| b[c + j]));
@@ -149,43 +177,48 @@ unsafe fn store_dot<const MR: usize, const R: usize>(res: &[[f32; R]; MR], r0: u
 }
 
 /// `res[r][j] = a[r] · w[j]` for `MR` rows of `a` (stride `k`) and `R` contiguous weight rows
-/// at `w`, widened in registers 8 at a time; with `pf`, each weight row is prefetched
-/// `PF_DIST` bytes ahead of its loads.
+/// at `w`, widened in registers. Each main-loop step covers one 64-byte cache line of every
+/// weight row; with `pf` it also prefetches, per row, the line `PF_DIST` bytes ahead.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_group<const DT: u8, const MR: usize, const R: usize>(a: *const f32, k: usize, w: *const u8, pf: bool) -> [[f32; R]; MR] {
     let es = elem_size(DT);
+    let step = 64 / es; // weights per cache line: a whole number of vectors
     let mut acc = [[_mm256_setzero_ps(); R]; MR];
     let mut x = [_mm256_setzero_ps(); MR];
     let mut i = 0;
-    while i + L <= k {
-        for (r, xr) in x.iter_mut().enumerate() {
-            *xr = _mm256_loadu_ps(a.add(r * k + i));
-        }
-        for j in 0..R {
-            let wv = load_w::<DT>(w, j * k + i);
-            for r in 0..MR {
-                acc[r][j] = _mm256_fmadd_ps(x[r], wv, acc[r][j]);
-            }
-        }
+    while i + step <= k {
         if pf {
             for j in 0..R {
-                prefetch_span::<_MM_HINT_T0>(w.add(j * k * es), i * es + PF_DIST, (i + L) * es + PF_DIST);
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((j * k + i) * es + PF_DIST) as *const i8);
             }
         }
-        i += L;
+        for v in 0..step / L {
+            let u = i + v * L;
+            for (r, xr) in x.iter_mut().enumerate() {
+                *xr = _mm256_loadu_ps(a.add(r * k + u));
+            }
+            for j in 0..R {
+                let wv = load_w::<DT>(w, j * k + u);
+                for r in 0..MR {
+                    acc[r][j] = _mm256_fmadd_ps(x[r], wv, acc[r][j]);
+                }
+            }
+        }
+        i += step;
     }
-    if i < k {
-        let len = k - i;
+    while i < k {
+        let len = L.min(k - i);
         for (r, xr) in x.iter_mut().enumerate() {
-            *xr = load_tail(a.add(r * k + i), len);
+            *xr = if len == L { _mm256_loadu_ps(a.add(r * k + i)) } else { load_tail(a.add(r * k + i), len) };
         }
         for j in 0..R {
-            let wv = load_w_tail::<DT>(w, j * k + i, len);
+            let wv = if len == L { load_w::<DT>(w, j * k + i) } else { load_w_tail::<DT>(w, j * k + i, len) };
             for r in 0..MR {
                 acc[r][j] = _mm256_fmadd_ps(x[r], wv, acc[r][j]);
             }
         }
+        i += len;
     }
     let mut res = [[0.0f32; R]; MR];
     for r in 0..MR {
@@ -229,10 +262,19 @@ unsafe fn widen_dt<const DT: u8>(w: *const u8, c0: usize, cols: usize, k: usize,
 ///
 /// # Safety
 /// AVX2, FMA and F16C present; `1 <= gv <= 2`; `ap`, `wf`, `ct` valid for the extents described there.
-unsafe fn tile(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool, pf: Prefetch) {
+unsafe fn tile(
+    gv: usize,
+    ap: *const f32,
+    ap_stride: usize,
+    wf: *const f32,
+    ld_w: usize,
+    kc: usize,
+    ct: *mut f32,
+    ld_c: usize,
+    first: bool,
+    pf: Prefetch,
+) {
     match gv {
-        4 => tile_g::<4>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
-        3 => tile_g::<3>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
         2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
         _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
     }
@@ -240,7 +282,17 @@ unsafe fn tile(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w
 
 /// `G` vectors of 8 rows × `NR` columns, accumulated in registers over `kc` steps.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_g<const G: usize>(ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool, pf: Prefetch) {
+unsafe fn tile_g<const G: usize>(
+    ap: *const f32,
+    ap_stride: usize,
+    wf: *const f32,
+    ld_w: usize,
+    kc: usize,
+    ct: *mut f32,
+    ld_c: usize,
+    first: bool,
+    pf: Prefetch,
+) {
     let mut acc = [[_mm256_setzero_ps(); G]; NR];
     if !first {
         for (j, accj) in acc.iter_mut().enumerate() {

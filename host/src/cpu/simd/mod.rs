@@ -102,19 +102,6 @@ pub(crate) unsafe fn widen_at<const DT: u8>(w: *const u8, i: usize) -> f32 {
     }
 }
 
-/// Prefetches (with hint `H`, e.g. `_MM_HINT_T0`) the cache lines at byte offsets `lo..hi`
-/// from `base`, one per 64 bytes. Prefetches never fault, so the span may run past the end of
-/// the weights; `wrapping_add` keeps the address arithmetic well-defined there.
-#[inline(always)]
-pub(crate) fn prefetch_span<const H: i32>(base: *const u8, lo: usize, hi: usize) {
-    let mut o = (lo + 63) & !63;
-    while o < hi {
-        // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing architecturally.
-        unsafe { core::arch::x86_64::_mm_prefetch::<H>(base.wrapping_add(o) as *const i8) };
-        o += 64;
-    }
-}
-
 /// Cache lines for a GEMM tile to prefetch (into L2) while it computes: `lines` lines from
 /// each of `rows` rows `stride` bytes apart, starting at `base`. Spreading them over the
 /// tile's steps keeps few of them in flight at a time; a burst of prefetches fills the core's
@@ -162,14 +149,26 @@ pub(crate) struct Kernels {
     /// Largest `m` handled by the dot path.
     pub(crate) small_m: usize,
     /// Dot path: `out[r, c0 + j] = a[r] · w[c0 + j] + bias` for `r < m ≤ small_m`, `j < cols`.
-    pub(crate) dot_rows: unsafe fn(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize),
+    pub(crate) dot_rows:
+        unsafe fn(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize),
     /// GEMM path: widens weights `[c0, c0 + cols) × [k0, k0 + kc)` into `dst` (row stride `ld`).
     pub(crate) widen: unsafe fn(w: RawW, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize),
     /// GEMM path: one register tile of `gv ≤ mrv` row vectors × `nr` columns over `kc` steps:
     /// `ct[j * ld_c + v * lanes + l] (+)= Σ_kk ap[v * ap_stride + kk * lanes + l] · wf[j * ld_w + kk]`,
     /// overwriting `ct` when `first`, accumulating otherwise.
     /// The tile also issues the prefetches of `pf`, spread over its `kc` steps.
-    pub(crate) tile: unsafe fn(gv: usize, ap: *const f32, ap_stride: usize, wf: *const f32, ld_w: usize, kc: usize, ct: *mut f32, ld_c: usize, first: bool, pf: Prefetch),
+    pub(crate) tile: unsafe fn(
+        gv: usize,
+        ap: *const f32,
+        ap_stride: usize,
+        wf: *const f32,
+        ld_w: usize,
+        kc: usize,
+        ct: *mut f32,
+        ld_c: usize,
+        first: bool,
+        pf: Prefetch,
+    ),
 }
 
 /// `out = a · wᵀ + bias` on the given kernels (the caller checked the CPU supports them).
@@ -195,87 +194,108 @@ fn dot_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, 
     });
 }
 
+/// Shapes of one GEMM-path call: `a` is `[m, k]`, `w` `[n, k]`; `a` packed as `groups` groups
+/// of `lanes` rows (`m_pad = groups * lanes`).
+#[derive(Clone, Copy)]
+struct Dims {
+    m: usize,
+    n: usize,
+    k: usize,
+    groups: usize,
+    m_pad: usize,
+}
+
 fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
-    let (lanes, nr, kcb) = (kern.lanes, kern.nr, kern.kc);
-    let es = elem_size(w.dt);
-    let groups = m.div_ceil_(lanes);
-    let m_pad = groups * lanes;
-    // a packed k-major per group of `lanes` rows: ap[g][kk][l] = a[g * lanes + l][kk] (0 past m)
-    let mut ap = vec![0.0f32; m_pad * k];
-    ap.par_chunks_mut(k * lanes).enumerate().for_each(|(g, blk)| {
-        let rows = lanes.min(m - g * lanes);
+    let groups = m.div_ceil_(kern.lanes);
+    let d = Dims { m, n, k, groups, m_pad: groups * kern.lanes };
+    let ap = pack_a(a, d, kern.lanes);
+    let nc = kern.nr * TILES;
+    let out = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil_(nc)).into_par_iter().for_each_init(
+        || (vec![0.0f32; nc * kern.kc], vec![0.0f32; nc * d.m_pad]),
+        |(wf, ct), t| gemm_task(kern, &ap, w, bias, d, t * nc, wf, ct, out),
+    );
+}
+
+/// `a` packed k-major per group of `lanes` rows: `ap[g][kk][l] = a[g * lanes + l][kk]`, zero
+/// past row `m`.
+fn pack_a(a: &[f32], d: Dims, lanes: usize) -> Vec<f32> {
+    let mut ap = vec![0.0f32; d.m_pad * d.k];
+    ap.par_chunks_mut(d.k * lanes).enumerate().for_each(|(g, blk)| {
+        let rows = lanes.min(d.m - g * lanes);
         // 64 columns at a time, so the 64 destination lines stay in L1 across the rows
-        for kb in (0..k).step_by(64) {
-            let kn = 64.min(k - kb);
+        for kb in (0..d.k).step_by(64) {
+            let kn = 64.min(d.k - kb);
             for l in 0..rows {
-                let src = &a[(g * lanes + l) * k + kb..][..kn];
+                let src = &a[(g * lanes + l) * d.k + kb..][..kn];
                 for (i, &x) in src.iter().enumerate() {
                     blk[(kb + i) * lanes + l] = x;
                 }
             }
         }
     });
+    ap
+}
+
+/// One GEMM task: output columns `c0..c0 + NC` (weight rows) for all rows of `a`, using the
+/// task scratch `wf` (`NC × kc` widened weights) and `ct` (`NC × m_pad` partial sums).
+#[allow(clippy::too_many_arguments)]
+fn gemm_task(kern: &Kernels, ap: &[f32], w: RawW, bias: Option<&[f32]>, d: Dims, c0: usize, wf: &mut [f32], ct: &mut [f32], out: OutPtr) {
+    let (lanes, nr, kcb, k, es) = (kern.lanes, kern.nr, kern.kc, d.k, elem_size(w.dt));
     let nc = nr * TILES;
-    let out = OutPtr(out.as_mut_ptr());
-    let ap = &ap[..];
-    (0..n.div_ceil_(nc)).into_par_iter().for_each_init(
-        || (vec![0.0f32; nc * kcb], vec![0.0f32; nc * m_pad]),
-        |(wf, ct), t| {
-            let c0 = t * nc;
-            let cols = nc.min(n - c0);
-            let cols_pad = round_up(cols, nr);
-            // padding columns of a short last task multiply zeros
-            wf[cols * kcb..cols_pad * kcb].iter_mut().for_each(|x| *x = 0.0);
-            for k0 in (0..k).step_by(kcb) {
-                let kc = kcb.min(k - k0);
-                // SAFETY: rows c0..c0 + cols and elements k0..k0 + kc lie inside the `n × k`
-                // weights; `wf` holds `nc` rows of `kcb >= kc` floats.
-                unsafe { (kern.widen)(w, c0, cols, k, k0, kc, wf.as_mut_ptr(), kcb) };
-                // the weights the next widen reads: this panel's next k block, or after the
-                // last one the first block of the next panel (likely this thread's next task)
-                let (pf_c0, pf_cols, pf_k0) = if k0 + kc < k { (c0, cols, k0 + kc) } else { (c0 + nc, nc.min(n - n.min(c0 + nc)), 0) };
-                let pf_bytes = kcb.min(k - pf_k0) * es;
-                for g0 in (0..groups).step_by(kern.mrv) {
-                    let gv = kern.mrv.min(groups - g0);
-                    for jt in (0..cols_pad).step_by(nr) {
-                        // the first row group's tiles prefetch the next block of their rows
-                        let pf = if g0 == 0 && jt < pf_cols {
-                            let base = w.ptr.wrapping_add(((pf_c0 + jt) * k + pf_k0) * es);
-                            Prefetch { base, stride: k * es, rows: nr.min(pf_cols - jt), lines: (pf_bytes + 63) / 64 }
-                        } else {
-                            Prefetch::NONE
-                        };
-                        // SAFETY: the tile reads `gv` groups of `ap` (each `k * lanes` floats,
-                        // `kk < kc <= k - k0`), rows jt..jt + nr of `wf` (`jt + nr <= cols_pad
-                        // <= nc`) and writes `nr` columns × `gv * lanes` rows of `ct`
-                        // (`g0 + gv <= groups`), all in bounds.
-                        unsafe {
-                            (kern.tile)(
-                                gv,
-                                ap.as_ptr().add(g0 * k * lanes + k0 * lanes),
-                                k * lanes,
-                                wf.as_ptr().add(jt * kcb),
-                                kcb,
-                                kc,
-                                ct.as_mut_ptr().add(jt * m_pad + g0 * lanes),
-                                m_pad,
-                                k0 == 0,
-                                pf,
-                            )
-                        };
-                    }
-                }
+    let cols = nc.min(d.n - c0);
+    let cols_pad = round_up(cols, nr);
+    // padding columns of a short last task multiply zeros
+    wf[cols * kcb..cols_pad * kcb].iter_mut().for_each(|x| *x = 0.0);
+    for k0 in (0..k).step_by(kcb) {
+        let kc = kcb.min(k - k0);
+        // SAFETY: rows c0..c0 + cols and elements k0..k0 + kc lie inside the `n × k` weights;
+        // `wf` holds `nc` rows of `kcb >= kc` floats.
+        unsafe { (kern.widen)(w, c0, cols, k, k0, kc, wf.as_mut_ptr(), kcb) };
+        // What the next widen reads: this panel's next k block, or after the last one the
+        // first block of the next panel (likely this thread's next task).
+        let (pf_c0, pf_k0) = if k0 + kc < k { (c0, k0 + kc) } else { (c0 + nc, 0) };
+        let pf_cols = nc.min(d.n.saturating_sub(pf_c0));
+        let pf_lines = (kcb.min(k - pf_k0) * es + 63) / 64;
+        for g0 in (0..d.groups).step_by(kern.mrv) {
+            let gv = kern.mrv.min(d.groups - g0);
+            for jt in (0..cols_pad).step_by(nr) {
+                // the tiles of the first row group prefetch the next block of their rows
+                let pf = if g0 == 0 && jt < pf_cols {
+                    let base = w.ptr.wrapping_add(((pf_c0 + jt) * k + pf_k0) * es);
+                    Prefetch { base, stride: k * es, rows: nr.min(pf_cols - jt), lines: pf_lines }
+                } else {
+                    Prefetch::NONE
+                };
+                // SAFETY: the tile reads `gv` groups of `ap` (each `k * lanes` floats, from
+                // `k0` on for `kc <= k - k0` steps), rows jt..jt + nr of `wf` (`jt + nr <=
+                // cols_pad <= nc`, padding rows zeroed) and updates `nr` columns × `gv * lanes`
+                // rows of `ct` (`g0 + gv <= groups`), all in bounds.
+                unsafe {
+                    (kern.tile)(
+                        gv,
+                        ap.as_ptr().add((g0 * k + k0) * lanes),
+                        k * lanes,
+                        wf.as_ptr().add(jt * kcb),
+                        kcb,
+                        kc,
+                        ct.as_mut_ptr().add(jt * d.m_pad + g0 * lanes),
+                        d.m_pad,
+                        k0 == 0,
+                        pf,
+                    )
+                };
             }
-            for r in 0..m {
-                for j in 0..cols {
-                    let b = bias.map_or(0.0, |b| b[c0 + j]);
-                    // SAFETY: r < m and c0 + j < n, inside `out` (m * n floats); columns
-                    // c0..c0 + cols belong to this task only.
-                    unsafe { out.write(r * n + c0 + j, ct[j * m_pad + r] + b) };
-                }
-            }
-        },
-    );
+        }
+    }
+    for r in 0..d.m {
+        for j in 0..cols {
+            let b = bias.map_or(0.0, |b| b[c0 + j]);
+            // SAFETY: r < m and c0 + j < n, inside `out` (m * n floats); columns c0..c0 + cols
+            // belong to this task only.
+            unsafe { out.write(r * d.n + c0 + j, ct[j * d.m_pad + r] + b) };
+        }
+    }
 }
 
 fn round_up(x: usize, to: usize) -> usize {

@@ -10,7 +10,7 @@ mod common;
 use qwen3_vl::image::{decode_image, load_image, preprocess, resize_bicubic, smart_resize, ImagePatches, PreprocessConfig, RgbImage};
 use qwen3_vl::Error;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
     common::repo_root().join("tests/fixtures/images").join(name)

@@ -147,3 +147,37 @@ fn a_prompt_fed_in_pieces_gives_the_same_logits_as_in_one_go() {
         assert_logits_close(&format!("pieces on {}", b.describe()), &got, &want);
     }
 }
+
+#[test]
+fn an_f16_checkpoint_gives_the_reference_logits() {
+    // the fixture's weights are bf16-representable, so converting them to f16 is exact for
+    // all but vanishingly small values: the f16 path must reproduce the reference
+    use safetensors::tensor::{Dtype, TensorView};
+    let src = case_dir("tied_gqa");
+    let dir = std::env::temp_dir().join(format!("qwen3-vl-f16-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            assert_eq!(v.dtype(), Dtype::F32);
+            let data = v.data().chunks_exact(4).flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits().to_le_bytes()).collect();
+            (name, v.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    let r = reference("tied_gqa");
+    for b in backends("f16 checkpoint") {
+        let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
+        for p in r["prompts"].as_array().unwrap() {
+            let prompt = ids(&p["ids"]);
+            let got = Session::new(&model, &*b, prompt.len()).unwrap().feed(&prompt).unwrap();
+            assert_logits_close(&format!("f16 tied_gqa on {}", b.describe()), &got, &read_f32("tied_gqa", p["last_logits_file"].as_str().unwrap()));
+        }
+    }
+}

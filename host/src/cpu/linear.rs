@@ -224,7 +224,7 @@ mod tests {
     /// Shapes hitting every tail: m around the dot/GEMM switch and the 8/16-row vectors, n
     /// around the 6-column tiles and 48-column tasks, k around 8/16 lanes and the k blocks.
     fn shapes() -> Vec<(usize, usize, usize)> {
-        let ms = [1, 2, 3, 4, 5, 7, 8, 16, 17, 33, 63, 64, 65, 100, 129];
+        let ms = [1, 2, 3, 4, 5, 7, 8, 16, 17, 24, 25, 32, 33, 63, 64, 65, 100, 129];
         let ns = [1, 3, 6, 17, 47, 48, 49, 63, 65, 100, 129];
         let ks = [1, 3, 15, 16, 17, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 300];
         let mut v = Vec::new();

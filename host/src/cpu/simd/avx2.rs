@@ -8,7 +8,8 @@
 //!   gives the hardware prefetchers `R` streams, and each row is also software-prefetched
 //!   `PF_DIST` bytes ahead.
 //! * GEMM tile: 2 vectors (16 rows of `a`) × 6 weight rows = 12 accumulators; per `kk` it
-//!   loads 2 vectors of packed `a` and broadcasts 6 widened weights (12 FMAs).
+//!   loads 2 vectors of packed `a` and broadcasts 6 widened weights (12 FMAs); a single row
+//!   vector takes 12 columns.
 
 use super::{elem_size, widen_at, Kernels, OutPtr, Prefetch, RawW, DT_BF16, DT_F16, DT_F32};
 use core::arch::x86_64::*;
@@ -23,7 +24,12 @@ const DOT_R: usize = 3;
 /// Dot path software prefetch distance along each weight row, in bytes (tuned: 512 beat 1024).
 const PF_DIST: usize = 512;
 
-pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 2, nr: NR, kc: 128, small_m: 8, dot_rows, widen, tile };
+/// GEMM tiles per call by row vectors: narrow row blocks take wider column blocks, so that
+/// every tile keeps 12 accumulators (enough independent FMAs, fewer loads per FMA).
+const TILES_PER_CALL: [usize; 3] = [0, 2, 1];
+
+pub(crate) static KERNELS: Kernels =
+    Kernels { lanes: L, mrv: 2, nr: NR, kc: 128, small_m: 24, tiles_per_call: &TILES_PER_CALL, dot_rows, widen, tile };
 
 /// Weights `i..i + 8` of `w` (dtype `DT`) widened to f32.
 #[inline]
@@ -258,12 +264,15 @@ unsafe fn widen_dt<const DT: u8>(w: *const u8, c0: usize, cols: usize, k: usize,
     }
 }
 
-/// GEMM tile entry (see [`Kernels::tile`]).
+/// GEMM tile entry (see [`Kernels::tile`]): `gv` vectors of rows × `nt · NR` columns.
 ///
 /// # Safety
-/// AVX2, FMA and F16C present; `1 <= gv <= 2`; `ap`, `wf`, `ct` valid for the extents described there.
+/// AVX2, FMA and F16C present; `1 <= gv <= 2`, `1 <= nt <= TILES_PER_CALL[gv]`; `ap`, `wf`, `ct` valid for
+/// the extents described there.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     gv: usize,
+    nt: usize,
     ap: *const f32,
     ap_stride: usize,
     wf: *const f32,
@@ -274,15 +283,17 @@ unsafe fn tile(
     first: bool,
     pf: Prefetch,
 ) {
-    match gv {
-        2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
-        _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+    match (gv, nt) {
+        (2, _) => tile_g::<2, NR>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (_, 1) => tile_g::<1, NR>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        _ => tile_g::<1, { 2 * NR }>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
     }
 }
 
-/// `G` vectors of 8 rows × `NR` columns, accumulated in registers over `kc` steps.
+/// `G` vectors of 8 rows × `C` columns, accumulated in registers over `kc` steps.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_g<const G: usize>(
+unsafe fn tile_g<const G: usize, const C: usize>(
     ap: *const f32,
     ap_stride: usize,
     wf: *const f32,
@@ -293,7 +304,7 @@ unsafe fn tile_g<const G: usize>(
     first: bool,
     pf: Prefetch,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); G]; NR];
+    let mut acc = [[_mm256_setzero_ps(); G]; C];
     if !first {
         for (j, accj) in acc.iter_mut().enumerate() {
             for (v, a) in accj.iter_mut().enumerate() {

@@ -7,7 +7,8 @@
 //!   gives the hardware prefetchers `R` streams (measured faster than one row at a time), and
 //!   each row is also software-prefetched `PF_DIST` bytes ahead.
 //! * GEMM tile: 4 vectors (64 rows of `a`) × 6 weight rows = 24 accumulators; per `kk` it
-//!   loads 4 vectors of packed `a` and broadcasts 6 widened weights (24 FMAs).
+//!   loads 4 vectors of packed `a` and broadcasts 6 widened weights (24 FMAs). Fewer rows of
+//!   `a` (m tails, short prompts) take more columns: 2 × 12, 1 × 24.
 
 use super::{elem_size, widen_at, Kernels, OutPtr, Prefetch, RawW, DT_BF16, DT_F16, DT_F32};
 use core::arch::x86_64::*;
@@ -22,7 +23,12 @@ const DOT_R: usize = 6;
 /// Dot path software prefetch distance along each weight row, in bytes (tuned: 512 beat 1024).
 const PF_DIST: usize = 512;
 
-pub(crate) static KERNELS: Kernels = Kernels { lanes: L, mrv: 4, nr: NR, kc: 64, small_m: 8, dot_rows, widen, tile };
+/// GEMM tiles per call by row vectors: narrow row blocks take wider column blocks, so that
+/// every tile keeps 24 accumulators (enough independent FMAs, fewer loads per FMA).
+const TILES_PER_CALL: [usize; 5] = [0, 4, 2, 1, 1];
+
+pub(crate) static KERNELS: Kernels =
+    Kernels { lanes: L, mrv: 4, nr: NR, kc: 64, small_m: 24, tiles_per_call: &TILES_PER_CALL, dot_rows, widen, tile };
 
 /// Weights `i..i + 16` of `w` (dtype `DT`) widened to f32.
 #[inline]
@@ -249,12 +255,15 @@ unsafe fn widen_dt<const DT: u8>(w: *const u8, c0: usize, cols: usize, k: usize,
     }
 }
 
-/// GEMM tile entry (see [`Kernels::tile`]).
+/// GEMM tile entry (see [`Kernels::tile`]): `gv` vectors of rows × `nt · NR` columns.
 ///
 /// # Safety
-/// AVX-512F present; `1 <= gv <= 4`; `ap`, `wf`, `ct` valid for the extents described there.
+/// AVX-512F present; `1 <= gv <= 4`, `1 <= nt <= TILES_PER_CALL[gv]`; `ap`, `wf`, `ct` valid for
+/// the extents described there.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     gv: usize,
+    nt: usize,
     ap: *const f32,
     ap_stride: usize,
     wf: *const f32,
@@ -265,17 +274,22 @@ unsafe fn tile(
     first: bool,
     pf: Prefetch,
 ) {
-    match gv {
-        4 => tile_g::<4>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
-        3 => tile_g::<3>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
-        2 => tile_g::<2>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
-        _ => tile_g::<1>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+    match (gv, nt) {
+        (4, _) => tile_g::<4, NR>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (3, _) => tile_g::<3, NR>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (2, 1) => tile_g::<2, NR>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (2, _) => tile_g::<2, { 2 * NR }>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (_, 1) => tile_g::<1, NR>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (_, 2) => tile_g::<1, { 2 * NR }>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        (_, 3) => tile_g::<1, { 3 * NR }>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
+        _ => tile_g::<1, { 4 * NR }>(ap, ap_stride, wf, ld_w, kc, ct, ld_c, first, pf),
     }
 }
 
-/// `G` vectors of 16 rows × `NR` columns, accumulated in registers over `kc` steps.
+/// `G` vectors of 16 rows × `C` columns, accumulated in registers over `kc` steps.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_g<const G: usize>(
+unsafe fn tile_g<const G: usize, const C: usize>(
     ap: *const f32,
     ap_stride: usize,
     wf: *const f32,
@@ -286,7 +300,7 @@ unsafe fn tile_g<const G: usize>(
     first: bool,
     pf: Prefetch,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); G]; NR];
+    let mut acc = [[_mm512_setzero_ps(); G]; C];
     if !first {
         for (j, accj) in acc.iter_mut().enumerate() {
             for (v, a) in accj.iter_mut().enumerate() {

@@ -3,21 +3,24 @@
 //!
 //! Two regimes, both reading the weights exactly once and in their stored dtype:
 //!
-//! * **dot path** (`m ≤ Kernels::small_m`, decode): memory-bound. The `n` weight rows are cut
-//!   into a few contiguous chunks per thread, so each thread streams one contiguous range of
-//!   memory. Inside a chunk the kernel takes groups of `R` rows, widens them to f32 in
-//!   registers (no scratch round trip) and accumulates `m × R` dot products vectorised over
-//!   `k`, software-prefetching each row a little ahead of its loads.
+//! * **dot path** (`m ≤ Kernels::small_m`: decode, small batches, short prompts; the switch
+//!   point was measured, 24 rows on both ISAs): memory-bound at `m = 1`. The `n` weight rows
+//!   are cut into a few contiguous chunks per thread, so each thread streams one contiguous
+//!   range of memory. Inside a chunk the kernel takes groups of `R` weight rows, widens them to
+//!   f32 in registers (no scratch round trip) and accumulates their dot products with a few
+//!   rows of `a` at a time, vectorised over `k`; the group stays in L1 while later chunks of
+//!   `a` reuse it. Each weight row is software-prefetched a little ahead of its loads.
 //! * **GEMM path** (larger `m`, prefill): compute-bound. `a` is packed once into groups of
 //!   `lanes` rows stored k-major (`ap[g][kk][lane]`, zero-padded rows), so one vector holds
 //!   `lanes` rows of `a` at one `kk`. Tasks own `NC = nr · TILES` weight rows (output columns);
 //!   for each block of `kc` along `k` a task widens its `NC × kc` weight panel to f32 into a
 //!   small scratch (packed once, reused by every row of `a`), then runs register tiles of
-//!   `mrv · lanes` rows × `nr` columns over it: `mrv` vector loads of `a` and `nr` broadcast
-//!   weights feed `mrv · nr` FMAs per `kk`. The `a` block (`kc × mrv · lanes` floats) stays in
-//!   L1 across the tiles of a panel; partial sums live in a per-task column-major scratch
-//!   `ct[NC][m_pad]` and are written to `out` (plus bias) after the last `k` block. The next
-//!   weight block is software-prefetched a few lines per tile while the current one computes.
+//!   `mrv · lanes` rows × `nr` columns over it (fewer rows: more columns): `mrv` vector loads
+//!   of `a` and `nr` broadcast weights feed `mrv · nr` FMAs per `kk`. The `a` block
+//!   (`kc × mrv · lanes` floats) stays in L1 across the tiles of a panel; partial sums live in
+//!   a per-task column-major scratch `ct[NC][m_pad]` and are written to `out` (plus bias)
+//!   after the last `k` block. The next weight block is software-prefetched a few lines per
+//!   tile while the current one computes.
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
@@ -146,6 +149,9 @@ pub(crate) struct Kernels {
     pub(crate) nr: usize,
     /// GEMM block length along `k` (the packed `a` block is `kc × mrv · lanes` floats).
     pub(crate) kc: usize,
+    /// `tiles_per_call[gv]`: how many `nr`-column tiles one `tile` call may cover for `gv` row
+    /// vectors (narrow row blocks use wider column blocks).
+    pub(crate) tiles_per_call: &'static [usize],
     /// Largest `m` handled by the dot path.
     pub(crate) small_m: usize,
     /// Dot path: `out[r, c0 + j] = a[r] · w[c0 + j] + bias` for `r < m ≤ small_m`, `j < cols`.
@@ -153,12 +159,14 @@ pub(crate) struct Kernels {
         unsafe fn(a: &[f32], m: usize, k: usize, w: RawW, c0: usize, cols: usize, bias: Option<&[f32]>, out: OutPtr, n: usize),
     /// GEMM path: widens weights `[c0, c0 + cols) × [k0, k0 + kc)` into `dst` (row stride `ld`).
     pub(crate) widen: unsafe fn(w: RawW, c0: usize, cols: usize, k: usize, k0: usize, kc: usize, dst: *mut f32, ld: usize),
-    /// GEMM path: one register tile of `gv ≤ mrv` row vectors × `nr` columns over `kc` steps:
-    /// `ct[j * ld_c + v * lanes + l] (+)= Σ_kk ap[v * ap_stride + kk * lanes + l] · wf[j * ld_w + kk]`,
-    /// overwriting `ct` when `first`, accumulating otherwise.
-    /// The tile also issues the prefetches of `pf`, spread over its `kc` steps.
+    /// GEMM path: one register tile of `gv ≤ mrv` row vectors × `nt · nr` columns over `kc`
+    /// steps: `ct[j * ld_c + v * lanes + l] (+)= Σ_kk ap[v * ap_stride + kk * lanes + l] · wf[j * ld_w + kk]`,
+    /// overwriting `ct` when `first`, accumulating otherwise. The tile also issues the
+    /// prefetches of `pf`, spread over its `kc` steps.
+    #[allow(clippy::type_complexity)]
     pub(crate) tile: unsafe fn(
         gv: usize,
+        nt: usize,
         ap: *const f32,
         ap_stride: usize,
         wf: *const f32,
@@ -203,16 +211,18 @@ struct Dims {
     k: usize,
     groups: usize,
     m_pad: usize,
+    /// Block length along `k` (`Kernels::kc`).
+    kc: usize,
 }
 
 fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
     let groups = m.div_ceil_(kern.lanes);
-    let d = Dims { m, n, k, groups, m_pad: groups * kern.lanes };
+    let d = Dims { m, n, k, groups, m_pad: groups * kern.lanes, kc: kern.kc };
     let ap = pack_a(a, d, kern.lanes);
     let nc = kern.nr * TILES;
     let out = OutPtr(out.as_mut_ptr());
     (0..n.div_ceil_(nc)).into_par_iter().for_each_init(
-        || (vec![0.0f32; nc * kern.kc], vec![0.0f32; nc * d.m_pad]),
+        || (vec![0.0f32; nc * d.kc], vec![0.0f32; nc * d.m_pad]),
         |(wf, ct), t| gemm_task(kern, &ap, w, bias, d, t * nc, wf, ct, out),
     );
 }
@@ -241,7 +251,7 @@ fn pack_a(a: &[f32], d: Dims, lanes: usize) -> Vec<f32> {
 /// task scratch `wf` (`NC × kc` widened weights) and `ct` (`NC × m_pad` partial sums).
 #[allow(clippy::too_many_arguments)]
 fn gemm_task(kern: &Kernels, ap: &[f32], w: RawW, bias: Option<&[f32]>, d: Dims, c0: usize, wf: &mut [f32], ct: &mut [f32], out: OutPtr) {
-    let (lanes, nr, kcb, k, es) = (kern.lanes, kern.nr, kern.kc, d.k, elem_size(w.dt));
+    let (lanes, nr, kcb, k, es) = (kern.lanes, kern.nr, d.kc, d.k, elem_size(w.dt));
     let nc = nr * TILES;
     let cols = nc.min(d.n - c0);
     let cols_pad = round_up(cols, nr);
@@ -259,21 +269,25 @@ fn gemm_task(kern: &Kernels, ap: &[f32], w: RawW, bias: Option<&[f32]>, d: Dims,
         let pf_lines = (kcb.min(k - pf_k0) * es + 63) / 64;
         for g0 in (0..d.groups).step_by(kern.mrv) {
             let gv = kern.mrv.min(d.groups - g0);
-            for jt in (0..cols_pad).step_by(nr) {
+            let mut jt = 0;
+            while jt < cols_pad {
+                let nt = kern.tiles_per_call[gv].min((cols_pad - jt) / nr);
+                let width = nt * nr;
                 // the tiles of the first row group prefetch the next block of their rows
                 let pf = if g0 == 0 && jt < pf_cols {
                     let base = w.ptr.wrapping_add(((pf_c0 + jt) * k + pf_k0) * es);
-                    Prefetch { base, stride: k * es, rows: nr.min(pf_cols - jt), lines: pf_lines }
+                    Prefetch { base, stride: k * es, rows: width.min(pf_cols - jt), lines: pf_lines }
                 } else {
                     Prefetch::NONE
                 };
                 // SAFETY: the tile reads `gv` groups of `ap` (each `k * lanes` floats, from
-                // `k0` on for `kc <= k - k0` steps), rows jt..jt + nr of `wf` (`jt + nr <=
-                // cols_pad <= nc`, padding rows zeroed) and updates `nr` columns × `gv * lanes`
-                // rows of `ct` (`g0 + gv <= groups`), all in bounds.
+                // `k0` on for `kc <= k - k0` steps), rows jt..jt + width of `wf` (`jt + width <=
+                // cols_pad <= nc`, padding rows zeroed) and updates `width` columns × `gv *
+                // lanes` rows of `ct` (`g0 + gv <= groups`), all in bounds.
                 unsafe {
                     (kern.tile)(
                         gv,
+                        nt,
                         ap.as_ptr().add((g0 * k + k0) * lanes),
                         k * lanes,
                         wf.as_ptr().add(jt * kcb),
@@ -285,6 +299,7 @@ fn gemm_task(kern: &Kernels, ap: &[f32], w: RawW, bias: Option<&[f32]>, d: Dims,
                         pf,
                     )
                 };
+                jt += width;
             }
         }
     }

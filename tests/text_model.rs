@@ -12,7 +12,6 @@ use qwen3_vl::model::{KvCache, Model};
 use qwen3_vl::{Backend, Tokenizer};
 use serde_json::Value;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 const CASES: &[&str] = &["tied_gqa", "untied_mha", "fullvocab"];
 
@@ -32,25 +31,8 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn std_dev(x: &[f32]) -> f64 {
-    let m = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
-    (x.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
-}
-
 fn assert_logits_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{}", what);
-    let tol = 1e-3 * std_dev(want);
-    let (i, d) = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).enumerate().fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
-    assert!(d <= tol, "{}: max |diff| {:.3e} at {} exceeds {:.3e} (1e-3 of std)", what, d, i, tol);
-}
-
-/// The CPU backend, plus the CUDA one when this machine has a GPU.
-fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
-    let mut v = vec![common::cpu()];
-    if let Some(g) = common::gpu(test) {
-        v.push(g);
-    }
-    v
+    common::assert_close_to_std(what, got, want, 1e-3);
 }
 
 fn load(case: &str, b: &dyn Backend) -> Model {
@@ -59,7 +41,7 @@ fn load(case: &str, b: &dyn Backend) -> Model {
 
 #[test]
 fn last_position_logits_match_transformers() {
-    for b in backends("text logits") {
+    for b in common::backends("text logits") {
         for case in CASES {
             let (r, model) = (reference(case), load(case, &*b));
             for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate() {
@@ -75,7 +57,7 @@ fn last_position_logits_match_transformers() {
 
 #[test]
 fn every_position_matches_transformers() {
-    for b in backends("text all positions") {
+    for b in common::backends("text all positions") {
         for case in ["tied_gqa", "untied_mha"] {
             let (r, model) = (reference(case), load(case, &*b));
             for p in r["prompts"].as_array().unwrap().iter().filter(|p| p.get("all_logits_file").is_some()) {
@@ -93,7 +75,7 @@ fn every_position_matches_transformers() {
 
 #[test]
 fn greedy_continuations_and_cached_step_logits_match_transformers() {
-    for b in backends("text greedy") {
+    for b in common::backends("text greedy") {
         for case in CASES {
             let (r, model) = (reference(case), load(case, &*b));
             for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate() {
@@ -135,7 +117,7 @@ fn chat_prompts_tokenize_like_transformers() {
 #[test]
 fn a_prompt_fed_in_pieces_gives_the_same_logits_as_in_one_go() {
     // multi-turn chat feeds each turn onto the cache of the previous ones
-    for b in backends("text pieces") {
+    for b in common::backends("text pieces") {
         let model = load("untied_mha", &*b);
         let prompt = ids(&reference("untied_mha")["prompts"][3]["ids"]);
         let mut whole = Session::new(&model, &*b, prompt.len()).unwrap();
@@ -172,7 +154,7 @@ fn an_f16_checkpoint_gives_the_reference_logits() {
     let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
     safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
     let r = reference("tied_gqa");
-    for b in backends("f16 checkpoint") {
+    for b in common::backends("f16 checkpoint") {
         let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
         for p in r["prompts"].as_array().unwrap() {
             let prompt = ids(&p["ids"]);

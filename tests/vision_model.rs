@@ -12,7 +12,6 @@ use qwen3_vl::model::{Images, Model};
 use qwen3_vl::Backend;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 const CASES: &[&str] = &["one_image_exact", "one_image_resized", "two_images"];
 
@@ -42,22 +41,6 @@ fn grids(c: &Value) -> Vec<[usize; 3]> {
     }).collect()
 }
 
-fn assert_close(what: &str, got: &[f32], want: &[f32], rel: f64) {
-    assert_eq!(got.len(), want.len(), "{}: length", what);
-    let m = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
-    let std = (want.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
-    let worst = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).fold(0.0, f64::max);
-    assert!(worst <= rel * std, "{}: max |diff| {:.3e} exceeds {:.0e} of std {:.3e}", what, worst, rel, std);
-}
-
-fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
-    let mut v = vec![common::cpu()];
-    if let Some(g) = common::gpu(test) {
-        v.push(g);
-    }
-    v
-}
-
 fn load(b: &dyn Backend) -> Model {
     Model::load(&dir().join("tiny"), b, &mut |_, _| {}).unwrap()
 }
@@ -78,7 +61,7 @@ fn multimodal_positions_match_get_rope_index() {
 
 #[test]
 fn vision_tower_stages_match_transformers() {
-    for b in backends("vision tower") {
+    for b in common::backends("vision tower") {
         let model = load(&*b);
         for name in CASES {
             let c = case(name);
@@ -88,14 +71,14 @@ fn vision_tower_stages_match_transformers() {
             let g = grids(&c);
             if let Some(input) = c.get("vision_block_input") {
                 let got = b.download_f32(&model.vision.embed_patches(&*b, &x, &g).unwrap()).unwrap();
-                assert_close(&format!("{} patch+position embedding on {}", name, b.describe()), &got, &tensor(input), 1e-4);
+                common::assert_close_to_std(&format!("{} patch+position embedding on {}", name, b.describe()), &got, &tensor(input), 1e-4);
             }
             let out = model.vision.forward(&*b, &x, &g).unwrap();
-            assert_close(&format!("{} image embeds on {}", name, b.describe()), &b.download_f32(&out.embeds).unwrap(), &tensor(&c["image_embeds"]), 1e-3);
+            common::assert_close_to_std(&format!("{} image embeds on {}", name, b.describe()), &b.download_f32(&out.embeds).unwrap(), &tensor(&c["image_embeds"]), 1e-3);
             let ds = c["deepstack_embeds"].as_array().unwrap();
             assert_eq!(out.deepstack.len(), ds.len());
             for (k, (got, want)) in out.deepstack.iter().zip(ds).enumerate() {
-                assert_close(&format!("{} deepstack {} on {}", name, k, b.describe()), &b.download_f32(got).unwrap(), &tensor(want), 1e-3);
+                common::assert_close_to_std(&format!("{} deepstack {} on {}", name, k, b.describe()), &b.download_f32(got).unwrap(), &tensor(want), 1e-3);
             }
         }
     }
@@ -103,7 +86,7 @@ fn vision_tower_stages_match_transformers() {
 
 #[test]
 fn image_prompts_logits_and_greedy_continuations_match_transformers() {
-    for b in backends("image prompts") {
+    for b in common::backends("image prompts") {
         let model = load(&*b);
         for name in CASES {
             let c = case(name);
@@ -112,7 +95,7 @@ fn image_prompts_logits_and_greedy_continuations_match_transformers() {
             let greedy = u32s(&c["greedy"]["ids"]);
             let mut s = Session::new(&model, &*b, ids.len() + greedy.len()).unwrap();
             let logits = s.feed_with_images(&ids, Some(&images)).unwrap();
-            assert_close(&format!("{} last logits on {}", name, b.describe()), &logits, &tensor(&c["last_logits"]), 1e-3);
+            common::assert_close_to_std(&format!("{} last logits on {}", name, b.describe()), &logits, &tensor(&c["last_logits"]), 1e-3);
             // greedy decoding continues from the multimodal position offset
             let mut s = Session::new(&model, &*b, ids.len() + greedy.len()).unwrap();
             let mut sampler = Sampler::new(SamplingParams::greedy());
@@ -162,10 +145,10 @@ fn image_files_through_preprocessing_give_transformers_logits() {
         // sides that are multiples of 32 are not resampled: agree like the text model;
         // resampled images within 1e-2 of the std
         let tol = if resampled { 1e-2 } else { 1e-3 };
-        assert_close(&format!("{} pixel patches", name), &patches, &tensor(&c["pixel_values"]), tol);
+        common::assert_close_to_std(&format!("{} pixel patches", name), &patches, &tensor(&c["pixel_values"]), tol);
         let ids = u32s(&c["input_ids"]);
         let mut s = Session::new(&model, &*b, ids.len()).unwrap();
         let logits = s.feed_with_images(&ids, Some(&Images { patches: &patches, row_len: 1536, grids: &grids_got })).unwrap();
-        assert_close(&format!("{} logits from image files", name), &logits, &tensor(&c["last_logits"]), tol);
+        common::assert_close_to_std(&format!("{} logits from image files", name), &logits, &tensor(&c["last_logits"]), tol);
     }
 }

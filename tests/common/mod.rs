@@ -50,3 +50,21 @@ pub fn gpu(test: &str) -> Option<Arc<dyn Backend>> {
 pub fn cpu() -> Arc<dyn Backend> {
     select_device(DeviceRequest::Cpu, None).expect("the CPU backend always starts").backend
 }
+
+/// The CPU backend, plus the CUDA one when this machine has a GPU: model tests run on each.
+pub fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
+    let mut v = vec![cpu()];
+    if let Some(g) = gpu(test) {
+        v.push(g);
+    }
+    v
+}
+
+/// Asserts max |got - want| <= rel · std(want), naming the worst element.
+pub fn assert_close_to_std(what: &str, got: &[f32], want: &[f32], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{}: length", what);
+    let m = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
+    let std = (want.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    let (i, worst) = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).enumerate().fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
+    assert!(worst <= rel * std, "{}: max |diff| {:.3e} at {} exceeds {:.0e} of std {:.3e}", what, worst, i, rel, std);
+}

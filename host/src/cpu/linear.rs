@@ -30,7 +30,7 @@ pub enum Weights<'a> {
 
 impl Weights<'_> {
     /// Writes rows `r0..r0 + rows` (each `k` long) widened to f32 into `dst`.
-    fn widen_rows(&self, r0: usize, rows: usize, k: usize, dst: &mut [f32]) {
+    pub(crate) fn widen_rows(&self, r0: usize, rows: usize, k: usize, dst: &mut [f32]) {
         let range = r0 * k..(r0 + rows) * k;
         let dst = &mut dst[..rows * k];
         match *self {

@@ -106,13 +106,19 @@ impl Checkpoint {
         self.files[e.file].0.display().to_string()
     }
 
-    /// Loads `name` onto `backend` in its stored dtype, checking it has `shape`.
-    pub fn load(&self, backend: &dyn Backend, name: &str, shape: &[usize]) -> Result<Tensor> {
+    /// The entry of `name`, checked to have `shape`, marked as used.
+    fn take(&self, name: &str, shape: &[usize]) -> Result<&Entry> {
         let e = self.entry(name)?;
         if e.shape != shape {
             return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?}", e.shape, shape) });
         }
         self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+        Ok(e)
+    }
+
+    /// Loads `name` onto `backend` in its stored dtype, checking it has `shape`.
+    pub fn load(&self, backend: &dyn Backend, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let e = self.take(name, shape)?;
         let bytes = MappedBytes::new(Arc::clone(&self.files[e.file].1), e.start, e.end - e.start).expect("range checked when indexing");
         backend.upload_mapped(shape, e.dtype, bytes)
     }
@@ -120,28 +126,20 @@ impl Checkpoint {
     /// Loads `name` as f32 (norm weights and biases, which the ops take in f32), widening
     /// f16/bf16 on the host.
     pub fn load_f32(&self, backend: &dyn Backend, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let e = self.entry(name)?;
-        if e.dtype == DType::F32 {
+        if self.entry(name)?.dtype == DType::F32 {
             return self.load(backend, name, shape);
         }
-        if e.shape != shape {
-            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?}", e.shape, shape) });
-        }
-        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
-        let raw = &self.files[e.file].1[e.start..e.end];
-        let data: Vec<f32> = raw.chunks_exact(2).map(|c| e.dtype.half_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect();
-        backend.upload_f32(shape, &data)
+        backend.upload_f32(shape, &self.read_f32(name, shape)?)
     }
 
     /// Rows `row0 .. row0 + rows` of the 2-D tensor `name` (checked to be `[total_rows, cols]`),
     /// as a `[rows, cols]` tensor in the stored dtype: how fused checkpoint weights (the vision
     /// tower's qkv) are split without copying.
     pub fn load_rows(&self, backend: &dyn Backend, name: &str, shape: &[usize], row0: usize, rows: usize) -> Result<Tensor> {
-        let e = self.entry(name)?;
-        if e.shape != shape || shape.is_empty() || row0 + rows > shape[0] {
-            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?} (rows {}..{})", e.shape, shape, row0, row0 + rows) });
+        let e = self.take(name, shape)?;
+        if shape.is_empty() || row0 + rows > shape[0] {
+            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("rows {}..{} are outside shape {:?}", row0, row0 + rows, shape) });
         }
-        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
         let row_bytes = shape[1..].iter().product::<usize>() * e.dtype.size_of();
         let mut out_shape = shape.to_vec();
         out_shape[0] = rows;
@@ -151,11 +149,7 @@ impl Checkpoint {
 
     /// The tensor `name` (checked to have `shape`) widened to f32 in host memory.
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let e = self.entry(name)?;
-        if e.shape != shape {
-            return Err(Error::Checkpoint { file: self.file_name(e), tensor: name.into(), msg: format!("shape {:?}, expected {:?}", e.shape, shape) });
-        }
-        self.taken.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+        let e = self.take(name, shape)?;
         let raw = &self.files[e.file].1[e.start..e.end];
         Ok(match e.dtype {
             DType::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),

@@ -1,6 +1,8 @@
-//! Builds the kernels in `gpu/` to PTX for compute_61 when the `cuda` feature is on, and
-//! leaves `$OUT_DIR/kernels.ptx` for `src/lib.rs` to embed. Without the feature nothing
-//! CUDA-related is needed or done.
+//! Builds the kernels in `gpu/` to PTX when the `cuda` feature is on, twice: for compute_61
+//! (every GPU since Pascal) and for compute_80 with the `sm80` feature of `gpu/` (the tensor-core
+//! kernels that need Ampere or newer, beside the same portable kernels). Leaves
+//! `$OUT_DIR/kernels_61.ptx` and `$OUT_DIR/kernels_80.ptx` for `src/lib.rs` to embed. Without the
+//! feature nothing CUDA-related is needed or done.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     #[cfg(feature = "cuda")]
@@ -13,9 +15,19 @@ fn build_ptx() {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed=gpu/src");
     println!("cargo:rerun-if-changed=gpu/Cargo.toml");
-    CudaBuilder::new("gpu")
-        .arch(NvvmArch::Compute61)
-        .copy_to(out.join("kernels.ptx"))
-        .build()
-        .expect("building the PTX kernels in gpu/ failed (see README: LLVM 7 and CUDA 11.x libNVVM)");
+    // cuda_builder picks one target dir for every build it runs from this script; the two
+    // architectures need their own (else each build invalidates the other's artifacts). Without
+    // PROFILE it passes no --target-dir, and the nested cargo takes CARGO_TARGET_DIR instead.
+    let target_root = out.join("../../../cuda-builder");
+    std::env::remove_var("PROFILE");
+    for (arch, tag, features) in [(NvvmArch::Compute61, "61", &[][..]), (NvvmArch::Compute80, "80", &["--features", "sm80"][..])] {
+        std::env::set_var("CARGO_TARGET_DIR", target_root.join(format!("compute_{}", tag)));
+        CudaBuilder::new("gpu")
+            .arch(arch)
+            .release(true)
+            .build_args(features)
+            .copy_to(out.join(format!("kernels_{}.ptx", tag)))
+            .build()
+            .unwrap_or_else(|e| panic!("building the compute_{} PTX kernels in gpu/ failed ({:?}; see README: LLVM 7 and CUDA 11.x libNVVM)", tag, e));
+    }
 }

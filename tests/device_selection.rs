@@ -1,10 +1,11 @@
 //! Device selection: `auto` falls back to the CPU with the reason logged; `cuda` fails with a
-//! reason instead of falling back; the embedded PTX declares exactly the typed kernel list.
+//! reason instead of falling back; each embedded PTX module declares exactly its part of the
+//! typed kernel list; `--kernels` forces a module (on a GPU machine: both load and run).
 
 mod common;
 
-use qwen3_vl::kernels::{ptx_entries, Kernel};
-use qwen3_vl::{select_device, DeviceKind, DeviceRequest};
+use qwen3_vl::kernels::{ptx_entries, Arch, Kernel, KernelsRequest};
+use qwen3_vl::{select_device, select_device_with, DeviceKind, DeviceRequest};
 use std::sync::Mutex;
 
 struct Capture(Mutex<Vec<String>>);
@@ -33,7 +34,7 @@ fn auto_selects_a_backend_and_logs_why() {
             assert!(!common::expect_gpu(), "a GPU was expected but auto chose the CPU: {}", sel.reason);
             assert!(sel.reason.contains("falling back from CUDA: "), "{}", sel.reason);
             // our machines without a GPU: libcuda is present and reports no device
-            if qwen3_vl::PTX.is_some() {
+            if !qwen3_vl::PTX.is_empty() {
                 assert!(sel.reason.contains("CUDA device"), "{}", sel.reason);
             } else {
                 assert!(sel.reason.contains("--features cuda"), "{}", sel.reason);
@@ -58,22 +59,28 @@ fn explicit_cuda_request_fails_with_a_reason_instead_of_falling_back() {
 }
 
 #[test]
-fn ptx_declares_exactly_the_typed_kernel_list() {
-    let ptx = match qwen3_vl::PTX {
-        Some(p) => p,
-        None => {
-            eprintln!("built without the cuda feature: no PTX to check");
-            return;
-        }
-    };
-    assert!(ptx.contains(".target sm_61"), "PTX must target compute_61");
-    let mut entries = ptx_entries(ptx);
-    entries.sort_unstable();
-    let mut names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
-    names.sort_unstable();
-    assert_eq!(entries, names);
-    // On a GPU machine every entry must also load as a function (CudaBackend::new checks each).
+fn each_ptx_module_declares_exactly_its_kernels() {
+    if qwen3_vl::PTX.is_empty() {
+        eprintln!("built without the cuda feature: no PTX to check");
+        return;
+    }
+    let archs: Vec<Arch> = qwen3_vl::PTX.iter().map(|p| p.arch).collect();
+    assert_eq!(archs, Arch::ALL.to_vec(), "one module per architecture");
+    for ptx in qwen3_vl::PTX {
+        assert!(ptx.text.contains(&format!(".target {}", ptx.arch.ptx_target())), "{} PTX must target {}", ptx.arch, ptx.arch.ptx_target());
+        let mut entries = ptx_entries(ptx.text);
+        entries.sort_unstable();
+        let mut names: Vec<_> = Kernel::in_module(ptx.arch).map(|k| k.name()).collect();
+        names.sort_unstable();
+        assert_eq!(entries, names, "{}", ptx.arch);
+    }
+    // On a GPU machine every module the device supports must load with all its kernels, and
+    // the forced choice must be the one loaded.
     if let Some(g) = common::gpu("ptx load") {
         assert!(g.describe().starts_with("CUDA"));
+        for arch in Arch::ALL {
+            let sel = select_device_with(DeviceRequest::Cuda, KernelsRequest::Force(arch), None).unwrap_or_else(|e| panic!("{}: {}", arch, e));
+            assert!(sel.backend.describe().contains(arch.name()), "{} vs {}", sel.backend.describe(), arch);
+        }
     }
 }

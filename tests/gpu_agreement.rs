@@ -5,42 +5,8 @@
 
 mod common;
 
-use approx::assert_relative_eq;
-use common::{cpu, gpu, random};
-use qwen3_vl::{Backend, DType, DeviceKind, Result, Tensor};
-
-/// Runs `op` on the CPU and on `gpu` with the same inputs and compares the f32 outputs
-/// element by element: |gpu - cpu| <= abs_tol, or within max_relative of each other.
-fn agree(
-    name: &str,
-    gpu: &dyn Backend,
-    op: &dyn Fn(&dyn Backend) -> Result<Tensor>,
-    abs_tol: f32,
-    max_relative: f32,
-) {
-    let cpu = cpu();
-    let want_t = op(&*cpu).unwrap_or_else(|e| panic!("{}: cpu failed: {}", name, e));
-    let want = cpu.download_f32(&want_t).unwrap();
-    gpu.set_poison_outputs(true);
-    let got_t = op(gpu).unwrap_or_else(|e| panic!("{}: gpu failed: {}", name, e));
-    assert_eq!(got_t.device(), DeviceKind::Cuda, "{}: the result must come from the GPU", name);
-    assert_eq!(got_t.shape(), want_t.shape(), "{}", name);
-    let got = gpu.download_f32(&got_t).unwrap();
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(!g.is_nan() || w.is_nan(), "{}: element {} was not written (NaN poison left)", name, i);
-        assert_relative_eq!(*g, *w, epsilon = abs_tol, max_relative = max_relative);
-    }
-}
-
-/// Uploads `data` of shape to `b` as `dtype` (rounding to f16/bf16 bits first).
-fn upload(b: &dyn Backend, shape: &[usize], data: &[f32], dtype: DType) -> Result<Tensor> {
-    match dtype {
-        DType::F32 => b.upload_f32(shape, data),
-        DType::F16 => b.upload_half(shape, dtype, &data.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect::<Vec<_>>()),
-        DType::BF16 => b.upload_half(shape, dtype, &data.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect::<Vec<_>>()),
-    }
-}
+use common::{agree, cpu, gpu, random, upload};
+use qwen3_vl::{Backend, DType, Result, Tensor};
 
 /// (m, n, k): rows, outputs, inputs. m <= 4 takes the GEMV kernels, larger m the tiled
 /// matmul (64 × 64 tiles, k stages of 16).

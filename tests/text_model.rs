@@ -1,15 +1,18 @@
 //! The text decoder against transformers: tiny random-weight checkpoints of the real
 //! architecture (tests/fixtures/text, made by tools/make_fixtures.py) with the logits and greedy
 //! continuations transformers computed. Runs on the CPU, and on the GPU when there is one.
-//! Tolerance: max |diff| of logits under 1e-3 of the reference logits' std.
+//! Tolerance: max |diff| of logits under 1e-3 of the reference logits' std with an f32 KV cache
+//! (every backend's arithmetic is f32), 2e-2 with an f16 cache (see `common::kv_tolerance`);
+//! both cache types run on every backend, and greedy continuations must match with either.
 
 mod common;
 
 use qwen3_vl::generate::chat::{render, Message};
 use qwen3_vl::generate::{Sampler, SamplingParams, Session};
 use qwen3_vl::model::rope::text_positions;
+use qwen3_vl::model::text::cursor;
 use qwen3_vl::model::{KvCache, Model};
-use qwen3_vl::{Backend, Tokenizer};
+use qwen3_vl::{Backend, DType, Tokenizer};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -46,10 +49,12 @@ fn last_position_logits_match_transformers() {
             let (r, model) = (reference(case), load(case, &*b));
             for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate() {
                 let prompt = ids(&p["ids"]);
-                let mut s = Session::new(&model, &*b, prompt.len()).unwrap();
-                let got = s.feed(&prompt).unwrap();
                 let want = read_f32(case, p["last_logits_file"].as_str().unwrap());
-                assert_logits_close(&format!("{} prompt {} on {}", case, i, b.describe()), &got, &want);
+                for kv in common::KV_DTYPES {
+                    let mut s = Session::with_kv_dtype(&model, &*b, prompt.len(), kv).unwrap();
+                    let got = s.feed(&prompt).unwrap();
+                    common::assert_close_to_std(&format!("{} prompt {} on {}, {} cache", case, i, b.describe(), kv), &got, &want, common::kv_tolerance(kv));
+                }
             }
         }
     }
@@ -62,9 +67,10 @@ fn every_position_matches_transformers() {
             let (r, model) = (reference(case), load(case, &*b));
             for p in r["prompts"].as_array().unwrap().iter().filter(|p| p.get("all_logits_file").is_some()) {
                 let prompt = ids(&p["ids"]);
-                let mut cache = KvCache::new(&*b, &model.config.text, prompt.len()).unwrap();
+                let mut cache = KvCache::new(&*b, &model.config.text, prompt.len(), DType::F32).unwrap();
                 let x = model.text.embed(&*b, &prompt).unwrap();
-                let h = model.text.forward(&*b, x, &text_positions(0, prompt.len()), &mut cache, None).unwrap();
+                let cur = cursor(&*b, &text_positions(0, prompt.len()), 0).unwrap();
+                let h = model.text.forward(&*b, x, &cur, &mut cache, None).unwrap();
                 let got = b.download_f32(&model.text.logits(&*b, &h).unwrap()).unwrap();
                 let want = read_f32(case, p["all_logits_file"].as_str().unwrap());
                 assert_logits_close(&format!("{} all positions on {}", case, b.describe()), &got, &want);
@@ -81,20 +87,27 @@ fn greedy_continuations_and_cached_step_logits_match_transformers() {
             for (i, p) in r["prompts"].as_array().unwrap().iter().enumerate() {
                 let prompt = ids(&p["ids"]);
                 let want = ids(&p["greedy_ids"]);
-                let mut s = Session::new(&model, &*b, prompt.len() + want.len()).unwrap();
-                let mut sampler = Sampler::new(SamplingParams::greedy());
-                let g = s.generate(&prompt, want.len(), &mut sampler, &[], &mut |_| true).unwrap();
-                assert_eq!(g.tokens, want, "{} prompt {} on {}", case, i, b.describe());
-                if let Some(f) = p.get("step_logits_file") {
-                    // replay with the KV cache: feed the prompt, then each greedy token
-                    let steps = read_f32(case, f.as_str().unwrap());
-                    let vocab = steps.len() / want.len();
-                    let mut s = Session::new(&model, &*b, prompt.len() + want.len()).unwrap();
-                    let mut logits = s.feed(&prompt).unwrap();
-                    for (k, &t) in want.iter().enumerate() {
-                        assert_logits_close(&format!("{} step {} on {}", case, k, b.describe()), &logits, &steps[k * vocab..(k + 1) * vocab]);
-                        if k + 1 < want.len() {
-                            logits = s.feed(&[t]).unwrap();
+                for kv in common::KV_DTYPES {
+                    // decode steps recorded and replayed where the backend can, and plain
+                    for record in [true, false] {
+                        let mut s = Session::with_kv_dtype(&model, &*b, prompt.len() + want.len(), kv).unwrap();
+                        s.set_recording(record);
+                        let mut sampler = Sampler::new(SamplingParams::greedy());
+                        let g = s.generate(&prompt, want.len(), &mut sampler, &[], &mut |_| true).unwrap();
+                        assert_eq!(g.tokens, want, "{} prompt {} on {}, {} cache, recording {}", case, i, b.describe(), kv, record);
+                    }
+                    if let Some(f) = p.get("step_logits_file") {
+                        // replay with the KV cache: feed the prompt, then each greedy token
+                        let steps = read_f32(case, f.as_str().unwrap());
+                        let vocab = steps.len() / want.len();
+                        let mut s = Session::with_kv_dtype(&model, &*b, prompt.len() + want.len(), kv).unwrap();
+                        let mut logits = s.feed(&prompt).unwrap();
+                        for (k, &t) in want.iter().enumerate() {
+                            let what = format!("{} step {} on {}, {} cache", case, k, b.describe(), kv);
+                            common::assert_close_to_std(&what, &logits, &steps[k * vocab..(k + 1) * vocab], common::kv_tolerance(kv));
+                            if k + 1 < want.len() {
+                                logits = s.feed(&[t]).unwrap();
+                            }
                         }
                     }
                 }
@@ -158,8 +171,11 @@ fn an_f16_checkpoint_gives_the_reference_logits() {
         let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
         for p in r["prompts"].as_array().unwrap() {
             let prompt = ids(&p["ids"]);
-            let got = Session::new(&model, &*b, prompt.len()).unwrap().feed(&prompt).unwrap();
-            assert_logits_close(&format!("f16 tied_gqa on {}", b.describe()), &got, &read_f32("tied_gqa", p["last_logits_file"].as_str().unwrap()));
+            for kv in common::KV_DTYPES {
+                let got = Session::with_kv_dtype(&model, &*b, prompt.len(), kv).unwrap().feed(&prompt).unwrap();
+                let what = format!("f16 tied_gqa on {}, {} cache", b.describe(), kv);
+                common::assert_close_to_std(&what, &got, &read_f32("tied_gqa", p["last_logits_file"].as_str().unwrap()), common::kv_tolerance(kv));
+            }
         }
     }
 }

@@ -93,14 +93,16 @@ fn image_prompts_logits_and_greedy_continuations_match_transformers() {
             let (ids, px, g) = (u32s(&c["input_ids"]), tensor(&c["pixel_values"]), grids(&c));
             let images = Images { patches: &px, row_len: 1536, grids: &g };
             let greedy = u32s(&c["greedy"]["ids"]);
-            let mut s = Session::new(&model, &*b, ids.len() + greedy.len()).unwrap();
-            let logits = s.feed_with_images(&ids, Some(&images)).unwrap();
-            common::assert_close_to_std(&format!("{} last logits on {}", name, b.describe()), &logits, &tensor(&c["last_logits"]), 1e-3);
-            // greedy decoding continues from the multimodal position offset
-            let mut s = Session::new(&model, &*b, ids.len() + greedy.len()).unwrap();
-            let mut sampler = Sampler::new(SamplingParams::greedy());
-            let out = s.generate_with_images(&ids, Some(&images), greedy.len(), &mut sampler, &[], &mut |_| true).unwrap();
-            assert_eq!(out.tokens, greedy, "{} greedy on {}", name, b.describe());
+            for kv in common::KV_DTYPES {
+                let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + greedy.len(), kv).unwrap();
+                let logits = s.feed_with_images(&ids, Some(&images)).unwrap();
+                common::assert_close_to_std(&format!("{} last logits on {}, {} cache", name, b.describe(), kv), &logits, &tensor(&c["last_logits"]), common::kv_tolerance(kv));
+                // greedy decoding continues from the multimodal position offset
+                let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + greedy.len(), kv).unwrap();
+                let mut sampler = Sampler::new(SamplingParams::greedy());
+                let out = s.generate_with_images(&ids, Some(&images), greedy.len(), &mut sampler, &[], &mut |_| true).unwrap();
+                assert_eq!(out.tokens, greedy, "{} greedy on {}, {} cache", name, b.describe(), kv);
+            }
         }
     }
 }

@@ -11,7 +11,7 @@
 //! The launcher validates that all three buffers hold `len` elements.
 
 use crate::math::{gelu_erf, gelu_tanh, silu_mul};
-use crate::params::{BinaryParams, UnaryParams};
+use crate::params::{BinaryParams, CastParams, UnaryParams};
 use cuda_std::{kernel, thread};
 
 #[inline(always)]
@@ -60,4 +60,15 @@ pub unsafe fn gelu_tanh_f32(p: UnaryParams) {
 #[kernel]
 pub unsafe fn gelu_erf_f32(p: UnaryParams) {
     unary(p, gelu_erf)
+}
+
+/// `out[i] = f16(x[i])` (raw bits, nearest even): f32 rows into an f16 KV cache. Grid-stride.
+#[kernel]
+pub unsafe fn cast_f16_f32(p: CastParams) {
+    let stride = (thread::block_dim_x() * thread::grid_dim_x()) as u64;
+    let mut i = (thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x()) as u64;
+    while i < p.len {
+        *(p.out as *mut u16).add(i as usize) = crate::mem::f32_to_f16(*(p.x as *const f32).add(i as usize));
+        i += stride;
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! # Parameters ([`EmbeddingParams`])
 //! `table [vocab, hidden]` (f32/f16/bf16 by kernel), `ids [rows]` u32 (validated `< vocab` by the
-//! host), `out [rows, hidden]` f32.
+//! host when they come from it; an id made on the device that is out of range gives a NaN row,
+//! never a read past the table), `out [rows, hidden]` f32.
 //!
 //! # Thread mapping
 //! One block of `ROW_THREADS` per output row (grid = rows); threads stride over `hidden`.
@@ -20,11 +21,12 @@ unsafe fn embedding<W: WeightElem>(p: EmbeddingParams) {
     let r = thread::block_idx_x() as usize;
     let hidden = p.hidden as usize;
     let id = *(p.ids as *const u32).add(r) as usize;
-    let src = (p.table as *const W).add(id * hidden);
     let dst = (p.out as *mut f32).add(r * hidden);
+    let valid = id < p.vocab as usize;
+    let src = (p.table as *const W).add(if valid { id * hidden } else { 0 });
     let mut i = thread::thread_idx_x() as usize;
     while i < hidden {
-        *dst.add(i) = (*src.add(i)).to_f32();
+        *dst.add(i) = if valid { (*src.add(i)).to_f32() } else { f32::NAN };
         i += thread::block_dim_x() as usize;
     }
 }

@@ -8,7 +8,7 @@
 #![cfg_attr(
     target_os = "cuda",
     no_std,
-    feature(register_attr, link_llvm_intrinsics),
+    feature(register_attr, link_llvm_intrinsics, asm, asm_experimental_arch),
     register_attr(nvvm_internal)
 )]
 #![allow(clippy::missing_safety_doc)]
@@ -16,6 +16,8 @@
 pub mod math;
 pub mod params;
 
+#[cfg(target_os = "cuda")]
+mod mem;
 #[cfg(target_os = "cuda")]
 mod reduce;
 
@@ -33,5 +35,7 @@ pub mod matmul;
 pub mod norm;
 #[cfg(target_os = "cuda")]
 pub mod rope;
+#[cfg(target_os = "cuda")]
+pub mod sample;
 #[cfg(target_os = "cuda")]
 pub mod softmax;

@@ -195,6 +195,123 @@ impl OnlineSoftmax {
     }
 }
 
+/// Narrows f32 to IEEE binary16 bits, rounding to nearest even (overflow to infinity, NaN kept
+/// quiet): what `cvt.rn.f16.f32` does on the GPU, so a KV cache written by either backend holds
+/// the same bits.
+#[inline(always)]
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        // inf / NaN (a NaN keeps a quiet payload bit)
+        return sign | 0x7c00 | if man != 0 { 0x200 | (man >> 13) as u16 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        // subnormal half (or zero): shift the full mantissa with its implicit bit
+        if e < -10 {
+            return sign;
+        }
+        let full = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = full >> shift;
+        let rem = full & ((1 << shift) - 1);
+        let mid = 1 << (shift - 1);
+        let round = (rem > mid || (rem == mid && (half & 1) == 1)) as u32;
+        return sign | (half + round) as u16;
+    }
+    let half = ((e as u32) << 10) | (man >> 13);
+    let rem = man & 0x1fff;
+    let round = (rem > 0x1000 || (rem == 0x1000 && (half & 1) == 1)) as u32;
+    // a carry out of the mantissa correctly bumps the exponent (up to infinity)
+    sign | (half + round) as u16
+}
+
+/// The rotary axis (0 = t, 1 = h, 2 = w) whose position drives frequency `j` of interleaved
+/// MRoPE with sections `section` (t, h, w): `j % 3 == 1` takes h while `j < 3 · section[1]`,
+/// `j % 3 == 2` takes w while `j < 3 · section[2]`, everything else t.
+#[inline(always)]
+pub fn mrope_axis(j: usize, section: [u32; 3]) -> usize {
+    if j % 3 == 1 && j < 3 * section[1] as usize {
+        1
+    } else if j % 3 == 2 && j < 3 * section[2] as usize {
+        2
+    } else {
+        0
+    }
+}
+
+/// The uniform draw in [0, 1) of sampling step `counter` under `seed` (splitmix64 of the pair):
+/// counter-based, so the CPU sampler and the GPU sampling kernel draw the same number for the
+/// same step without sharing any generator state.
+#[inline(always)]
+pub fn sample_uniform(seed: u64, counter: u64) -> f32 {
+    let mut z = seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // the top 24 bits: exactly representable, strictly below 1
+    (z >> 40) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// Picks a candidate from logits sorted in descending order (ties broken by id before this is
+/// called): softmax at `temperature`, then the smallest prefix whose probability reaches
+/// `top_p` (at least one), renormalized, then the draw `u` in [0, 1). Returns the index into
+/// `sorted`. `temperature` must be positive (greedy never gets here). Shared by the CPU sampler
+/// and the GPU sampling kernel, so both pick the same token from the same logits and draw.
+#[inline(always)]
+pub fn pick_sorted(sorted: &[f32], temperature: f32, top_p: f32, u: f32) -> usize {
+    let n = sorted.len();
+    if n <= 1 {
+        return 0;
+    }
+    let inv_t = 1.0 / temperature;
+    let top = sorted[0] * inv_t;
+    let mut total = 0.0f32;
+    let mut i = 0;
+    while i < n {
+        total += (sorted[i] * inv_t - top).exp();
+        i += 1;
+    }
+    // nucleus: the prefix whose mass reaches top_p of the total
+    let mut keep = n;
+    if top_p < 1.0 {
+        let mut acc = 0.0f32;
+        let mut i = 0;
+        while i < n {
+            acc += (sorted[i] * inv_t - top).exp();
+            if acc >= top_p * total {
+                keep = i + 1;
+                break;
+            }
+            i += 1;
+        }
+    }
+    let mut mass = 0.0f32;
+    let mut i = 0;
+    while i < keep {
+        mass += (sorted[i] * inv_t - top).exp();
+        i += 1;
+    }
+    let mut target = u * mass;
+    let mut i = 0;
+    while i < keep {
+        let w = (sorted[i] * inv_t - top).exp();
+        if target < w {
+            return i;
+        }
+        target -= w;
+        i += 1;
+    }
+    keep - 1
+}
+
 #[cfg(all(test, not(target_os = "cuda")))]
 mod tests {
     use super::*;
@@ -270,5 +387,63 @@ mod tests {
             let g = 0.5 * xd * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
             assert!((gelu_tanh(x) as f64 - g).abs() < 1e-5);
         }
+    }
+
+    #[test]
+    fn f16_narrowing_rounds_to_nearest_even_like_the_half_crate() {
+        // every f16 value and the midpoints between neighbours, plus overflow, underflow, NaN
+        let mut xs = vec![0.0f32, -0.0, 1e-10, -1e-10, 65520.0, 65519.0, 1e6, -1e6, f32::INFINITY, f32::NEG_INFINITY, 5.9604645e-8, 2.9802322e-8, 2.98023224e-8 * 1.5];
+        for bits in (0u16..0x7c00).step_by(7) {
+            let v = f16_to_f32(bits);
+            let next = f16_to_f32(bits + 1);
+            xs.extend_from_slice(&[v, -v, (v + next) / 2.0, v + (next - v) * 0.3]);
+        }
+        for x in xs {
+            let want = half::f16::from_f32(x).to_bits();
+            assert_eq!(f32_to_f16_bits(x), want, "{:e}", x);
+        }
+        assert!(f16_to_f32(f32_to_f16_bits(f32::NAN)).is_nan());
+    }
+
+    #[test]
+    fn sampling_draws_are_uniform_and_repeatable() {
+        let n = 20_000;
+        let draws: Vec<f32> = (0..n).map(|c| sample_uniform(42, c)).collect();
+        assert!(draws.iter().all(|&u| (0.0..1.0).contains(&u)));
+        let mean = draws.iter().sum::<f32>() / n as f32;
+        assert!((mean - 0.5).abs() < 0.01, "mean {}", mean);
+        assert_eq!(sample_uniform(42, 7), draws[7]);
+        assert_ne!(sample_uniform(43, 7), draws[7]);
+    }
+
+    #[test]
+    fn pick_follows_temperature_top_p_and_the_draw() {
+        let sorted = [3.0f32, 2.0, 1.0, -1.0];
+        // u near 0 takes the best, near 1 the last kept
+        assert_eq!(pick_sorted(&sorted, 1.0, 1.0, 0.0), 0);
+        assert_eq!(pick_sorted(&sorted, 1.0, 1.0, 0.999_999), 3);
+        // top_p 0.5: the best alone holds 0.66 of the mass
+        assert_eq!(pick_sorted(&sorted, 1.0, 0.5, 0.999_999), 0);
+        // frequencies follow softmax(x / T)
+        let t = 0.7f32;
+        let p: Vec<f64> = sorted.iter().map(|&x| ((x - 3.0) / t) as f64).map(f64::exp).collect();
+        let z: f64 = p.iter().sum();
+        let mut count = [0usize; 4];
+        let n = 40_000;
+        for c in 0..n {
+            count[pick_sorted(&sorted, t, 1.0, sample_uniform(9, c))] += 1;
+        }
+        for i in 0..4 {
+            assert!((count[i] as f64 / n as f64 - p[i] / z).abs() < 0.01, "{} {:?}", i, count);
+        }
+    }
+
+    #[test]
+    fn mrope_axes_interleave() {
+        let sec = [24, 20, 20];
+        let axes: Vec<usize> = (0..64).map(|j| mrope_axis(j, sec)).collect();
+        assert_eq!(&axes[..7], &[0, 1, 2, 0, 1, 2, 0]);
+        assert_eq!(axes.iter().filter(|&&a| a == 1).count(), 20);
+        assert!(axes[60..].iter().all(|&a| a == 0));
     }
 }

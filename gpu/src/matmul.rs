@@ -1,9 +1,11 @@
-//! Tiled matmul for linear layers: `c = a · wᵀ (+ bias)`.
+//! Tiled matmul for linear layers: `c = a · wᵀ (+ bias) (+ residual)`.
 //!
 //! # Parameters ([`LinearParams`])
 //! - `a`: `[m, k]` f32 activations, row stride `lda`.
 //! - `w`: `[n, k]` weights (PyTorch `Linear` layout), f32, f16 or bf16 by kernel, row stride `k`.
-//! - `bias`: `[n]` f32 or 0.  `c`: `[m, n]` f32, row stride `ldc`. Accumulation is in f32.
+//! - `bias`: `[n]` f32 or 0.  `residual`: `[m, n]` f32 (row stride `ldc`) or 0; may be `c`, as
+//!   each element is read and written by one thread.  `c`: `[m, n]` f32, row stride `ldc`.
+//!   Accumulation is in f32.
 //!
 //! # Tiling
 //! Each block computes a `BM × BN` (64 × 64) tile of `c`, walking `k` in stages of `BK` (16).
@@ -80,6 +82,7 @@ unsafe fn matmul<W: WeightElem>(p: LinearParams) {
 
     let c = p.c as *mut f32;
     let bias = p.bias as *const f32;
+    let res = p.residual as *const f32;
     for i in 0..4 {
         let r = row0 + ty + 16 * i;
         if r < m {
@@ -87,26 +90,27 @@ unsafe fn matmul<W: WeightElem>(p: LinearParams) {
                 let col = col0 + tx + 16 * j;
                 if col < n {
                     let b = if bias.is_null() { 0.0 } else { *bias.add(col) };
-                    *c.add(r * ldc + col) = acc[i][j] + b;
+                    let x = if res.is_null() { 0.0 } else { *res.add(r * ldc + col) };
+                    *c.add(r * ldc + col) = acc[i][j] + b + x;
                 }
             }
         }
     }
 }
 
-/// `c = a · wᵀ (+ bias)` with f32 weights. See the module docs.
+/// `c = a · wᵀ (+ bias) (+ residual)` with f32 weights. See the module docs.
 #[kernel]
 pub unsafe fn matmul_f32(p: LinearParams) {
     matmul::<f32>(p)
 }
 
-/// `c = a · wᵀ (+ bias)` with f16 weights widened to f32. See the module docs.
+/// `c = a · wᵀ (+ bias) (+ residual)` with f16 weights widened to f32. See the module docs.
 #[kernel]
 pub unsafe fn matmul_f16(p: LinearParams) {
     matmul::<F16>(p)
 }
 
-/// `c = a · wᵀ (+ bias)` with bf16 weights widened to f32. See the module docs.
+/// `c = a · wᵀ (+ bias) (+ residual)` with bf16 weights widened to f32. See the module docs.
 #[kernel]
 pub unsafe fn matmul_bf16(p: LinearParams) {
     matmul::<Bf16>(p)

@@ -16,14 +16,19 @@ pub struct LinearParams {
     pub w: u64,
     /// `[n]` f32 bias, or 0 for none.
     pub bias: u64,
+    /// `[m, n]` f32 added to the result (row stride `ldc`), or 0 for none; may be `c` itself.
+    pub residual: u64,
     /// `[m, n]` f32 output, row stride `ldc`.
     pub c: u64,
+    /// `[k]` f32 RMSNorm weight applied to each row of `a` first (`gemv_vec_*` only), or 0.
+    pub norm: u64,
     pub m: u32,
     pub n: u32,
     pub k: u32,
     pub lda: u32,
     pub ldc: u32,
-    pub _pad: u32,
+    /// The RMSNorm epsilon (with `norm`).
+    pub eps: f32,
 }
 
 /// `y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w` for each of `rows` rows.
@@ -97,12 +102,15 @@ pub struct BinaryParams {
 pub struct EmbeddingParams {
     /// `[vocab, hidden]` of the kernel's dtype.
     pub table: u64,
-    /// `[rows]` u32 token ids, each `< vocab` (checked by the host).
+    /// `[rows]` u32 token ids; an id `>= vocab` (only possible for ids made on the device) gives
+    /// a row of NaN rather than a read out of bounds.
     pub ids: u64,
     /// `[rows, hidden]` f32.
     pub out: u64,
     pub rows: u32,
     pub hidden: u32,
+    pub vocab: u32,
+    pub _pad: u32,
 }
 
 /// `out[rows[i], :] (+)= src[i, :]` for `i < count`; `out` already holds a copy of `x`.
@@ -156,6 +164,12 @@ pub struct AttentionParams {
     /// 1: query `i` sees keys `0 ..= q_pos0 + i`; 0: all `kv_len` keys.
     pub causal: u32,
     pub scale: f32,
+    /// `[t, 4]` u32 decode cursor (see [`QkvRopeParams::cursor`]) or 0. When set, causal query
+    /// `i` sees keys `0 ..= cursor[i].row` (at most `cap`) instead of the host's `q_pos0 + i`.
+    pub cursor: u64,
+    /// Rows the K/V buffers hold.
+    pub cap: u32,
+    pub _pad: u32,
 }
 
 /// Launch shape of `attention_f32`: one warp per (query row, head).
@@ -189,3 +203,179 @@ pub mod gemv_tile {
 pub const ROW_THREADS: u32 = 256;
 /// Threads per block of the elementwise kernels.
 pub const ELEMENTWISE_THREADS: u32 = 256;
+
+/// Launch shape of `gemv_vec_*` and `gemv_gate_up_*`: one warp per output feature, weights
+/// streamed as 16-byte vectors. The launcher picks the warps per block (the kernels read it).
+pub mod gemv_vec_tile {
+    /// Warps (= output features) per block for small `n` (more blocks to fill the device).
+    pub const WARPS_SMALL: u32 = 4;
+    /// Warps per block for large `n` (fewer blocks repeat the RMSNorm prologue).
+    pub const WARPS_LARGE: u32 = 8;
+    /// Activation rows computed together from one read of the weights (decode: 1).
+    pub const MAX_ROWS: usize = 4;
+    /// 16-byte weight vectors each lane keeps in flight.
+    pub const UNROLL: usize = 8;
+    /// Floats of normed activations a block may stage in shared memory (`m · k`), 48 KiB.
+    pub const MAX_STAGED: usize = 12 * 1024;
+}
+
+/// `c[m, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)`: the SwiGLU MLP's first half in one pass.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GateUpParams {
+    /// `[m, k]` f32 activations, row stride `lda`.
+    pub a: u64,
+    /// `[n, k]` gate weights of the kernel's dtype.
+    pub gate: u64,
+    /// `[n, k]` up weights of the kernel's dtype.
+    pub up: u64,
+    /// `[m, n]` f32 output.
+    pub c: u64,
+    /// `[k]` f32 RMSNorm weight applied to each row of `a` first, or 0.
+    pub norm: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub lda: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+/// A decoder pass's cursor: `[t, CURSOR_FIELDS]` u32, per row its (t, h, w) rotary position and
+/// the KV-cache row it is written to.
+pub const CURSOR_FIELDS: usize = 4;
+/// Index of the KV-cache row within a cursor row.
+pub const CURSOR_ROW: usize = 3;
+
+/// Per-head q/k RMSNorm, interleaved MRoPE and the KV-cache append of a fused `[t, (heads +
+/// 2 kv_heads) · d]` QKV projection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QkvRopeParams {
+    /// `[t, heads + 2 · kv_heads, d]` f32: q heads, then k heads, then v heads.
+    pub qkv: u64,
+    /// `[d]` f32 RMSNorm weights of q and k heads.
+    pub q_norm: u64,
+    pub k_norm: u64,
+    /// `[d / 2]` f32 rotary inverse frequencies.
+    pub inv_freq: u64,
+    /// `[t, CURSOR_FIELDS]` u32 (see [`CURSOR_FIELDS`]).
+    pub cursor: u64,
+    /// `[t, heads, d]` f32: normed, rotated queries.
+    pub q_out: u64,
+    /// `[cap, kv_heads, d]` of the kernel's dtype (f32 or f16): normed, rotated keys and the
+    /// values are written at each row's cache row.
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub t: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub d: u32,
+    pub cap: u32,
+    pub eps: f32,
+    /// Interleaved MRoPE sections (t, h, w), in frequency pairs.
+    pub section: [u32; 3],
+    pub _pad: u32,
+}
+
+/// Launch shape of `qkv_rope_append_*`: one warp per (row, head vector).
+pub mod qkv_rope_tile {
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Largest head dim (a warp stages its vector in shared memory).
+    pub const MAX_D: usize = 256;
+}
+
+/// Split-KV attention for a few query rows against the KV cache: partial softmax states per
+/// KV chunk, merged by the last block of each KV group to finish.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SplitAttnParams {
+    /// `[t, heads, d]` f32 queries.
+    pub q: u64,
+    /// `[cap, kv_heads, d]` of the kernel's dtype.
+    pub k: u64,
+    pub v: u64,
+    /// `[t, CURSOR_FIELDS]` u32: query `i` sees keys `0 ..= cursor[i].row`.
+    pub cursor: u64,
+    /// `[t, heads, splits, d + 2]` f32 partial states: unnormalized output, then max and sum.
+    pub partial: u64,
+    /// `[t, heads, d]` f32 output (written by the last block of each group to finish).
+    pub out: u64,
+    /// `[kv_heads · blocks per group]` u32 arrival counters, zero before the launch; the
+    /// kernel leaves them zero.
+    pub counters: u64,
+    pub t: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub d: u32,
+    pub cap: u32,
+    pub splits: u32,
+    pub scale: f32,
+    pub _pad: u32,
+}
+
+/// Launch shape of `attention_split_*`.
+pub mod attn_split_tile {
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Query vectors (of the rows × heads of one KV group) a block serves; a group with more
+    /// takes several blocks (grid z).
+    pub const MAX_QV: usize = 2;
+    /// Query vectors per KV group the split path takes in all.
+    pub const MAX_GROUP_QV: usize = 16;
+    /// Keys a half-warp scores before one softmax update.
+    pub const KEYS: usize = 4;
+    /// Head dim: each lane of a half-warp holds 8 elements.
+    pub const D: usize = 128;
+    /// At most this many KV chunks.
+    pub const MAX_SPLITS: usize = 64;
+    /// Query rows the split path takes (more go to the tiled kernel).
+    pub const MAX_ROWS: usize = 4;
+}
+
+/// Token choice on the device: top-k candidates per block, then one pick per row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SampleParams {
+    /// `[rows, n]` f32 logits.
+    pub logits: u64,
+    /// `[rows, blocks, k]` candidates: f32 logits then u32 ids (two arrays of `rows·blocks·k`).
+    pub cand: u64,
+    /// `[rows]` u32: the picked token ids.
+    pub ids: u64,
+    /// `[rows, CURSOR_FIELDS]` u32, advanced by one on every field after the pick.
+    pub cursor: u64,
+    pub rows: u32,
+    pub n: u32,
+    /// Candidates kept (1: greedy).
+    pub k: u32,
+    /// Blocks per row of the first stage.
+    pub blocks: u32,
+    /// <= 0: greedy (the best candidate).
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+/// Launch shape of the sampling kernels.
+pub mod sample_tile {
+    pub const THREADS: u32 = 256;
+    /// First-stage blocks per row.
+    pub const BLOCKS: u32 = 64;
+    /// Largest top-k done on the device.
+    pub const MAX_K: usize = 64;
+    /// Logits a first-stage block stages in shared memory.
+    pub const MAX_SLICE: usize = 4096;
+    /// Candidates the second stage merges (`blocks · k`) in shared memory.
+    pub const MAX_CAND: usize = 4096;
+}
+
+/// `out[i] = f16(x[i])` for `i < len` (round to nearest even), `out` as raw bits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CastParams {
+    pub x: u64,
+    pub out: u64,
+    pub len: u64,
+}

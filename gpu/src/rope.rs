@@ -1,6 +1,7 @@
-//! Rotary position embedding, rotate-half layout (as Qwen3-VL's text and vision towers use).
+//! Rotary position embedding, rotate-half layout (as Qwen3-VL's text and vision towers use),
+//! and the decoder's fused QKV step.
 //!
-//! # Parameters ([`RopeParams`])
+//! # `rope_f32` ([`RopeParams`])
 //! `x`, `out`: `[rows, heads, d]` f32 (may alias); `cos`, `sin`: `[rows, d / 2]` f32, the angle
 //! of pair `(i, i + d/2)` for each row. The rotation is `gpu::math::rope_pair`, shared with the
 //! CPU backend.
@@ -12,9 +13,12 @@
 //! # Safety
 //! The launcher validates sizes (`d` even). No barriers.
 
-use crate::math::rope_pair;
-use crate::params::RopeParams;
-use cuda_std::{kernel, thread};
+use crate::math::{mrope_axis, rms_scale, rope_pair, F16};
+use crate::mem::KvElem;
+use crate::params::qkv_rope_tile::{MAX_D, WARPS};
+use crate::params::{QkvRopeParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
+use crate::reduce::warp_sum;
+use cuda_std::{kernel, shared_array, thread, warp, GpuFloat};
 
 /// Rotates every head of one row per block. See the module docs.
 #[kernel]
@@ -34,4 +38,103 @@ pub unsafe fn rope_f32(p: RopeParams) {
         *out.add(base + i + half) = b;
         pair += thread::block_dim_x() as usize;
     }
+}
+
+/// # `qkv_rope_append_*` ([`QkvRopeParams`])
+/// The decoder's step between the fused QKV projection and attention, for `t` rows:
+/// q heads are RMS-normed (`q_norm`), rotated, and written to `q_out [t, heads, d]`; k heads are
+/// normed (`k_norm`), rotated and written to the KV cache at the row's cache row; v heads are
+/// copied there. The rotation angle of pair `j` is `pos[axis(j)] · inv_freq[j]`, with the
+/// (t, h, w) position from the row's cursor and the axis from interleaved MRoPE
+/// (`gpu::math::mrope_axis`); `cos`/`sin` are computed here, so nothing is uploaded per step.
+///
+/// Thread mapping: one warp per (row, head vector), `WARPS` (4) per block, grid =
+/// `ceil(t · (heads + 2 kv_heads) / 4)`. Lanes stride over the vector's `d` elements, reduce
+/// the sum of squares with shuffles, stage the normed vector in the warp's slice of shared
+/// memory (`MAX_D` floats), then each lane rotates pairs `(j, j + d/2)`.
+///
+/// Safety: the launcher checks sizes, `d` even and `≤ MAX_D`; a cache row `>= cap` is skipped
+/// (the host checks capacity before launching). Warps past the last item exit as a whole; the
+/// only synchronisation is `sync_warp` within a warp.
+#[inline(always)]
+unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
+    let stage = shared_array![f32; MAX_D * WARPS as usize];
+    let tid = thread::thread_idx_x() as usize;
+    let (lane, w) = (tid % 32, tid / 32);
+    let (heads, kvh, d) = (p.heads as usize, p.kv_heads as usize, p.d as usize);
+    let vectors = heads + 2 * kvh;
+    let item = thread::block_idx_x() as usize * WARPS as usize + w;
+    if item >= p.t as usize * vectors {
+        return; // uniform per warp
+    }
+    let (i, hv) = (item / vectors, item % vectors);
+    let cur = (p.cursor as *const u32).add(i * CURSOR_FIELDS);
+    let row = *cur.add(CURSOR_ROW) as usize;
+    let src = (p.qkv as *const f32).add(item * d);
+    if hv >= heads + kvh {
+        // v: copied into the cache as is
+        if row < p.cap as usize {
+            let dst = (p.v_cache as *mut C).add((row * kvh + hv - heads - kvh) * d);
+            let mut e = lane;
+            while e < d {
+                C::store(dst.add(e), *src.add(e));
+                e += 32;
+            }
+        }
+        return;
+    }
+    // 1. RMSNorm of the head vector with q_norm or k_norm, staged in shared memory
+    let is_q = hv < heads;
+    let norm = (if is_q { p.q_norm } else { p.k_norm }) as *const f32;
+    let mut ss = 0.0f32;
+    let mut e = lane;
+    while e < d {
+        let x = *src.add(e);
+        ss += x * x;
+        e += 32;
+    }
+    let scale = rms_scale(warp_sum(ss) / d as f32, p.eps);
+    let s = stage.add(w * MAX_D);
+    let mut e = lane;
+    while e < d {
+        *s.add(e) = *src.add(e) * scale * *norm.add(e);
+        e += 32;
+    }
+    warp::sync_warp(0xffff_ffff);
+    // 2. rotate pairs (j, j + d/2) by pos[axis(j)] · inv_freq[j] and write them out
+    let half = d / 2;
+    let (pt, ph, pw) = (*cur, *cur.add(1), *cur.add(2));
+    let inv_freq = p.inv_freq as *const f32;
+    let mut j = lane;
+    while j < half {
+        let pos = match mrope_axis(j, p.section) {
+            1 => ph,
+            2 => pw,
+            _ => pt,
+        };
+        let angle = pos as f32 * *inv_freq.add(j);
+        let (a, b) = rope_pair(*s.add(j), *s.add(j + half), angle.cos(), angle.sin());
+        if is_q {
+            let dst = (p.q_out as *mut f32).add((i * heads + hv) * d);
+            *dst.add(j) = a;
+            *dst.add(j + half) = b;
+        } else if row < p.cap as usize {
+            let dst = (p.k_cache as *mut C).add((row * kvh + hv - heads) * d);
+            C::store(dst.add(j), a);
+            C::store(dst.add(j + half), b);
+        }
+        j += 32;
+    }
+}
+
+/// QKV norm + MRoPE + append to an f32 KV cache. See [`qkv_rope_append`].
+#[kernel]
+pub unsafe fn qkv_rope_append_f32(p: QkvRopeParams) {
+    qkv_rope_append::<f32>(p)
+}
+
+/// QKV norm + MRoPE + append to an f16 KV cache. See [`qkv_rope_append`].
+#[kernel]
+pub unsafe fn qkv_rope_append_f16(p: QkvRopeParams) {
+    qkv_rope_append::<F16>(p)
 }

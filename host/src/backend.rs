@@ -3,7 +3,9 @@
 //! this trait is written once and runs on either. Shape and dtype rules live in [`crate::ops`]
 //! and both backends check them before doing any work.
 
-use crate::{DType, DeviceKind, MappedBytes, Result, Tensor};
+use crate::model::rope::{mrope_tables, Pos3};
+use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
+use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 
 /// Device memory accounting (all zero on the CPU backend).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,12 +40,74 @@ pub struct AttnParams {
     pub scale: f32,
 }
 
+/// The shape of a decoder layer's fused QKV step ([`Backend::qkv_rope_append`]).
+#[derive(Clone, Copy)]
+pub struct QkvRope<'a> {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// `[head_dim]` f32 RMSNorm weights of the q and k heads.
+    pub q_norm: &'a Tensor,
+    pub k_norm: &'a Tensor,
+    pub eps: f32,
+    /// `[head_dim / 2]` f32 rotary inverse frequencies, on the backend.
+    pub inv_freq: &'a Tensor,
+    /// Interleaved MRoPE sections (t, h, w).
+    pub section: [usize; 3],
+}
+
+/// How [`Backend::sample_step`] picks a token: greedy when `temperature <= 0` or `top_k == 1`,
+/// else softmax at `temperature` over the `top_k` best logits, nucleus `top_p`, and the draw
+/// `gpu::math::sample_uniform(seed, cache row)` (so the pick is reproducible and equal on every
+/// backend for equal logits). The settings a backend can take are bounded by
+/// [`Backend::max_device_top_k`]; others (repetition penalty, a larger or unbounded top-k) are
+/// sampled on the host.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceSampling {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl DeviceSampling {
+    pub fn greedy() -> DeviceSampling {
+        DeviceSampling { temperature: 0.0, top_k: 1, top_p: 1.0, seed: 0 }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// Candidates to rank (1 for greedy).
+    pub fn candidates(&self) -> usize {
+        if self.is_greedy() {
+            1
+        } else {
+            self.top_k
+        }
+    }
+}
+
+/// A recorded sequence of device work ([`Backend::record`]) that [`Backend::replay`] runs again.
+pub struct Recording(pub Box<dyn std::any::Any + Send>);
+
+/// A point in a backend's timeline ([`Backend::mark`]): a host instant, and on a device a
+/// recorded event, so that device time is measured on the device.
+pub struct Mark {
+    pub host: std::time::Instant,
+    pub device: Option<Box<dyn std::any::Any + Send>>,
+}
+
 pub trait Backend: Send + Sync {
     /// Which device this backend runs on.
     fn kind(&self) -> DeviceKind;
 
     /// A human-readable description (device name, threads).
     fn describe(&self) -> String;
+
+    /// The concrete backend, for backend-specific tools (benchmarks, `info`).
+    fn as_any(&self) -> &dyn std::any::Any;
 
     /// Copies f32 host data into a new tensor on this backend.
     fn upload_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor>;
@@ -57,6 +121,19 @@ pub trait Backend: Send + Sync {
 
     /// Copies an f32 tensor of this backend back to host memory.
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>>;
+
+    /// Copies the raw bits of an f16/bf16 tensor of this backend back to host memory.
+    fn download_half(&self, t: &Tensor) -> Result<Vec<u16>>;
+
+    /// Copies u32 host data (token ids, cursors) into a new tensor on this backend.
+    fn upload_u32(&self, shape: &[usize], data: &[u32]) -> Result<Tensor>;
+
+    /// Copies a u32 tensor of this backend back to host memory.
+    fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>>;
+
+    /// Overwrites the elements of the u32 tensor `dst` (same count) in place, keeping its
+    /// storage (recorded work that reads it sees the new values).
+    fn write_u32(&self, dst: &mut Tensor, data: &[u32]) -> Result<()>;
 
     /// Linear layer: `a [m, k]` f32 times `w [n, k]` (f32/f16/bf16) transposed, plus an optional
     /// `bias [n]` f32; returns `[m, n]` f32.
@@ -97,9 +174,12 @@ pub trait Backend: Send + Sync {
     /// returns `[t, heads, d]`.
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor>;
 
-    /// Copies `src [r, ..]` into rows `row0 .. row0 + r` of `dst [cap, ..]` (trailing axes equal),
-    /// in place: the KV-cache append.
+    /// Copies `src [r, ..]` (f32) into rows `row0 .. row0 + r` of `dst [cap, ..]` (trailing axes
+    /// equal; f32, or f16 rounded to nearest even), in place: the KV-cache append.
     fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()>;
+
+    /// Columns `col0 .. col0 + width` of the f32 matrix `x [rows, cols]` as `[rows, width]`.
+    fn narrow_cols(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor>;
 
     /// `x [n, width]` with row `rows[i]` replaced by (`add`: increased by) row `i` of
     /// `src [rows.len(), width]`: image embeddings into the prompt, DeepStack features.
@@ -119,4 +199,129 @@ pub trait Backend: Send + Sync {
     /// Test aid: when on, every new output buffer is filled with NaN before the op writes it,
     /// so an element an op fails to write shows up as NaN.
     fn set_poison_outputs(&self, on: bool);
+
+    /// The KV-cache element type when the user does not choose one: f32 on the CPU; a device
+    /// may prefer f16 (half the attention bytes).
+    fn default_kv_dtype(&self) -> DType {
+        DType::F32
+    }
+
+    // ---- fused ops: each default body composes the primitives above (the CPU path and the
+    // ---- test oracle); a device backend overrides it with fewer, larger kernels.
+
+    /// Embedding rows for the token ids in the u32 tensor `ids [rows]` (ids produced on the
+    /// device, e.g. by [`Backend::sample_step`]).
+    fn embedding_gather(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        ops::expect_dtype("embedding_gather", ids, DType::U32)?;
+        self.embedding(table, &self.download_u32(ids)?)
+    }
+
+    /// `residual + a · wᵀ (+ bias)`: a linear layer with the residual add in its epilogue.
+    fn linear_residual(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
+        self.add(residual, &self.linear(a, w, bias)?)
+    }
+
+    /// `silu(x · gateᵀ) ⊙ (x · upᵀ)`: the SwiGLU MLP's first half.
+    fn gate_up_silu(&self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.silu_mul(&self.linear(x, gate, None)?, &self.linear(x, up, None)?)
+    }
+
+    /// `rms_norm(x, norm, eps) · wᵀ (+ bias)`: a linear layer of RMS-normed inputs.
+    fn rms_norm_linear(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear(&self.rms_norm(x, norm, eps)?, w, bias)
+    }
+
+    /// [`Backend::gate_up_silu`] of `rms_norm(x, norm, eps)`.
+    fn rms_norm_gate_up_silu(&self, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.gate_up_silu(&self.rms_norm(x, norm, eps)?, gate, up)
+    }
+
+    /// The decoder's step between the fused QKV projection and attention: splits
+    /// `qkv [t, (heads + 2 kv_heads) · d]`, RMS-norms the q and k heads, rotates them with
+    /// interleaved MRoPE at the positions of `cursor [t, 4]` (u32: t, h, w, cache row), writes
+    /// keys and values into `k_cache`, `v_cache` `[cap, kv_heads, d]` at the cursor's cache rows
+    /// (consecutive), and returns the queries `[t, heads, d]`.
+    fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor) -> Result<Tensor> {
+        let t = ops::qkv_rope_dims(qkv, p, cursor, k_cache, v_cache)?;
+        let cur = self.download_u32(cursor)?;
+        ops::cursor_rows_consecutive("qkv_rope_append", &cur)?;
+        let row0 = cur.get(CURSOR_ROW).map_or(0, |&r| r as usize);
+        let (qd, kvd) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
+        // 1. rotary tables for the cursor's positions: cos, sin [t, d / 2]
+        let pos: Vec<Pos3> = cur.chunks(CURSOR_FIELDS).map(|r| [r[0], r[1], r[2]]).collect();
+        let (cos, sin) = mrope_tables(&self.download_f32(p.inv_freq)?, &p.section, &pos);
+        let half = p.head_dim / 2;
+        let (cos, sin) = (self.upload_f32(&[t, half], &cos)?, self.upload_f32(&[t, half], &sin)?);
+        // 2. q, k: per-head RMSNorm then rotation; v as is
+        let q = self.narrow_cols(qkv, 0, qd)?.reshape(&[t, p.heads, p.head_dim])?;
+        let k = self.narrow_cols(qkv, qd, kvd)?.reshape(&[t, p.kv_heads, p.head_dim])?;
+        let v = self.narrow_cols(qkv, qd + kvd, kvd)?.reshape(&[t, p.kv_heads, p.head_dim])?;
+        let q = self.rope(&self.rms_norm(&q, p.q_norm, p.eps)?, &cos, &sin)?;
+        let k = self.rope(&self.rms_norm(&k, p.k_norm, p.eps)?, &cos, &sin)?;
+        // 3. append to the cache
+        self.write_rows(k_cache, row0, &k)?;
+        self.write_rows(v_cache, row0, &v)?;
+        Ok(q)
+    }
+
+    /// Causal attention of `q [t, heads, d]` against the KV cache: query row `i` sees the keys
+    /// `0 ..= cursor[i].row` (rows of `cursor [t, 4]` consecutive).
+    fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
+        ops::cursor_dims("attention_cached", cursor, q.shape().first().copied().unwrap_or(0))?;
+        let cur = self.download_u32(cursor)?;
+        ops::cursor_rows_consecutive("attention_cached", &cur)?;
+        let t = cur.len() / CURSOR_FIELDS;
+        let row0 = if t == 0 { 0 } else { cur[CURSOR_ROW] as usize };
+        self.attention(q, k_cache, v_cache, AttnParams { kv_len: row0 + t, q_pos0: row0, causal: true, scale })
+    }
+
+    /// Picks the next token of each row of `logits [rows, vocab]` as `s` says, writes the ids to
+    /// `ids [rows]` (u32) and advances every field of `cursor [rows, 4]` by one: the end of a
+    /// decode step, so the next step's inputs are already in place.
+    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        let (rows, vocab) = ops::sample_dims(logits, s, ids, cursor, self.max_device_top_k())?;
+        let all = self.download_f32(logits)?;
+        let mut cur = self.download_u32(cursor)?;
+        let mut picks = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let row = &all[r * vocab..(r + 1) * vocab];
+            let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
+            picks.push(crate::generate::sampling::pick(row, s, c[CURSOR_ROW] as u64));
+            c.iter_mut().for_each(|f| *f += 1);
+        }
+        self.write_u32(ids, &picks)?;
+        self.write_u32(cursor, &cur)
+    }
+
+    /// The largest `top_k` [`Backend::sample_step`] takes.
+    fn max_device_top_k(&self) -> usize {
+        gpu::params::sample_tile::MAX_K
+    }
+
+    // ---- recorded work and timing
+
+    /// Records the device work `f` launches, without running it, so [`Backend::replay`] can run
+    /// it again with no host work: `f` must only launch work whose inputs live in tensors that
+    /// outlive the recording (what it reads changes between replays through those tensors, as
+    /// the decode cursor does). `Ok(None)`: this backend does not record (the CPU), or recording
+    /// failed (the backend logs why); the caller then runs `f` itself each time.
+    fn record(&self, _f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
+        Ok(None)
+    }
+
+    /// Runs a [`Recording`] made by this backend.
+    fn replay(&self, _r: &Recording) -> Result<()> {
+        Err(Error::Device { op: "replay", msg: "this backend records nothing to replay".into() })
+    }
+
+    /// A point in this backend's timeline (after the work queued so far).
+    fn mark(&self) -> Result<Mark> {
+        Ok(Mark { host: std::time::Instant::now(), device: None })
+    }
+
+    /// Seconds from `a` to `b` (waits for `b`): device time where the marks carry events.
+    fn seconds_between(&self, a: &Mark, b: &Mark) -> Result<f64> {
+        self.synchronize()?;
+        Ok(b.host.duration_since(a.host).as_secs_f64())
+    }
 }

@@ -3,6 +3,7 @@
 
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;
+use crate::kernels::{KernelsRequest, Ptx};
 use crate::{Error, Result};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -33,10 +34,10 @@ pub struct Selection {
     pub reason: String,
 }
 
-/// Picks a backend. `ptx` is the kernel image embedded at build time (`None` when the crate
-/// was built without the `cuda` feature). `Cuda` fails with the reason when CUDA cannot be
+/// Picks a backend. `ptx` lists the kernel modules embedded at build time (none when the crate
+/// was built without the `cuda` feature); `kernels` says which one CUDA loads. `Cuda` fails with the reason when CUDA cannot be
 /// used; `Auto` then falls back to the CPU and the reason says why. Logs the decision.
-pub fn select(request: DeviceRequest, ptx: Option<&str>, cpu_threads: Option<usize>) -> Result<Selection> {
+pub fn select(request: DeviceRequest, ptx: &[Ptx], kernels: KernelsRequest, cpu_threads: Option<usize>) -> Result<Selection> {
     let cpu = |why: String| -> Result<Selection> {
         let b = CpuBackend::new(cpu_threads)?;
         let reason = format!("using {}: {}", b.describe(), why);
@@ -45,10 +46,10 @@ pub fn select(request: DeviceRequest, ptx: Option<&str>, cpu_threads: Option<usi
     let sel = match request {
         DeviceRequest::Cpu => cpu("requested with --device cpu".into())?,
         DeviceRequest::Cuda => {
-            let b = try_cuda(ptx)?;
+            let b = try_cuda(ptx, kernels)?;
             Selection { reason: format!("using {}: requested with --device cuda", b.describe()), backend: b }
         }
-        DeviceRequest::Auto => match try_cuda(ptx) {
+        DeviceRequest::Auto => match try_cuda(ptx, kernels) {
             Ok(b) => Selection { reason: format!("using {}: a CUDA device initialized and the kernels loaded", b.describe()), backend: b },
             Err(e) => cpu(format!("falling back from CUDA: {}", e))?,
         },
@@ -58,12 +59,14 @@ pub fn select(request: DeviceRequest, ptx: Option<&str>, cpu_threads: Option<usi
 }
 
 #[cfg(feature = "cuda")]
-fn try_cuda(ptx: Option<&str>) -> Result<Arc<dyn Backend>> {
-    let ptx = ptx.ok_or_else(|| Error::Unavailable("no PTX was embedded in this build".into()))?;
-    Ok(Arc::new(crate::cuda::CudaBackend::new(ptx)?))
+fn try_cuda(ptx: &[Ptx], kernels: KernelsRequest) -> Result<Arc<dyn Backend>> {
+    if ptx.is_empty() {
+        return Err(Error::Unavailable("no PTX was embedded in this build".into()));
+    }
+    Ok(Arc::new(crate::cuda::CudaBackend::new(ptx, kernels)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn try_cuda(_ptx: Option<&str>) -> Result<Arc<dyn Backend>> {
+fn try_cuda(_ptx: &[Ptx], _kernels: KernelsRequest) -> Result<Arc<dyn Backend>> {
     Err(Error::Unavailable("this build has no CUDA support (rebuild with --features cuda)".into()))
 }

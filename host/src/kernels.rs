@@ -1,105 +1,193 @@
-//! The typed list of every kernel in the PTX built from `gpu/`. Names follow
-//! `<op>[_<variant>]_<dtype>`; nothing else in the engine spells a kernel name.
+//! The typed list of every kernel in the PTX modules built from `gpu/`, with the architecture
+//! each needs. Names follow `<op>[_<variant>]_<dtype>`; nothing else in the engine spells a
+//! kernel name. The compute_61 module holds the kernels of `Arch::Compute61`; the compute_80
+//! module holds those and the ones that need `Arch::Compute80` (tensor cores).
 
-use crate::DType;
+use crate::{DType, Error, Result};
+use std::str::FromStr;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kernel {
-    MatmulF32,
-    MatmulF16,
-    MatmulBf16,
-    GemvF32,
-    GemvF16,
-    GemvBf16,
-    RmsNormF32,
-    SoftmaxF32,
-    SiluMulF32,
-    AddF32,
-    EmbeddingF32,
-    EmbeddingF16,
-    EmbeddingBf16,
-    RopeF32,
-    AttentionF32,
-    ScatterRowsF32,
-    LayerNormF32,
-    GeluTanhF32,
-    GeluErfF32,
+/// A PTX module's virtual architecture (what `cuda_builder` built it for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Arch {
+    /// Pascal and every newer GPU: FP32 math, `dp4a`.
+    Compute61,
+    /// Ampere, Ada, Hopper: adds `mma.sync`, `ldmatrix`, `cp.async`.
+    Compute80,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Compute61, Arch::Compute80];
+
+    /// `compute_61` / `compute_80`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Compute61 => "compute_61",
+            Arch::Compute80 => "compute_80",
+        }
+    }
+
+    /// The compute capability (major, minor) a device needs to run the module.
+    pub fn capability(self) -> (u32, u32) {
+        match self {
+            Arch::Compute61 => (6, 1),
+            Arch::Compute80 => (8, 0),
+        }
+    }
+
+    /// The `.target` line's value in the PTX text.
+    pub fn ptx_target(self) -> &'static str {
+        match self {
+            Arch::Compute61 => "sm_61",
+            Arch::Compute80 => "sm_80",
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One PTX module embedded at build time.
+#[derive(Clone, Copy, Debug)]
+pub struct Ptx {
+    pub arch: Arch,
+    pub text: &'static str,
+}
+
+/// Which module to load (`--kernels`): the best one the device supports, or a forced one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelsRequest {
+    Auto,
+    Force(Arch),
+}
+
+impl FromStr for KernelsRequest {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(KernelsRequest::Auto),
+            "compute_61" | "61" | "sm_61" => Ok(KernelsRequest::Force(Arch::Compute61)),
+            "compute_80" | "80" | "sm_80" => Ok(KernelsRequest::Force(Arch::Compute80)),
+            other => Err(format!("unknown kernels '{}': expected auto, compute_61 or compute_80", other)),
+        }
+    }
+}
+
+/// Defines [`Kernel`] from one table: variant, PTX entry name, the architecture it needs.
+macro_rules! kernel_table {
+    ($($variant:ident = $name:literal @ $arch:ident,)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kernel {
+            $($variant,)*
+        }
+
+        impl Kernel {
+            /// Every kernel, in table order (`k as usize` indexes it).
+            pub const ALL: &'static [Kernel] = &[$(Kernel::$variant,)*];
+
+            /// The entry name in the PTX.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => $name,)*
+                }
+            }
+
+            /// The oldest architecture whose module carries this kernel.
+            pub fn arch(self) -> Arch {
+                match self {
+                    $(Kernel::$variant => Arch::$arch,)*
+                }
+            }
+        }
+    };
+}
+
+kernel_table! {
+    MatmulF32 = "matmul_f32" @ Compute61,
+    MatmulF16 = "matmul_f16" @ Compute61,
+    MatmulBf16 = "matmul_bf16" @ Compute61,
+    GemvF32 = "gemv_f32" @ Compute61,
+    GemvF16 = "gemv_f16" @ Compute61,
+    GemvBf16 = "gemv_bf16" @ Compute61,
+    RmsNormF32 = "rms_norm_f32" @ Compute61,
+    SoftmaxF32 = "softmax_f32" @ Compute61,
+    SiluMulF32 = "silu_mul_f32" @ Compute61,
+    AddF32 = "add_f32" @ Compute61,
+    EmbeddingF32 = "embedding_f32" @ Compute61,
+    EmbeddingF16 = "embedding_f16" @ Compute61,
+    EmbeddingBf16 = "embedding_bf16" @ Compute61,
+    RopeF32 = "rope_f32" @ Compute61,
+    AttentionF32 = "attention_f32" @ Compute61,
+    ScatterRowsF32 = "scatter_rows_f32" @ Compute61,
+    LayerNormF32 = "layer_norm_f32" @ Compute61,
+    GeluTanhF32 = "gelu_tanh_f32" @ Compute61,
+    GeluErfF32 = "gelu_erf_f32" @ Compute61,
+    GemvVecF32 = "gemv_vec_f32" @ Compute61,
+    GemvVecF16 = "gemv_vec_f16" @ Compute61,
+    GemvVecBf16 = "gemv_vec_bf16" @ Compute61,
+    GemvGateUpF32 = "gemv_gate_up_f32" @ Compute61,
+    GemvGateUpF16 = "gemv_gate_up_f16" @ Compute61,
+    GemvGateUpBf16 = "gemv_gate_up_bf16" @ Compute61,
+    QkvRopeAppendF32 = "qkv_rope_append_f32" @ Compute61,
+    QkvRopeAppendF16 = "qkv_rope_append_f16" @ Compute61,
+    AttentionF16 = "attention_f16" @ Compute61,
+    AttentionSplitF32 = "attention_split_f32" @ Compute61,
+    AttentionSplitF16 = "attention_split_f16" @ Compute61,
+    SampleTopkF32 = "sample_topk_f32" @ Compute61,
+    SamplePickF32 = "sample_pick_f32" @ Compute61,
+    CastF16F32 = "cast_f16_f32" @ Compute61,
 }
 
 impl Kernel {
-    /// Every kernel, for load-time checks and the PTX test.
-    pub const ALL: [Kernel; 19] = [
-        Kernel::MatmulF32,
-        Kernel::MatmulF16,
-        Kernel::MatmulBf16,
-        Kernel::GemvF32,
-        Kernel::GemvF16,
-        Kernel::GemvBf16,
-        Kernel::RmsNormF32,
-        Kernel::SoftmaxF32,
-        Kernel::SiluMulF32,
-        Kernel::AddF32,
-        Kernel::EmbeddingF32,
-        Kernel::EmbeddingF16,
-        Kernel::EmbeddingBf16,
-        Kernel::RopeF32,
-        Kernel::AttentionF32,
-        Kernel::ScatterRowsF32,
-        Kernel::LayerNormF32,
-        Kernel::GeluTanhF32,
-        Kernel::GeluErfF32,
-    ];
-
-    /// The entry name in the PTX.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::MatmulF32 => "matmul_f32",
-            Kernel::MatmulF16 => "matmul_f16",
-            Kernel::MatmulBf16 => "matmul_bf16",
-            Kernel::GemvF32 => "gemv_f32",
-            Kernel::GemvF16 => "gemv_f16",
-            Kernel::GemvBf16 => "gemv_bf16",
-            Kernel::RmsNormF32 => "rms_norm_f32",
-            Kernel::SoftmaxF32 => "softmax_f32",
-            Kernel::SiluMulF32 => "silu_mul_f32",
-            Kernel::AddF32 => "add_f32",
-            Kernel::EmbeddingF32 => "embedding_f32",
-            Kernel::EmbeddingF16 => "embedding_f16",
-            Kernel::EmbeddingBf16 => "embedding_bf16",
-            Kernel::RopeF32 => "rope_f32",
-            Kernel::AttentionF32 => "attention_f32",
-            Kernel::ScatterRowsF32 => "scatter_rows_f32",
-            Kernel::LayerNormF32 => "layer_norm_f32",
-            Kernel::GeluTanhF32 => "gelu_tanh_f32",
-            Kernel::GeluErfF32 => "gelu_erf_f32",
-        }
+    /// The kernels a module of `arch` carries.
+    pub fn in_module(arch: Arch) -> impl Iterator<Item = Kernel> {
+        Kernel::ALL.iter().copied().filter(move |k| k.arch() <= arch)
     }
 
     /// The tiled matmul for weights of `dtype`.
-    pub fn matmul(dtype: DType) -> Kernel {
-        match dtype {
-            DType::F32 => Kernel::MatmulF32,
-            DType::F16 => Kernel::MatmulF16,
-            DType::BF16 => Kernel::MatmulBf16,
-        }
+    pub fn matmul(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::MatmulF32, Kernel::MatmulF16, Kernel::MatmulBf16])
     }
 
     /// The embedding lookup for a table of `dtype`.
-    pub fn embedding(dtype: DType) -> Kernel {
-        match dtype {
-            DType::F32 => Kernel::EmbeddingF32,
-            DType::F16 => Kernel::EmbeddingF16,
-            DType::BF16 => Kernel::EmbeddingBf16,
-        }
+    pub fn embedding(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::EmbeddingF32, Kernel::EmbeddingF16, Kernel::EmbeddingBf16])
     }
 
-    /// The GEMV for weights of `dtype`.
-    pub fn gemv(dtype: DType) -> Kernel {
+    /// The scalar GEMV for weights of `dtype` (any `k`).
+    pub fn gemv(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::GemvF32, Kernel::GemvF16, Kernel::GemvBf16])
+    }
+
+    /// The 16-byte-vector GEMV for weights of `dtype`.
+    pub fn gemv_vec(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::GemvVecF32, Kernel::GemvVecF16, Kernel::GemvVecBf16])
+    }
+
+    /// The gate/up SwiGLU GEMV for weights of `dtype`.
+    pub fn gemv_gate_up(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::GemvGateUpF32, Kernel::GemvGateUpF16, Kernel::GemvGateUpBf16])
+    }
+
+    /// A kernel over a KV cache of `dtype`: `[for f32, for f16]`.
+    pub fn by_kv(dtype: DType, kernels: [Kernel; 2]) -> Result<Kernel> {
         match dtype {
-            DType::F32 => Kernel::GemvF32,
-            DType::F16 => Kernel::GemvF16,
-            DType::BF16 => Kernel::GemvBf16,
+            DType::F32 => Ok(kernels[0]),
+            DType::F16 => Ok(kernels[1]),
+            other => Err(Error::DType { op: kernels[0].name(), expected: "an f32 or f16 KV cache", got: other }),
         }
+    }
+}
+
+/// The kernel of `[f32, f16, bf16]` for weights of `dtype`.
+fn by_weight(dtype: DType, kernels: [Kernel; 3]) -> Result<Kernel> {
+    match dtype {
+        DType::F32 => Ok(kernels[0]),
+        DType::F16 => Ok(kernels[1]),
+        DType::BF16 => Ok(kernels[2]),
+        other => Err(Error::DType { op: kernels[0].name(), expected: "f32, f16 or bf16 weights", got: other }),
     }
 }
 
@@ -120,7 +208,7 @@ mod tests {
         let mut names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
         for n in &names {
             let dtype = n.rsplit('_').next().unwrap();
-            assert!(["f32", "f16", "bf16"].contains(&dtype), "{} lacks a dtype suffix", n);
+            assert!(["f32", "f16", "bf16", "u32"].contains(&dtype), "{} lacks a dtype suffix", n);
         }
         names.sort_unstable();
         names.dedup();
@@ -128,8 +216,23 @@ mod tests {
     }
 
     #[test]
+    fn table_order_is_the_index() {
+        for (i, k) in Kernel::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+        }
+    }
+
+    #[test]
     fn ptx_entries_are_parsed() {
         let ptx = ".version 7.8\n.visible .entry gemv_f32(\n\t.param .b8 p[56]\n)\n.visible .entry softmax_f32(\n";
         assert_eq!(ptx_entries(ptx), vec!["gemv_f32", "softmax_f32"]);
+    }
+
+    #[test]
+    fn kernels_requests_parse() {
+        assert_eq!("auto".parse::<KernelsRequest>().unwrap(), KernelsRequest::Auto);
+        assert_eq!("compute_61".parse::<KernelsRequest>().unwrap(), KernelsRequest::Force(Arch::Compute61));
+        assert_eq!("80".parse::<KernelsRequest>().unwrap(), KernelsRequest::Force(Arch::Compute80));
+        assert!("sm_75".parse::<KernelsRequest>().is_err());
     }
 }

@@ -1,11 +1,13 @@
 //! Shape and dtype rules of every op, checked once here and by both backends before any work.
 
 use crate::{DType, Error, Result, Tensor};
+use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 
 /// `(m, n, k)` of a linear layer, after checking `a [.., k]` f32, `w [n, k]`, `bias [n]` f32.
 pub fn linear_dims(a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<(usize, usize, usize)> {
     const OP: &str = "linear";
     expect_f32(OP, a)?;
+    expect_weight(OP, w)?;
     if w.shape().len() != 2 {
         return Err(Error::shape(OP, &[a.shape(), w.shape()], "weight must be 2-D [out, in]"));
     }
@@ -74,6 +76,105 @@ pub fn silu_mul_len(gate: &Tensor, up: &Tensor) -> Result<usize> {
     Ok(gate.elem_count())
 }
 
+/// Checks that `t` has dtype `want`.
+pub fn expect_dtype(op: &'static str, t: &Tensor, want: DType) -> Result<()> {
+    if t.dtype() != want {
+        return Err(Error::DType { op, expected: want.name(), got: t.dtype() });
+    }
+    Ok(())
+}
+
+/// Checks a KV pair: f32 or f16 elements, the same for both.
+pub fn expect_kv(op: &'static str, k: &Tensor, v: &Tensor) -> Result<()> {
+    if k.dtype() != DType::F32 && k.dtype() != DType::F16 {
+        return Err(Error::DType { op, expected: "f32 or f16 keys and values", got: k.dtype() });
+    }
+    expect_dtype(op, v, k.dtype())
+}
+
+/// Checks that `w` is a weight matrix type (f32, f16 or bf16).
+pub fn expect_weight(op: &'static str, w: &Tensor) -> Result<()> {
+    if !w.dtype().is_float() {
+        return Err(Error::DType { op, expected: "f32, f16 or bf16 weights", got: w.dtype() });
+    }
+    Ok(())
+}
+
+/// Checks a decode cursor: `[rows, CURSOR_FIELDS]` u32.
+pub fn cursor_dims(op: &'static str, cursor: &Tensor, rows: usize) -> Result<()> {
+    expect_dtype(op, cursor, DType::U32)?;
+    if cursor.shape() != [rows, CURSOR_FIELDS] {
+        return Err(Error::shape(op, &[cursor.shape()], format!("the cursor must be [{}, {}] (t, h, w, cache row per row)", rows, CURSOR_FIELDS)));
+    }
+    Ok(())
+}
+
+/// Checks that a downloaded cursor's cache rows are consecutive (what the composite paths,
+/// which write and attend by row ranges, assume).
+pub fn cursor_rows_consecutive(op: &'static str, cur: &[u32]) -> Result<()> {
+    let rows: Vec<u32> = cur.chunks(CURSOR_FIELDS).map(|r| r[CURSOR_ROW]).collect();
+    if rows.windows(2).any(|w| w[1] != w[0] + 1) {
+        return Err(Error::Limit { op, msg: format!("cursor cache rows {:?} are not consecutive", rows) });
+    }
+    Ok(())
+}
+
+/// `t` of [`crate::Backend::qkv_rope_append`], after checking
+/// `qkv [t, (heads + 2 kv_heads) · d]` f32, the norms `[d]` and frequencies `[d / 2]` f32, the
+/// cursor `[t, 4]` u32 and the caches `[cap, kv_heads, d]`.
+pub fn qkv_rope_dims(qkv: &Tensor, p: &crate::backend::QkvRope<'_>, cursor: &Tensor, k: &Tensor, v: &Tensor) -> Result<usize> {
+    const OP: &str = "qkv_rope_append";
+    expect_f32(OP, qkv)?;
+    let (t, width) = qkv.rows_cols();
+    let d = p.head_dim;
+    if d == 0 || d % 2 != 0 || p.kv_heads == 0 || p.heads % p.kv_heads != 0 || width != (p.heads + 2 * p.kv_heads) * d {
+        return Err(Error::shape(OP, &[qkv.shape()], format!("qkv must be [t, ({} + 2·{}) · {}] with an even head_dim", p.heads, p.kv_heads, d)));
+    }
+    for w in [p.q_norm, p.k_norm] {
+        expect_f32(OP, w)?;
+        if w.shape() != [d] {
+            return Err(Error::shape(OP, &[w.shape()], format!("q/k norm weights must be [{}]", d)));
+        }
+    }
+    expect_f32(OP, p.inv_freq)?;
+    if p.inv_freq.shape() != [d / 2] {
+        return Err(Error::shape(OP, &[p.inv_freq.shape()], format!("inv_freq must be [{}]", d / 2)));
+    }
+    cursor_dims(OP, cursor, t)?;
+    expect_kv(OP, k, v)?;
+    if k.shape() != v.shape() || k.shape().len() != 3 || k.shape()[1..] != [p.kv_heads, d] {
+        return Err(Error::shape(OP, &[k.shape(), v.shape()], format!("caches must be [cap, {}, {}]", p.kv_heads, d)));
+    }
+    Ok(t)
+}
+
+/// `(rows, vocab)` of [`crate::Backend::sample_step`], after checking `logits [rows, vocab]`
+/// f32, `ids [rows]` and `cursor [rows, 4]` u32, and the settings.
+pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, ids: &Tensor, cursor: &Tensor, max_k: usize) -> Result<(usize, usize)> {
+    const OP: &str = "sample_step";
+    expect_f32(OP, logits)?;
+    let (rows, vocab) = logits.rows_cols();
+    expect_dtype(OP, ids, DType::U32)?;
+    if ids.shape() != [rows] || vocab == 0 {
+        return Err(Error::shape(OP, &[logits.shape(), ids.shape()], format!("ids must be [{}] and the vocabulary non-empty", rows)));
+    }
+    cursor_dims(OP, cursor, rows)?;
+    if !s.is_greedy() && (s.top_k == 0 || s.top_k > max_k.min(vocab) || !(s.top_p > 0.0 && s.top_p <= 1.0)) {
+        return Err(Error::Limit { op: OP, msg: format!("top_k {} (1..={}) / top_p {} (0, 1] cannot be sampled on the device", s.top_k, max_k.min(vocab), s.top_p) });
+    }
+    Ok((rows, vocab))
+}
+
+/// `(rows, cols)` of [`crate::Backend::narrow_cols`], after checking the f32 matrix and range.
+pub fn narrow_cols_dims(x: &Tensor, col0: usize, width: usize) -> Result<(usize, usize)> {
+    expect_f32("narrow_cols", x)?;
+    let (rows, cols) = x.rows_cols();
+    if x.shape().is_empty() || col0 + width > cols {
+        return Err(Error::shape("narrow_cols", &[x.shape()], format!("columns {}..{} out of range", col0, col0 + width)));
+    }
+    Ok((rows, cols))
+}
+
 pub fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 {
         return Err(Error::DType { op, expected: "f32", got: t.dtype() });
@@ -84,6 +185,7 @@ pub fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
 /// `(rows, hidden)` of an embedding lookup, after checking `table [vocab, hidden]` and the ids.
 pub fn embedding_dims(table: &Tensor, ids: &[u32]) -> Result<(usize, usize)> {
     const OP: &str = "embedding";
+    expect_weight(OP, table)?;
     if table.shape().len() != 2 {
         return Err(Error::shape(OP, &[table.shape()], "table must be [vocab, hidden]"));
     }
@@ -126,8 +228,9 @@ pub fn rope_dims(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(usize, usize
 /// `kv_len <= cap`, and (when causal) the last query's position inside the keys.
 pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &crate::backend::AttnParams) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "attention";
+    expect_f32(OP, q)?;
+    expect_kv(OP, k, v)?;
     for t in [q, k, v] {
-        expect_f32(OP, t)?;
         if t.shape().len() != 3 {
             return Err(Error::shape(OP, &[q.shape(), k.shape(), v.shape()], "q, k, v must be 3-D [rows, heads, head_dim]"));
         }
@@ -150,8 +253,9 @@ pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &crate::backend::At
 /// from `row0` on with equal trailing axes and one dtype.
 pub fn write_rows_dims(dst: &Tensor, row0: usize, src: &Tensor) -> Result<(usize, usize)> {
     const OP: &str = "write_rows";
-    if dst.dtype() != src.dtype() {
-        return Err(Error::DType { op: OP, expected: dst.dtype().name(), got: src.dtype() });
+    expect_f32(OP, src)?;
+    if dst.dtype() != DType::F32 && dst.dtype() != DType::F16 {
+        return Err(Error::DType { op: OP, expected: "an f32 or f16 destination", got: dst.dtype() });
     }
     if dst.shape().is_empty() || src.shape().len() != dst.shape().len() || src.shape()[1..] != dst.shape()[1..] {
         return Err(Error::shape(OP, &[dst.shape(), src.shape()], "trailing axes must agree"));

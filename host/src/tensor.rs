@@ -48,12 +48,13 @@ impl std::fmt::Debug for MappedBytes {
     }
 }
 
-/// Host memory of a CPU tensor: f32 elements, the raw bits of f16/bf16 elements, or a
-/// memory-mapped window holding either (aligned for its element type).
+/// Host memory of a CPU tensor: f32 elements, the raw bits of f16/bf16 elements, u32 elements,
+/// or a memory-mapped window holding f32/f16/bf16 (aligned for its element type).
 #[derive(Debug)]
 pub enum CpuBuffer {
     F32(Vec<f32>),
     Half(Vec<u16>),
+    U32(Vec<u32>),
     Mapped(MappedBytes),
 }
 
@@ -92,6 +93,12 @@ impl Tensor {
         Ok(Tensor::from_storage(shape.to_vec(), dtype, Storage::Cpu(Arc::new(CpuBuffer::Half(bits)))))
     }
 
+    /// A CPU u32 tensor owning `data` (token ids, decode cursors).
+    pub fn cpu_u32(shape: &[usize], data: Vec<u32>) -> Result<Tensor> {
+        check_len("Tensor::cpu_u32", shape, data.len())?;
+        Ok(Tensor::from_storage(shape.to_vec(), DType::U32, Storage::Cpu(Arc::new(CpuBuffer::U32(data)))))
+    }
+
     /// A CPU tensor over mapped checkpoint bytes (little-endian elements of `dtype`); zero-copy
     /// when the window is aligned for the element type, copied otherwise.
     pub fn cpu_mapped(shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
@@ -106,7 +113,8 @@ impl Tensor {
         let raw = bytes.bytes();
         match dtype {
             DType::F32 => Tensor::cpu_f32(shape, raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-            _ => Tensor::cpu_half(shape, dtype, raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
+            DType::U32 => Tensor::cpu_u32(shape, raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            DType::F16 | DType::BF16 => Tensor::cpu_half(shape, dtype, raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
         }
     }
 
@@ -182,8 +190,51 @@ impl Tensor {
         match &self.storage {
             Storage::Cpu(b) => match &**b {
                 CpuBuffer::Half(v) => Ok(v),
-                CpuBuffer::Mapped(m) if self.dtype != DType::F32 => Ok(cast_mapped(m)),
+                CpuBuffer::Mapped(m) if self.dtype == DType::F16 || self.dtype == DType::BF16 => Ok(cast_mapped(m)),
                 _ => Err(Error::DType { op, expected: "f16 or bf16", got: self.dtype }),
+            },
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+}
+
+impl Tensor {
+    /// The u32 elements of a CPU tensor.
+    pub fn as_cpu_u32(&self, op: &'static str) -> Result<&[u32]> {
+        match &self.storage {
+            Storage::Cpu(b) => match &**b {
+                CpuBuffer::U32(v) => Ok(v),
+                CpuBuffer::Mapped(m) if self.dtype == DType::U32 => Ok(cast_mapped(m)),
+                _ => Err(Error::DType { op, expected: "u32", got: self.dtype }),
+            },
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+
+    /// Mutable u32 elements of a CPU tensor whose storage is not shared with another tensor.
+    pub fn as_cpu_u32_mut(&mut self, op: &'static str) -> Result<&mut [u32]> {
+        let dtype = self.dtype;
+        match &mut self.storage {
+            Storage::Cpu(b) => match Arc::get_mut(b) {
+                Some(CpuBuffer::U32(v)) => Ok(v),
+                Some(_) => Err(Error::DType { op, expected: "u32", got: dtype }),
+                None => Err(Error::Device { op, msg: "cannot write in place: the tensor's storage is shared".into() }),
+            },
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+
+    /// Mutable raw f16/bf16 bits of a CPU tensor whose storage is not shared.
+    pub fn as_cpu_half_mut(&mut self, op: &'static str) -> Result<&mut [u16]> {
+        let dtype = self.dtype;
+        match &mut self.storage {
+            Storage::Cpu(b) => match Arc::get_mut(b) {
+                Some(CpuBuffer::Half(v)) => Ok(v),
+                Some(_) => Err(Error::DType { op, expected: "f16 or bf16 held in memory", got: dtype }),
+                None => Err(Error::Device { op, msg: "cannot write in place: the tensor's storage is shared".into() }),
             },
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),

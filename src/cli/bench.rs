@@ -1,13 +1,16 @@
-//! `qwen3-vl bench`: prefill and decode speed of a checkpoint (random weights are fine),
-//! printed as a table. Medians over several runs after a warm-up run.
+//! `qwen3-vl bench`: prefill and decode speed of a checkpoint (random weights are fine), as a
+//! table, and with `--json` as one JSON object on the last line. Every number is the median of
+//! `--runs` measured runs after a warm-up run, timed with the backend's marks (device events on
+//! a GPU). Decode is measured after `--context` tokens are already in the KV cache, through the
+//! same decode path as `generate` (recorded CUDA graphs where the backend records).
 
 use super::load::{progress_bar, CliResult};
 use super::DeviceArgs;
-use qwen3_vl::generate::sampling::argmax;
-use qwen3_vl::generate::Session;
+use qwen3_vl::generate::{Sampler, SamplingParams, Session};
 use qwen3_vl::model::Model;
+use qwen3_vl::{Backend, Mark};
+use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -19,48 +22,92 @@ pub struct BenchArgs {
     /// Prompt length for the prefill measurement.
     #[clap(long, default_value = "64")]
     prompt_tokens: usize,
+    /// Tokens already in the KV cache when decode is measured (default: the prompt length).
+    #[clap(long)]
+    context: Option<usize>,
     /// Tokens generated per decode measurement.
-    #[clap(long, default_value = "32")]
+    #[clap(long, default_value = "128")]
     gen_tokens: usize,
-    /// Measured runs (after one warm-up run).
-    #[clap(long, default_value = "3")]
+    /// Measured runs (after one warm-up run); the median is reported.
+    #[clap(long, default_value = "5")]
     runs: usize,
     /// Also time the vision tower on one image of this many pixels per side (e.g. 1024); the
     /// patches are synthetic, the work is the real tower's.
     #[clap(long)]
     image_side: Option<usize>,
+    /// Decode with plain launches instead of recorded steps (CUDA graphs), for comparison.
+    #[clap(long)]
+    no_graphs: bool,
+    /// Print one JSON object with the results as the last line.
+    #[clap(long)]
+    json: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2]
 }
 
+/// A deterministic pseudo-random prompt of ordinary (non-special) ids.
+fn prompt(n: usize, vocab: u64, salt: u64) -> Vec<u32> {
+    (0..n as u64).map(|i| (((i + salt) * 2_654_435_761 + 12_345) % vocab.min(150_000)) as u32).collect()
+}
+
+/// One line of progress on stderr (overwritten in place).
+fn progress(what: &str, run: usize, runs: usize) {
+    eprint!("\r{:<40}", format!("{} {}/{}", what, run, runs));
+    let _ = std::io::stderr().flush();
+}
+
+fn seconds(b: &dyn Backend, a: &Mark, c: &Mark) -> CliResult<f64> {
+    Ok(b.seconds_between(a, c)?)
+}
+
 pub fn run(a: BenchArgs) -> CliResult<()> {
-    let sel = qwen3_vl::select_device(a.device.device, a.device.threads)?;
+    if a.runs == 0 || a.gen_tokens == 0 || a.prompt_tokens == 0 {
+        return Err("--runs, --gen-tokens and --prompt-tokens must be at least 1".into());
+    }
+    let sel = a.device.select()?;
     let b = &*sel.backend;
     let model = Model::load(&a.model, b, &mut progress_bar("loading weights"))?;
-    let vocab = model.config.text.vocab_size as u64;
-    // deterministic pseudo-random prompt of ordinary (non-special) ids
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab.min(150_000)) as u32).collect();
+    let c = &model.config.text;
+    let vocab = c.vocab_size as u64;
+    let context = a.context.unwrap_or(a.prompt_tokens).max(1);
+    let capacity = context.max(a.prompt_tokens) + a.gen_tokens;
+    let kv = a.device.kv_dtype(b);
+    let mut s = Session::with_kv_dtype(&model, b, capacity, kv)?;
+    s.set_recording(!a.no_graphs);
+    let greedy = Sampler::new(SamplingParams::greedy());
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    // 1. prefill of the prompt, then decode after `context` tokens, warm-up run first
     for run in 0..=a.runs {
-        let mut s = Session::new(&model, b, prompt.len() + a.gen_tokens)?;
-        let t0 = Instant::now();
-        let mut logits = s.feed(&prompt)?;
-        let t_prefill = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        for _ in 0..a.gen_tokens {
-            let next = argmax(&logits);
-            logits = s.feed(&[next])?;
+        progress("prefill + decode run", run, a.runs);
+        s.reset();
+        let t0 = b.mark()?;
+        s.feed(&prompt(a.prompt_tokens, vocab, 0))?;
+        let t1 = b.mark()?;
+        let t_prefill = seconds(b, &t0, &t1)?;
+        if context != a.prompt_tokens {
+            s.reset();
+            s.feed(&prompt(context, vocab, 7))?;
         }
-        let t_decode = t1.elapsed().as_secs_f64();
+        let mut next = 1000u32;
+        let t2 = b.mark()?;
+        for _ in 0..a.gen_tokens {
+            next = s.decode(next, &greedy)?;
+        }
+        let t3 = b.mark()?;
         if run > 0 {
-            prefill.push(prompt.len() as f64 / t_prefill);
-            decode.push(a.gen_tokens as f64 / t_decode);
+            prefill.push(a.prompt_tokens as f64 / t_prefill);
+            decode.push(a.gen_tokens as f64 / seconds(b, &t2, &t3)?);
         }
     }
-    let c = &model.config.text;
+    eprintln!();
+    // 2. the vision tower on one synthetic image
+    let mut vision_ms = None;
     if let Some(side) = a.image_side {
         let v = &model.config.vision;
         let unit = v.patch_size * v.spatial_merge_size;
@@ -69,32 +116,71 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         let row_len = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
         let n = cells * cells;
         let patches: Vec<f32> = (0..n * row_len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+        let x = b.upload_f32(&[n, row_len], &patches)?;
         let mut times = Vec::new();
-        for run in 0..=a.runs.min(2) {
-            let t0 = Instant::now();
-            let x = b.upload_f32(&[n, row_len], &patches)?;
+        for run in 0..=a.runs {
+            progress("vision tower run", run, a.runs);
+            let t0 = b.mark()?;
             let out = model.vision.forward(b, &x, &[grid])?;
-            b.download_f32(&out.embeds)?;
+            let t1 = b.mark()?;
+            b.synchronize()?;
+            drop(out);
             if run > 0 {
-                times.push(t0.elapsed().as_secs_f64());
+                times.push(seconds(b, &t0, &t1)? * 1e3);
             }
         }
-        println!("| backend | image | patches | tokens | vision tower s |");
+        eprintln!();
+        vision_ms = Some(median(times.clone()));
+        println!("| backend | image | patches | tokens | vision tower ms |");
         println!("|---|---|---|---|---|");
-        println!("| {} | {}x{} | {} | {} | {:.2} (median of {}) |", b.describe(), cells * v.patch_size, cells * v.patch_size, n, n / 4, median(times.clone()), times.len());
+        println!("| {} | {}x{} | {} | {} | {:.1} (median of {}) |", b.describe(), cells * v.patch_size, cells * v.patch_size, n, n / 4, vision_ms.unwrap_or(f64::NAN), times.len());
     }
-    println!("| backend | model | prompt tokens | prefill tok/s | decode tok/s | runs |");
-    println!("|---|---|---|---|---|---|");
+    let (p, d) = (median(prefill), median(decode));
+    let peak = b.memory_stats().peak;
+    println!("| backend | model | prompt tokens | prefill tok/s | context | decode tok/s | kv cache | runs |");
+    println!("|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} layers, hidden {}, {} | {} | {:.1} | {:.2} | {} (median) |",
+        "| {} | {} layers, hidden {}, {} {} | {} | {:.1} | {} | {:.1} | {} | {} (median) |",
         b.describe(),
         c.num_hidden_layers,
         c.hidden_size,
+        model.text.weights_dtype(),
         a.model.display(),
-        prompt.len(),
-        median(prefill),
-        median(decode),
+        a.prompt_tokens,
+        p,
+        context,
+        d,
+        kv,
         a.runs
     );
+    if a.json {
+        let module = kernels_module(b);
+        let j = serde_json::json!({
+            "device": b.describe(),
+            "kernels_module": module,
+            "prompt_tokens": a.prompt_tokens,
+            "context": context,
+            "gen_tokens": a.gen_tokens,
+            "prefill_tokens_per_s": p,
+            "decode_tokens_per_s": d,
+            "vision_encode_ms": vision_ms,
+            "peak_device_bytes": peak,
+            "weights_dtype": model.text.weights_dtype().name(),
+            "kv_cache": kv.name(),
+            "graphs": !a.no_graphs,
+            "runs": a.runs,
+        });
+        println!("{}", j);
+    }
     Ok(())
+}
+
+/// The loaded kernel module's name on CUDA, `null` elsewhere.
+fn kernels_module(b: &dyn Backend) -> serde_json::Value {
+    #[cfg(feature = "cuda")]
+    if let Some(c) = b.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() {
+        return serde_json::Value::from(c.kernels_module().0.name());
+    }
+    let _ = b;
+    serde_json::Value::Null
 }

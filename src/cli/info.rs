@@ -1,7 +1,7 @@
 //! `qwen3-vl info`: the backend that would run, why, and the kernels in this build.
 
 use super::DeviceArgs;
-use qwen3_vl::kernels::{ptx_entries, Kernel};
+use qwen3_vl::kernels::{ptx_entries, Arch, Kernel};
 
 #[derive(clap::Args)]
 pub struct InfoArgs {
@@ -10,25 +10,44 @@ pub struct InfoArgs {
 }
 
 pub fn run(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let sel = qwen3_vl::select_device(a.device.device, a.device.threads)?;
+    let sel = a.device.select()?;
     println!("backend: {}", sel.backend.describe());
     println!("reason:  {}", sel.reason);
-    match qwen3_vl::PTX {
-        Some(ptx) => {
-            let entries = ptx_entries(ptx);
-            println!("kernels: {} in the embedded PTX (compute_61):", entries.len());
-            for k in Kernel::ALL {
-                let mark = if entries.contains(&k.name()) { "ok" } else { "MISSING" };
-                println!("  {:<14} {}", k.name(), mark);
-            }
+    println!("kv cache: {}", a.device.kv_dtype(&*sel.backend));
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = sel.backend.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() {
+        let (arch, why) = cuda.kernels_module();
+        let ((ma, mi), sms) = cuda.device_shape();
+        println!("device:  compute capability {}.{}, {} multiprocessors", ma, mi, sms);
+        println!("kernels module: {} ({})", arch, why);
+    }
+    if qwen3_vl::PTX.is_empty() {
+        println!("kernels: none (built without the cuda feature)");
+    }
+    for ptx in qwen3_vl::PTX {
+        let entries = ptx_entries(ptx.text);
+        println!("kernels: {} in the embedded {} module:", entries.len(), ptx.arch);
+        for k in Kernel::in_module(ptx.arch) {
+            let mark = if entries.contains(&k.name()) { "ok" } else { "MISSING" };
+            println!("  {:<22} {}", k.name(), mark);
         }
-        None => println!("kernels: none (built without the cuda feature)"),
     }
     Ok(())
 }
 
-pub fn print_ptx() -> Result<(), Box<dyn std::error::Error>> {
-    let ptx = qwen3_vl::PTX.ok_or("this build has no PTX (rebuild with --features cuda)")?;
-    print!("{}", ptx);
+#[derive(clap::Args)]
+pub struct PtxArgs {
+    /// Which module: compute_61 or compute_80.
+    #[clap(long, default_value = "compute_61")]
+    arch: String,
+}
+
+pub fn print_ptx(a: PtxArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let arch = match a.arch.parse::<qwen3_vl::kernels::KernelsRequest>()? {
+        qwen3_vl::kernels::KernelsRequest::Force(arch) => arch,
+        qwen3_vl::kernels::KernelsRequest::Auto => Arch::Compute61,
+    };
+    let ptx = qwen3_vl::ptx(arch).ok_or("this build has no PTX (rebuild with --features cuda)")?;
+    print!("{}", ptx.text);
     Ok(())
 }

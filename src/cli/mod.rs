@@ -3,12 +3,14 @@
 mod bench;
 mod generate;
 mod info;
+mod kernels_bench;
 mod load;
 mod logger;
 mod logits;
 
 use clap::{Parser, Subcommand};
-use qwen3_vl::DeviceRequest;
+use qwen3_vl::kernels::KernelsRequest;
+use qwen3_vl::{Backend, DType, DeviceRequest, Selection};
 
 #[derive(Parser)]
 #[clap(name = "qwen3-vl", version, about = "Qwen3-VL inference: Rust GPU kernels (CUDA, compute 6.1+) with a pure-Rust CPU fallback")]
@@ -32,6 +34,39 @@ pub struct DeviceArgs {
     /// CPU worker threads (default: all cores).
     #[clap(long)]
     pub threads: Option<usize>,
+    /// GPU kernel module: auto (the newest the device supports), compute_61 (every GPU since
+    /// Pascal) or compute_80 (Ampere and newer, tensor cores).
+    #[clap(long, default_value = "auto")]
+    pub kernels: KernelsRequest,
+    /// KV-cache element type: auto (f16 on a GPU, f32 on the CPU), f32 or f16.
+    #[clap(long, default_value = "auto", parse(try_from_str = parse_kv_cache))]
+    pub kv_cache: KvCacheArg,
+}
+
+/// `--kv-cache`: a float type, or the backend's default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheArg(pub Option<DType>);
+
+fn parse_kv_cache(s: &str) -> Result<KvCacheArg, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(KvCacheArg(None));
+    }
+    match DType::parse_float(s) {
+        Some(d @ (DType::F32 | DType::F16)) => Ok(KvCacheArg(Some(d))),
+        _ => Err(format!("unknown KV-cache type '{}': expected auto, f32 or f16", s)),
+    }
+}
+
+impl DeviceArgs {
+    /// The backend these options ask for (logs the choice and why).
+    pub fn select(&self) -> Result<Selection, qwen3_vl::Error> {
+        qwen3_vl::select_device_with(self.device, self.kernels, self.threads)
+    }
+
+    /// The KV-cache type on `backend`.
+    pub fn kv_dtype(&self, backend: &dyn Backend) -> DType {
+        self.kv_cache.0.unwrap_or_else(|| backend.default_kv_dtype())
+    }
 }
 
 #[derive(Subcommand)]
@@ -44,10 +79,12 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Measure prefill and decode speed (tokens/s) of a checkpoint.
     Bench(bench::BenchArgs),
+    /// Time the GPU decode kernels on a model's shapes against the copy bandwidth.
+    KernelsBench(kernels_bench::KernelsBenchArgs),
     /// Show which backend would run and why, with the kernels this build carries.
     Info(info::InfoArgs),
-    /// Print the embedded PTX (for ptxas and other tools).
-    Ptx,
+    /// Print an embedded PTX module (for ptxas and other tools).
+    Ptx(info::PtxArgs),
 }
 
 /// Parses the arguments, runs the subcommand, and returns the process exit code.
@@ -59,8 +96,9 @@ pub fn run() -> i32 {
         Command::Chat(a) => generate::run_chat(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::KernelsBench(a) => kernels_bench::run(a),
         Command::Info(a) => info::run(a),
-        Command::Ptx => info::print_ptx(),
+        Command::Ptx(a) => info::print_ptx(a),
     };
     match result {
         Ok(()) => 0,

@@ -47,7 +47,17 @@ impl CpuBackend {
             DType::F32 => Weights::F32(w.as_cpu_f32(op)?),
             DType::F16 => Weights::F16(w.as_cpu_half(op)?),
             DType::BF16 => Weights::Bf16(w.as_cpu_half(op)?),
+            DType::U32 => return Err(Error::DType { op, expected: "f32, f16 or bf16", got: DType::U32 }),
         })
+    }
+
+    /// The first `rows` rows of an f32 or f16 KV tensor as f32 (f16 widened exactly).
+    fn kv_f32<'a>(op: &'static str, t: &'a Tensor, rows: usize) -> Result<std::borrow::Cow<'a, [f32]>> {
+        let row_len: usize = t.shape()[1..].iter().product();
+        match t.dtype() {
+            DType::F32 => Ok(std::borrow::Cow::Borrowed(t.as_cpu_f32(op)?)),
+            _ => Ok(std::borrow::Cow::Owned(t.as_cpu_half(op)?[..rows * row_len].iter().map(|&h| gpu::math::f16_to_f32(h)).collect())),
+        }
     }
 }
 
@@ -58,6 +68,10 @@ impl Backend for CpuBackend {
 
     fn describe(&self) -> String {
         format!("CPU ({} threads)", self.threads())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn upload_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor> {
@@ -81,6 +95,27 @@ impl Backend for CpuBackend {
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         Ok(t.as_cpu_f32("download_f32")?.to_vec())
+    }
+
+    fn download_half(&self, t: &Tensor) -> Result<Vec<u16>> {
+        Ok(t.as_cpu_half("download_half")?.to_vec())
+    }
+
+    fn upload_u32(&self, shape: &[usize], data: &[u32]) -> Result<Tensor> {
+        Tensor::cpu_u32(shape, data.to_vec())
+    }
+
+    fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>> {
+        Ok(t.as_cpu_u32("download_u32")?.to_vec())
+    }
+
+    fn write_u32(&self, dst: &mut Tensor, data: &[u32]) -> Result<()> {
+        let d = dst.as_cpu_u32_mut("write_u32")?;
+        if d.len() != data.len() {
+            return Err(Error::shape("write_u32", &[dst.shape()], format!("{} elements given", data.len())));
+        }
+        d.copy_from_slice(data);
+        Ok(())
     }
 
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
@@ -166,19 +201,32 @@ impl Backend for CpuBackend {
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
         let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
-        let (qv, kv, vv) = (q.as_cpu_f32("attention")?, k.as_cpu_f32("attention")?, v.as_cpu_f32("attention")?);
+        let qv = q.as_cpu_f32("attention")?;
+        let (kv, vv) = (Self::kv_f32("attention", k, p.kv_len)?, Self::kv_f32("attention", v, p.kv_len)?);
         let mut out = self.output(t * heads * d);
         let dims = attention::Dims { t, heads, kv_heads, d };
-        self.pool.install(|| attention::attention(qv, kv, vv, dims, p, &mut out));
+        self.pool.install(|| attention::attention(qv, &kv, &vv, dims, p, &mut out));
         Tensor::cpu_f32(&[t, heads, d], out)
     }
 
     fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {
         let (rows, row_len) = ops::write_rows_dims(dst, row0, src)?;
         let sv = src.as_cpu_f32("write_rows")?;
-        let dv = dst.as_cpu_f32_mut("write_rows")?;
-        dv[row0 * row_len..(row0 + rows) * row_len].copy_from_slice(sv);
+        let range = row0 * row_len..(row0 + rows) * row_len;
+        if dst.dtype() == DType::F16 {
+            let dv = dst.as_cpu_half_mut("write_rows")?;
+            dv[range].iter_mut().zip(sv).for_each(|(d, &x)| *d = gpu::math::f32_to_f16_bits(x));
+        } else {
+            dst.as_cpu_f32_mut("write_rows")?[range].copy_from_slice(sv);
+        }
         Ok(())
+    }
+
+    fn narrow_cols(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor> {
+        let (rows, cols) = ops::narrow_cols_dims(x, col0, width)?;
+        let xv = x.as_cpu_f32("narrow_cols")?;
+        let out: Vec<f32> = (0..rows).flat_map(|r| xv[r * cols + col0..r * cols + col0 + width].iter().copied()).collect();
+        Tensor::cpu_f32(&[rows, width], out)
     }
 
     fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor> {

@@ -1,37 +1,56 @@
-//! The CUDA backend: the kernels of `gpu/` (PTX, JIT-compiled by the driver for the device at
-//! hand) launched through `cust`, with device memory from a caching pool. Each op here is the
-//! third layer over a kernel: shape rules (`crate::ops`), then the checked launcher
-//! (`launch`), then the kernel.
+//! The CUDA backend: the kernels of `gpu/` (one PTX module chosen for the device and
+//! JIT-compiled by the driver) launched through the driver API, with device memory from a
+//! caching pool. Each op is the third layer over a kernel: shape rules (`crate::ops`), then the
+//! checked launcher, then the kernel. One file per kernel family holds its launchers and the
+//! bodies of its backend ops; the `Backend` impl below only dispatches to them.
 
+mod attention;
+mod elementwise;
+mod embedding;
+mod graph;
 mod launch;
+mod linear;
+mod module;
+mod norm;
 mod pool;
+mod rope;
+mod sample;
 
-pub use launch::LinearAlgo;
+pub use linear::LinearAlgo;
 pub use pool::{bucket, DeviceBuffer, Pool};
 
-use crate::backend::{AttnParams, Backend, Gelu, MemoryStats};
-use crate::kernels::Kernel;
+use crate::backend::{AttnParams, Backend, DeviceSampling, Gelu, Mark, MemoryStats, QkvRope, Recording};
+use crate::kernels::{Arch, KernelsRequest, Ptx};
 use crate::tensor::Storage;
 use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use cust::context::{Context, CurrentContext};
-use cust::module::Module;
+use cust::device::DeviceAttribute;
 use cust::stream::{Stream, StreamFlags};
 use launch::{cuda_err, Launcher, OkOrCuda};
+use module::Kernels;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Decode-sized inputs (at most this many rows) use the GEMV kernels.
-pub const GEMV_MAX_ROWS: usize = 4;
-
 pub struct CudaBackend {
-    // Field order is drop order: stream and module go before the context.
+    // Field order is drop order: stream and kernels go before the context.
     stream: Stream,
-    module: Module,
+    kernels: Kernels,
+    /// Arrival counters of split-KV attention: zero between launches (each launch resets the
+    /// ones it uses), so recorded steps can replay them. Dropped before the pool.
+    counters: DeviceBuffer,
     pool: Arc<Pool>,
     ctx: Context,
     name: String,
+    /// Compute capability and multiprocessor count of the device.
+    cc: (u32, u32),
+    sms: u32,
+    /// Why this kernel module was loaded.
+    kernels_reason: String,
     poison: AtomicBool,
 }
+
+/// Arrival counters kept for split-KV attention (one per KV head and query block).
+const ATTENTION_COUNTERS: usize = 1 << 16;
 
 // SAFETY: the driver API is thread-safe; every entry point makes the (primary) context current
 // on the calling thread before using the module or stream.
@@ -39,26 +58,37 @@ unsafe impl Send for CudaBackend {}
 unsafe impl Sync for CudaBackend {}
 
 impl CudaBackend {
-    /// Initializes CUDA on device 0, loads `ptx` and checks that every kernel of
-    /// [`Kernel::ALL`] is in it. Errors say which step failed.
-    pub fn new(ptx: &str) -> Result<CudaBackend> {
+    /// Initializes CUDA on device 0, loads the module of `ptx` that `kernels` asks for (the
+    /// newest the device supports by default) and looks up every kernel it must carry. Errors
+    /// say which step failed.
+    pub fn new(ptx: &[Ptx], kernels: KernelsRequest) -> Result<CudaBackend> {
         let ctx = cust::quick_init().map_err(|e| Error::Unavailable(format!("no usable CUDA device ({})", e)))?;
         let device = cust::device::Device::get_device(0).map_err(|e| Error::Unavailable(format!("no CUDA device 0 ({})", e)))?;
         let name = device.name().unwrap_or_else(|_| "unknown CUDA device".into());
-        let module = Module::from_ptx(ptx, &[]).map_err(|e| Error::Unavailable(format!("loading the PTX on {} failed: {}", name, e)))?;
-        for k in Kernel::ALL {
-            module
-                .get_function(k.name())
-                .map_err(|e| Error::Unavailable(format!("kernel {} is missing from the PTX ({})", k.name(), e)))?;
-        }
+        let attr = |a| device.get_attribute(a).map(|v| v as u32).map_err(|e| Error::Unavailable(format!("cannot query {}: {}", name, e)));
+        let cc = (attr(DeviceAttribute::ComputeCapabilityMajor)?, attr(DeviceAttribute::ComputeCapabilityMinor)?);
+        let sms = attr(DeviceAttribute::MultiprocessorCount)?;
+        let (kernels, kernels_reason) = Kernels::load(ptx, kernels, cc, &name)?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| Error::Unavailable(format!("cannot create a stream: {}", e)))?;
         let pool = Pool::new(ctx.clone());
-        Ok(CudaBackend { stream, module, pool, ctx, name, poison: AtomicBool::new(false) })
+        let counters = pool.alloc(ATTENTION_COUNTERS * 4)?;
+        unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ATTENTION_COUNTERS) }.ok_or_cuda("cuMemsetD32 (attention counters)")?;
+        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, kernels_reason, counters, poison: AtomicBool::new(false) })
+    }
+
+    /// The loaded module's architecture and why it was chosen.
+    pub fn kernels_module(&self) -> (Arch, &str) {
+        (self.kernels.arch(), &self.kernels_reason)
+    }
+
+    /// Compute capability and multiprocessor count.
+    pub fn device_shape(&self) -> ((u32, u32), u32) {
+        (self.cc, self.sms)
     }
 
     fn enter(&self) -> Result<Launcher<'_>> {
         CurrentContext::set_current(&self.ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-        Ok(Launcher { module: &self.module, stream: &self.stream })
+        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner() })
     }
 
     fn buffer<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t DeviceBuffer> {
@@ -68,7 +98,7 @@ impl CudaBackend {
         }
     }
 
-    /// A new output buffer of `len` f32, NaN-filled when poisoning is on.
+    /// A new output buffer of `len` 4-byte elements, NaN-filled when poisoning is on.
     fn output(&self, len: usize) -> Result<DeviceBuffer> {
         let buf = self.pool.alloc(len * 4)?;
         if self.poison.load(Ordering::Relaxed) && len > 0 {
@@ -82,42 +112,36 @@ impl CudaBackend {
         Tensor::from_storage(shape, dtype, Storage::Cuda(Arc::new(buf)))
     }
 
+    /// Copies `bytes` bytes from host memory at `src` to `dst`, waiting until they are read.
+    fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        self.enter()?;
+        if bytes > 0 {
+            unsafe { cust::sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyHtoDAsync")?;
+            // the source is pageable host memory owned by the caller: wait until it is read
+            self.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// Copies `bytes` bytes from host memory at `src` into a new pool buffer.
     fn upload_raw(&self, src: *const u8, bytes: usize) -> Result<DeviceBuffer> {
         self.enter()?;
         let buf = self.pool.alloc(bytes)?;
-        if bytes > 0 {
-            unsafe { cust::sys::cuMemcpyHtoDAsync_v2(buf.addr(), src as *const _, bytes, self.stream.as_inner()) }
-                .ok_or_cuda("cuMemcpyHtoDAsync")?;
-            // the source is pageable host memory owned by the caller: wait until it is read
-            self.synchronize()?;
-        }
+        self.copy_in(buf.addr(), src, bytes)?;
         Ok(buf)
     }
 
-    /// Index lists (token ids, row numbers) as a u32 device buffer.
-    fn upload_u32(&self, v: &[u32]) -> Result<DeviceBuffer> {
-        self.upload_raw(v.as_ptr() as *const u8, v.len() * 4)
+    /// Copies a device buffer's first `bytes` bytes to `dst`, waiting for the queued work.
+    fn copy_out(&self, dst: *mut u8, src: &DeviceBuffer, bytes: usize) -> Result<()> {
+        self.enter()?;
+        if bytes > 0 {
+            unsafe { cust::sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src.addr(), bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoHAsync")?;
+        }
+        self.synchronize()
     }
 
     fn upload_bytes(&self, shape: &[usize], dtype: DType, src: *const u8, bytes: usize) -> Result<Tensor> {
         Ok(Self::wrap(shape.to_vec(), dtype, self.upload_raw(src, bytes)?))
-    }
-
-    /// A linear layer with an explicit kernel choice (tests and benchmarks use this to cover
-    /// both kernels; [`Backend::linear`] picks by the number of rows).
-    pub fn linear_with(&self, algo: LinearAlgo, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        const OP: &str = "linear";
-        let (m, n, k) = ops::linear_dims(a, w, bias)?;
-        let l = self.enter()?;
-        let (ab, wb) = (self.buffer(OP, a)?, self.buffer(OP, w)?);
-        let bb = match bias {
-            Some(b) => Some(self.buffer(OP, b)?),
-            None => None,
-        };
-        let out = self.output(m * n)?;
-        launch::linear(&l, algo, w.dtype(), ab, wb, bb, &out, (m, n, k))?;
-        Ok(Self::wrap(ops::linear_out_shape(a, n), DType::F32, out))
     }
 
     /// Frees every cached block of the memory pool.
@@ -126,9 +150,19 @@ impl CudaBackend {
     }
 
     /// Records an event on the stream (for timing with [`cust::event::Event::elapsed_time_f32`]).
-    pub fn record(&self, ev: &cust::event::Event) -> Result<()> {
+    pub fn record_event(&self, ev: &cust::event::Event) -> Result<()> {
         self.enter()?;
         ev.record(&self.stream).map_err(|e| cuda_err("cuEventRecord", e))
+    }
+
+    /// A device-to-device copy of `bytes` bytes (for the copy-bandwidth benchmark).
+    pub fn copy_device(&self, dst: &Tensor, src: &Tensor, bytes: usize) -> Result<()> {
+        let (d, s) = (self.buffer("copy_device", dst)?, self.buffer("copy_device", src)?);
+        if bytes > d.len() || bytes > s.len() {
+            return Err(Error::Limit { op: "copy_device", msg: format!("{} bytes exceed the buffers ({} / {})", bytes, d.len(), s.len()) });
+        }
+        self.enter()?;
+        unsafe { cust::sys::cuMemcpyDtoDAsync_v2(d.addr(), s.addr(), bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync")
     }
 }
 
@@ -138,7 +172,11 @@ impl Backend for CudaBackend {
     }
 
     fn describe(&self) -> String {
-        format!("CUDA ({})", self.name)
+        format!("CUDA ({}, {} kernels)", self.name, self.kernels.arch())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn upload_f32(&self, shape: &[usize], data: &[f32]) -> Result<Tensor> {
@@ -149,7 +187,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload_half(&self, shape: &[usize], dtype: DType, bits: &[u16]) -> Result<Tensor> {
-        if dtype == DType::F32 {
+        if dtype != DType::F16 && dtype != DType::BF16 {
             return Err(Error::DType { op: "upload_half", expected: "f16 or bf16", got: dtype });
         }
         if shape.iter().product::<usize>() != bits.len() {
@@ -168,66 +206,64 @@ impl Backend for CudaBackend {
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         ops::expect_f32("download_f32", t)?;
-        let buf = self.buffer("download_f32", t)?;
-        self.enter()?;
         let mut out = vec![0.0f32; t.elem_count()];
-        if !out.is_empty() {
-            unsafe {
-                cust::sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr() as *mut _, buf.addr(), out.len() * 4, self.stream.as_inner())
-            }
-            .ok_or_cuda("cuMemcpyDtoHAsync")?;
-        }
-        self.synchronize()?;
+        self.copy_out(out.as_mut_ptr() as *mut u8, self.buffer("download_f32", t)?, out.len() * 4)?;
         Ok(out)
     }
 
+    fn download_half(&self, t: &Tensor) -> Result<Vec<u16>> {
+        if t.dtype() != DType::F16 && t.dtype() != DType::BF16 {
+            return Err(Error::DType { op: "download_half", expected: "f16 or bf16", got: t.dtype() });
+        }
+        let mut out = vec![0u16; t.elem_count()];
+        self.copy_out(out.as_mut_ptr() as *mut u8, self.buffer("download_half", t)?, out.len() * 2)?;
+        Ok(out)
+    }
+
+    fn upload_u32(&self, shape: &[usize], data: &[u32]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(Error::shape("upload_u32", &[shape], format!("{} elements given", data.len())));
+        }
+        self.upload_bytes(shape, DType::U32, data.as_ptr() as *const u8, data.len() * 4)
+    }
+
+    fn download_u32(&self, t: &Tensor) -> Result<Vec<u32>> {
+        ops::expect_dtype("download_u32", t, DType::U32)?;
+        let mut out = vec![0u32; t.elem_count()];
+        self.copy_out(out.as_mut_ptr() as *mut u8, self.buffer("download_u32", t)?, out.len() * 4)?;
+        Ok(out)
+    }
+
+    fn write_u32(&self, dst: &mut Tensor, data: &[u32]) -> Result<()> {
+        ops::expect_dtype("write_u32", dst, DType::U32)?;
+        if dst.elem_count() != data.len() {
+            return Err(Error::shape("write_u32", &[dst.shape()], format!("{} elements given", data.len())));
+        }
+        self.copy_in(self.buffer("write_u32", dst)?.addr(), data.as_ptr() as *const u8, data.len() * 4)
+    }
+
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        let algo = if a.rows_cols().0 <= GEMV_MAX_ROWS { LinearAlgo::Gemv } else { LinearAlgo::Tiled };
-        self.linear_with(algo, a, w, bias)
+        self.linear_op(a, w, bias, None)
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
-        let (rows, cols) = ops::rms_norm_dims(x, w)?;
-        let l = self.enter()?;
-        let out = self.output(rows * cols)?;
-        launch::rms_norm(&l, self.buffer("rms_norm", x)?, self.buffer("rms_norm", w)?, &out, rows, cols, eps)?;
-        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+        self.rms_norm_op(x, w, eps)
     }
 
     fn layer_norm(&self, x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<Tensor> {
-        let (rows, cols) = ops::layer_norm_dims(x, w, b)?;
-        let l = self.enter()?;
-        let out = self.output(rows * cols)?;
-        launch::layer_norm(&l, self.buffer("layer_norm", x)?, self.buffer("layer_norm", w)?, self.buffer("layer_norm", b)?, &out, rows, cols, eps)?;
-        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+        self.layer_norm_op(x, w, b, eps)
     }
 
     fn gelu(&self, x: &Tensor, kind: Gelu) -> Result<Tensor> {
-        ops::expect_f32("gelu", x)?;
-        let kernel = match kind {
-            Gelu::Tanh => Kernel::GeluTanhF32,
-            Gelu::Erf => Kernel::GeluErfF32,
-        };
-        let l = self.enter()?;
-        let out = self.output(x.elem_count())?;
-        launch::unary(&l, kernel, self.buffer("gelu", x)?, &out, x.elem_count())?;
-        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+        self.gelu_op(x, kind)
     }
 
     fn softmax(&self, x: &Tensor) -> Result<Tensor> {
-        let (rows, cols) = ops::softmax_dims(x)?;
-        let l = self.enter()?;
-        let out = self.output(rows * cols)?;
-        launch::softmax(&l, self.buffer("softmax", x)?, &out, rows, cols)?;
-        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+        self.softmax_op(x)
     }
 
     fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        let len = ops::silu_mul_len(gate, up)?;
-        let l = self.enter()?;
-        let out = self.output(len)?;
-        launch::binary(&l, Kernel::SiluMulF32, self.buffer("silu_mul", gate)?, self.buffer("silu_mul", up)?, &out, len)?;
-        Ok(Self::wrap(gate.shape().to_vec(), DType::F32, out))
+        self.silu_mul_op(gate, up)
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
@@ -241,77 +277,37 @@ impl Backend for CudaBackend {
     }
 
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
-        let (rows, hidden) = ops::embedding_dims(table, ids)?;
-        let tb = self.buffer("embedding", table)?;
-        let id_buf = self.upload_u32(ids)?;
-        let l = self.enter()?;
-        let out = self.output(rows * hidden)?;
-        launch::embedding(&l, table.dtype(), tb, table.shape()[0], &id_buf, &out, rows, hidden)?;
-        Ok(Self::wrap(vec![rows, hidden], DType::F32, out))
+        ops::embedding_dims(table, ids)?;
+        let ids = self.upload_u32(&[ids.len()], ids)?;
+        self.embedding_gather_op(table, &ids)
     }
 
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        let len = ops::add_len(a, b)?;
-        let l = self.enter()?;
-        let out = self.output(len)?;
-        launch::binary(&l, Kernel::AddF32, self.buffer("add", a)?, self.buffer("add", b)?, &out, len)?;
-        Ok(Self::wrap(a.shape().to_vec(), DType::F32, out))
+        self.add_op(a, b)
     }
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        let (rows, heads, d) = ops::rope_dims(x, cos, sin)?;
-        let l = self.enter()?;
-        let out = self.output(rows * heads * d)?;
-        launch::rope(&l, self.buffer("rope", x)?, self.buffer("rope", cos)?, self.buffer("rope", sin)?, &out, rows, heads, d)?;
-        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+        self.rope_op(x, cos, sin)
     }
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
-        const OP: &str = "attention";
-        let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
-        let l = self.enter()?;
-        let out = self.output(t * heads * d)?;
-        let shape = launch::AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
-        launch::attention(&l, self.buffer(OP, q)?, self.buffer(OP, k)?, self.buffer(OP, v)?, &out, &shape, &p)?;
-        Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
+        self.attention_op(q, k, v, p, None)
     }
 
     fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {
-        let (rows, row_len) = ops::write_rows_dims(dst, row0, src)?;
-        let bytes = rows * row_len * src.dtype().size_of();
-        let offset = (row0 * row_len * dst.dtype().size_of()) as u64;
-        let (d, s) = (self.buffer("write_rows", dst)?, self.buffer("write_rows", src)?);
-        self.enter()?;
-        if bytes > 0 {
-            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(d.addr() + offset, s.addr(), bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync (write_rows)")?;
-        }
-        Ok(())
+        self.write_rows_op(dst, row0, src)
+    }
+
+    fn narrow_cols(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor> {
+        self.narrow_cols_op(x, col0, width)
     }
 
     fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor> {
-        let (n, width) = ops::scatter_rows_dims(x, rows, src)?;
-        let mut seen = std::collections::HashSet::new();
-        if !rows.iter().all(|r| seen.insert(*r)) {
-            return Err(Error::Limit { op: "scatter_rows", msg: "row indices must be distinct".into() });
-        }
-        let out = self.take_rows(x, 0, n)?.reshape(x.shape())?;
-        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        let idx_buf = self.upload_u32(&idx)?;
-        let l = self.enter()?;
-        launch::scatter_rows(&l, self.buffer("scatter_rows", &out)?, n, &idx_buf, self.buffer("scatter_rows", src)?, rows.len(), width, add)?;
-        Ok(out)
+        self.scatter_rows_op(x, rows, src, add)
     }
 
     fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {
-        let (row_len, shape) = ops::take_rows_dims(x, row0, count)?;
-        let src = self.buffer("take_rows", x)?;
-        self.enter()?;
-        let out = self.pool.alloc(count * row_len * 4)?;
-        if count * row_len > 0 {
-            let offset = (row0 * row_len * 4) as u64;
-            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(out.addr(), src.addr() + offset, count * row_len * 4, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync (take_rows)")?;
-        }
-        Ok(Self::wrap(shape, DType::F32, out))
+        self.take_rows_op(x, row0, count)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -325,5 +321,57 @@ impl Backend for CudaBackend {
 
     fn set_poison_outputs(&self, on: bool) {
         self.poison.store(on, Ordering::Relaxed);
+    }
+
+    fn default_kv_dtype(&self) -> DType {
+        DType::F16
+    }
+
+    fn embedding_gather(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        self.embedding_gather_op(table, ids)
+    }
+
+    fn linear_residual(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
+        self.linear_op(a, w, bias, Some(residual))
+    }
+
+    fn gate_up_silu(&self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.gate_up_silu_op(x, None, gate, up)
+    }
+
+    fn rms_norm_linear(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.rms_norm_linear_op(x, norm, eps, w, bias)
+    }
+
+    fn rms_norm_gate_up_silu(&self, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.gate_up_silu_op(x, Some((norm, eps)), gate, up)
+    }
+
+    fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor) -> Result<Tensor> {
+        self.qkv_rope_append_op(qkv, p, cursor, k_cache, v_cache)
+    }
+
+    fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
+        self.attention_cached_op(q, k_cache, v_cache, cursor, scale)
+    }
+
+    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        self.sample_step_op(logits, s, ids, cursor)
+    }
+
+    fn record(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
+        self.record_op(f)
+    }
+
+    fn replay(&self, r: &Recording) -> Result<()> {
+        self.replay_op(r)
+    }
+
+    fn mark(&self) -> Result<Mark> {
+        self.mark_op()
+    }
+
+    fn seconds_between(&self, a: &Mark, b: &Mark) -> Result<f64> {
+        self.seconds_between_op(a, b)
     }
 }

@@ -1,6 +1,12 @@
 //! A caching device memory pool. Freed blocks go back to a free list keyed by their
 //! (rounded) size and are handed out again, so steady-state inference makes no `cuMemAlloc`
 //! calls. When an allocation fails the cache is emptied and the allocation retried once.
+//!
+//! While work is being recorded into a CUDA graph, the recording thread's allocations come
+//! from (and go back to) an [`Arena`] of that recording: the graph holds their addresses, so
+//! no one else may get those blocks until the recording is dropped ([`Arena::release`]).
+//! Within the recording, freed blocks are reused by later allocations, as they are in plain
+//! runs, so a recorded step needs no more memory than a plain one.
 
 use crate::backend::MemoryStats;
 use crate::{Error, Result};
@@ -26,9 +32,57 @@ pub struct Pool {
 struct State {
     free: HashMap<usize, Vec<u64>>,
     stats: MemoryStats,
+    /// The recording in progress, and the thread recording it.
+    recording: Option<(std::thread::ThreadId, Arc<Arena>)>,
 }
 
-/// A block of device memory owned by one tensor; returns to its pool on drop.
+/// The blocks a recorded graph uses: reserved for it until [`Arena::release`].
+pub struct Arena {
+    state: Mutex<ArenaState>,
+    pool: Arc<Pool>,
+}
+
+#[derive(Default)]
+struct ArenaState {
+    free: HashMap<usize, Vec<u64>>,
+    /// The recording is gone: blocks coming back go to the pool.
+    released: bool,
+}
+
+impl Arena {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ArenaState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns the arena's free blocks to the pool; blocks still held by tensors follow when
+    /// those drop. Called when the recording that uses the blocks is destroyed.
+    pub fn release(&self) {
+        let free = {
+            let mut st = self.lock();
+            st.released = true;
+            std::mem::take(&mut st.free)
+        };
+        for (block, ptrs) in free {
+            for p in ptrs {
+                self.pool.release(p, block);
+            }
+        }
+    }
+
+    fn give_back(&self, ptr: u64, block: usize) {
+        {
+            let mut st = self.lock();
+            if !st.released {
+                st.free.entry(block).or_default().push(ptr);
+                return;
+            }
+        }
+        self.pool.release(ptr, block);
+    }
+}
+
+/// A block of device memory owned by one tensor; returns to its pool (or its recording's
+/// arena) on drop.
 pub struct DeviceBuffer {
     ptr: u64,
     /// Bytes asked for.
@@ -36,6 +90,7 @@ pub struct DeviceBuffer {
     /// Bytes of the block (its bucket).
     block: usize,
     pool: Arc<Pool>,
+    arena: Option<Arc<Arena>>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -62,7 +117,10 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        self.pool.release(self.ptr, self.block);
+        match &self.arena {
+            Some(a) => a.give_back(self.ptr, self.block),
+            None => self.pool.release(self.ptr, self.block),
+        }
     }
 }
 
@@ -80,6 +138,16 @@ impl Pool {
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
         let block = bucket(bytes);
         let mut st = self.lock();
+        let arena = match &st.recording {
+            Some((thread, a)) if *thread == std::thread::current().id() => Some(Arc::clone(a)),
+            _ => None,
+        };
+        if let Some(a) = &arena {
+            let reused = a.lock().free.get_mut(&block).and_then(|v| v.pop());
+            if let Some(ptr) = reused {
+                return Ok(DeviceBuffer { ptr, len: bytes, block, pool: Arc::clone(self), arena });
+            }
+        }
         let ptr = match st.free.get_mut(&block).and_then(|v| v.pop()) {
             Some(p) => {
                 st.stats.cached -= block;
@@ -104,7 +172,19 @@ impl Pool {
         };
         st.stats.in_use += block;
         st.stats.peak = st.stats.peak.max(st.stats.in_use);
-        Ok(DeviceBuffer { ptr, len: bytes, block, pool: Arc::clone(self) })
+        Ok(DeviceBuffer { ptr, len: bytes, block, pool: Arc::clone(self), arena })
+    }
+
+    /// Starts serving this thread's allocations from a new arena (see the module docs).
+    pub fn begin_recording(self: &Arc<Self>) -> Arc<Arena> {
+        let arena = Arc::new(Arena { state: Mutex::new(ArenaState::default()), pool: Arc::clone(self) });
+        self.lock().recording = Some((std::thread::current().id(), Arc::clone(&arena)));
+        arena
+    }
+
+    /// Stops serving allocations from the recording's arena (the arena keeps its blocks).
+    pub fn end_recording(&self) {
+        self.lock().recording = None;
     }
 
     fn release(&self, ptr: u64, block: usize) {

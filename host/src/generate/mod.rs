@@ -6,10 +6,12 @@ pub mod sampling;
 
 pub use sampling::{Sampler, SamplingParams};
 
+use crate::backend::{DeviceSampling, Recording};
 use crate::model::positions::multimodal_positions;
-use crate::model::text::Deepstack;
+use crate::model::text::{cursor, Deepstack};
 use crate::model::{Images, KvCache, Model};
-use crate::{Backend, Error, Result};
+use crate::{Backend, DType, Error, Result, Tensor};
+use gpu::params::CURSOR_FIELDS;
 
 /// One conversation's state on one backend.
 pub struct Session<'a> {
@@ -20,6 +22,35 @@ pub struct Session<'a> {
     next_pos: u32,
     /// Every token fed so far (the repetition penalty's context).
     tokens: Vec<u32>,
+    /// The decode step's device-resident state and recordings, made on the first decode step.
+    step: Option<DecodeStep>,
+    /// Whether decode steps may be recorded and replayed (CUDA graphs).
+    record: bool,
+}
+
+/// What a decode step ends with: a token chosen on the device, or logits for the host sampler.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum StepKind {
+    Device(DeviceSampling),
+    Logits,
+}
+
+/// The inputs and outputs of one decode step, in tensors that live as long as the session, so
+/// that the step can be recorded once and replayed: the step reads the token id and the cursor
+/// (rotary position, cache row) from them, and a device-sampled step writes the next token and
+/// the advanced cursor back into them, so consecutive steps need nothing from the host.
+struct DecodeStep {
+    /// `[1]` u32: the token fed by the next step.
+    ids: Tensor,
+    /// `[1, 4]` u32: its (t, h, w) position and cache row.
+    cursor: Tensor,
+    /// The logits of the last [`StepKind::Logits`] step.
+    logits: Option<Tensor>,
+    /// The token whose inputs `ids` / `cursor` already hold (written by the device sampler).
+    holds: Option<u32>,
+    recording: Option<(StepKind, Recording)>,
+    /// Kinds whose recording failed (not retried; plain launches instead).
+    unrecordable: Vec<StepKind>,
 }
 
 /// Why generation ended.
@@ -49,7 +80,43 @@ impl<'a> Session<'a> {
         if capacity > limit {
             return Err(Error::Context { tokens: capacity, limit, msg: "requested context exceeds max_position_embeddings".into() });
         }
-        Ok(Session { model, backend, cache: KvCache::new(backend, &model.config.text, capacity)?, next_pos: 0, tokens: Vec::new() })
+        Session::with_kv_dtype(model, backend, capacity, backend.default_kv_dtype())
+    }
+
+    /// [`Session::new`] with a KV cache of `kv_dtype` (f32 or f16).
+    pub fn with_kv_dtype(model: &'a Model, backend: &'a dyn Backend, capacity: usize, kv_dtype: DType) -> Result<Session<'a>> {
+        let limit = model.config.text.max_position_embeddings;
+        if capacity > limit {
+            return Err(Error::Context { tokens: capacity, limit, msg: "requested context exceeds max_position_embeddings".into() });
+        }
+        let cache = KvCache::new(backend, &model.config.text, capacity, kv_dtype)?;
+        Ok(Session { model, backend, cache, next_pos: 0, tokens: Vec::new(), step: None, record: true })
+    }
+
+    /// Turns recording and replaying of decode steps on or off (on by default; the CPU backend
+    /// records nothing either way). Plain launches give the same tokens; tests compare them.
+    pub fn set_recording(&mut self, on: bool) {
+        self.record = on;
+        if !on {
+            if let Some(st) = &mut self.step {
+                st.recording = None;
+            }
+        }
+    }
+
+    /// The KV cache's element type.
+    pub fn kv_dtype(&self) -> DType {
+        self.cache.dtype()
+    }
+
+    /// Forgets the conversation (the cache is reused, recorded decode steps are kept).
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.next_pos = 0;
+        self.tokens.clear();
+        if let Some(st) = &mut self.step {
+            st.holds = None;
+        }
     }
 
     /// Tokens in the context so far.
@@ -104,12 +171,85 @@ impl<'a> Session<'a> {
         };
         // 3. the decoder, with DeepStack features on the image rows
         let ds = vis.as_ref().map(|v| Deepstack { rows: &rows, features: &v.deepstack });
-        let h = m.text.forward(b, x, &pos, &mut self.cache, ds.as_ref())?; // [t, hidden]
+        let cur = cursor(b, &pos, self.cache.len())?; // [t, 4]
+        let h = m.text.forward(b, x, &cur, &mut self.cache, ds.as_ref())?; // [t, hidden]
+        self.cache.advance(ids.len());
         let last = b.take_rows(&h, ids.len() - 1, 1)?; // [1, hidden]
         let logits = b.download_f32(&m.text.logits(b, &last)?)?; // [vocab]
         self.next_pos = next_pos;
         self.tokens.extend_from_slice(ids);
+        if let Some(st) = &mut self.step {
+            st.holds = None; // the device state no longer describes the next token
+        }
         Ok(logits)
+    }
+
+    /// Feeds one generated token through the decode step (recorded and replayed where the
+    /// backend can) and returns the next token, chosen on the device when the sampler's
+    /// settings allow, else by `sampler` on the host from the step's logits.
+    pub fn decode(&mut self, token: u32, sampler: &Sampler) -> Result<u32> {
+        let (b, m) = (self.backend, self.model);
+        if token as usize >= m.config.text.vocab_size {
+            return Err(Error::Limit { op: "decode", msg: format!("token id {} is outside the vocabulary of {}", token, m.config.text.vocab_size) });
+        }
+        self.cache.reserve(1)?;
+        let kind = sampler.device_sampling(b.max_device_top_k()).map_or(StepKind::Logits, StepKind::Device);
+        // 1. the step's inputs: already in place after a device-sampled step, else written
+        if self.step.is_none() {
+            let ids = b.upload_u32(&[1], &[0])?;
+            let cursor = b.upload_u32(&[1, CURSOR_FIELDS], &[0; CURSOR_FIELDS])?;
+            self.step = Some(DecodeStep { ids, cursor, logits: None, holds: None, recording: None, unrecordable: Vec::new() });
+        }
+        let st = self.step.as_mut().expect("made above");
+        if st.holds != Some(token) {
+            let (p, row) = (self.next_pos, self.cache.len() as u32);
+            b.write_u32(&mut st.ids, &[token])?;
+            b.write_u32(&mut st.cursor, &[p, p, p, row])?;
+        }
+        // 2. the step: replayed, recorded then replayed, or run as plain launches
+        let cache = &mut self.cache;
+        let mut body = || -> Result<()> {
+            let x = m.text.embed_ids(b, &st.ids)?; // [1, hidden]
+            let h = m.text.forward(b, x, &st.cursor, cache, None)?;
+            let logits = m.text.logits(b, &h)?; // [1, vocab]
+            match kind {
+                StepKind::Device(s) => b.sample_step(&logits, &s, &mut st.ids, &mut st.cursor),
+                StepKind::Logits => {
+                    st.logits = Some(logits);
+                    Ok(())
+                }
+            }
+        };
+        let replayable = matches!(&st.recording, Some((k, _)) if *k == kind);
+        if !replayable && self.record && !st.unrecordable.contains(&kind) {
+            st.recording = None;
+            match b.record(&mut body)? {
+                Some(r) => st.recording = Some((kind, r)),
+                None => st.unrecordable.push(kind),
+            }
+        }
+        match &st.recording {
+            Some((k, r)) if *k == kind && self.record => b.replay(r)?,
+            _ => body()?,
+        }
+        // 3. bookkeeping, then the next token
+        self.cache.advance(1);
+        self.next_pos += 1;
+        self.tokens.push(token);
+        let st = self.step.as_mut().expect("made above");
+        match kind {
+            StepKind::Device(_) => {
+                let next = b.download_u32(&st.ids)?[0];
+                st.holds = Some(next);
+                Ok(next)
+            }
+            StepKind::Logits => {
+                st.holds = None;
+                let t = st.logits.as_ref().ok_or_else(|| Error::Device { op: "decode", msg: "the step produced no logits".into() })?;
+                let mut logits = b.download_f32(t)?;
+                Ok(sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64))
+            }
+        }
     }
 
     /// Feeds `prompt`, then samples up to `max_new` tokens, feeding each back, until a token
@@ -142,8 +282,9 @@ impl<'a> Session<'a> {
         let start = std::time::Instant::now();
         let mut out = Vec::new();
         let mut stop = Stop::MaxTokens;
+        // the first token from the prompt's logits, drawn as the device would (counter: the cache row)
+        let mut t = sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64);
         for i in 0..max_new {
-            let t = sampler.sample(&mut logits, &self.tokens);
             out.push(t);
             let go_on = on_token(t);
             if stop_ids.contains(&t) {
@@ -153,7 +294,7 @@ impl<'a> Session<'a> {
             if !go_on || i + 1 == max_new {
                 break;
             }
-            logits = self.feed(&[t])?;
+            t = self.decode(t, sampler)?;
         }
         Ok(Generated { tokens: out, stop, prefill_secs, decode_secs: start.elapsed().as_secs_f64(), prompt_tokens: prompt.len() })
     }

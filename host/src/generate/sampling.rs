@@ -1,5 +1,8 @@
-//! Next-token choice: greedy, or sampling with temperature, top-k, top-p and a repetition
-//! penalty (applied in that order, as transformers' logits processors do), from a seeded RNG.
+//! Next-token choice: greedy, or sampling with a repetition penalty, temperature, top-k and
+//! top-p (applied in that order, as transformers' logits processors do), with counter-based
+//! draws (`gpu::math::sample_uniform`) shared with the GPU sampling kernels.
+
+use crate::backend::DeviceSampling;
 
 /// Sampling settings. `temperature <= 0` means greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -20,101 +23,79 @@ impl SamplingParams {
     }
 }
 
-/// xoshiro256** seeded through splitmix64: small, fast, reproducible across platforms.
-pub struct Rng([u64; 4]);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
-        Rng([next(), next(), next(), next()])
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.0;
-        let out = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        out
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 pub struct Sampler {
     params: SamplingParams,
-    rng: Rng,
+    /// Draw counter of [`Sampler::sample`] (the session passes token positions instead).
+    step: u64,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { rng: Rng::new(params.seed), params }
+        Sampler { params, step: 0 }
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
+    /// The same choice as a device sampling kernel can make (no repetition penalty, a top-k the
+    /// device takes), or `None` when these settings need the host.
+    pub fn device_sampling(&self, max_top_k: usize) -> Option<DeviceSampling> {
+        let p = &self.params;
+        let s = DeviceSampling { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
+        if s.is_greedy() {
+            return Some(DeviceSampling::greedy());
+        }
+        if p.repetition_penalty != 1.0 || p.top_k == 0 || p.top_k > max_top_k || !(p.top_p > 0.0 && p.top_p <= 1.0) {
+            return None;
+        }
+        Some(s)
+    }
+
     /// Picks the next token from `logits` (modified in place); `context` holds the ids the
-    /// repetition penalty applies to.
+    /// repetition penalty applies to. Draws are numbered by an internal counter.
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+        let c = self.step;
+        self.step += 1;
+        self.sample_at(logits, context, c)
+    }
+
+    /// [`Sampler::sample`] with draw number `counter` (the session uses the cache row of the
+    /// token whose logits these are, as the device sampler does).
+    pub fn sample_at(&self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
         let p = self.params;
         if p.repetition_penalty != 1.0 {
             apply_repetition_penalty(logits, context, p.repetition_penalty);
         }
-        if p.temperature <= 0.0 {
+        if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
         }
-        // candidates sorted by logit, descending (ties by id for determinism)
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let key = |i: &u32| logits[*i as usize];
-        idx.sort_unstable_by(|a, b| key(b).partial_cmp(&key(a)).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(b)));
-        if p.top_k > 0 && p.top_k < idx.len() {
-            idx.truncate(p.top_k);
-        }
-        let max = logits[idx[0] as usize] / p.temperature;
-        let mut probs: Vec<f64> = idx.iter().map(|&i| ((logits[i as usize] / p.temperature - max) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-        if p.top_p < 1.0 {
-            // keep the smallest prefix reaching top_p (at least one token)
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (n, q) in probs.iter().enumerate() {
-                acc += q;
-                if acc >= p.top_p as f64 {
-                    keep = n + 1;
-                    break;
-                }
-            }
-            probs.truncate(keep);
-            idx.truncate(keep);
-            let total: f64 = probs.iter().sum();
-            probs.iter_mut().for_each(|x| *x /= total);
-        }
-        let mut u = self.rng.next_f64();
-        for (q, &i) in probs.iter().zip(&idx) {
-            if u < *q {
-                return i;
-            }
-            u -= q;
-        }
-        *idx.last().expect("at least one candidate")
+        let k = if p.top_k == 0 || p.top_k > logits.len() { logits.len() } else { p.top_k };
+        pick(logits, &DeviceSampling { temperature: p.temperature, top_k: k, top_p: p.top_p, seed: p.seed }, counter)
     }
+}
+
+/// The device sampler's rule on the host: greedy is the first maximum; otherwise the `top_k`
+/// best logits sorted (logit descending, id ascending on ties), then
+/// `gpu::math::pick_sorted` with the draw `sample_uniform(seed, counter)`. The GPU kernels
+/// make the same choice from the same logits.
+pub fn pick(logits: &[f32], s: &DeviceSampling, counter: u64) -> u32 {
+    if s.is_greedy() || logits.len() <= 1 {
+        return argmax(logits);
+    }
+    let rank = |a: &u32, b: &u32| {
+        let (x, y) = (logits[*a as usize], logits[*b as usize]);
+        y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(b))
+    };
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = s.top_k.clamp(1, idx.len());
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, rank);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(rank);
+    let sorted: Vec<f32> = idx.iter().map(|&i| logits[i as usize]).collect();
+    idx[gpu::math::pick_sorted(&sorted, s.temperature, s.top_p, gpu::math::sample_uniform(s.seed, counter))]
 }
 
 /// The largest logit's index (the first on ties, as torch.argmax).

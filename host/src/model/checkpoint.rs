@@ -147,6 +147,32 @@ impl Checkpoint {
         backend.upload_mapped(&out_shape, e.dtype, bytes)
     }
 
+    /// The 2-D tensors `parts` (name, shape; one dtype, one column count) stacked along rows
+    /// into one `[Σ rows, cols]` tensor in their stored dtype: how the decoder's q, k and v
+    /// projections become one weight, read by one kernel.
+    pub fn load_concat(&self, backend: &dyn Backend, parts: &[(&str, &[usize])]) -> Result<Tensor> {
+        let mut entries = Vec::with_capacity(parts.len());
+        for (name, shape) in parts {
+            let e = self.take(name, shape)?;
+            let first: &Entry = entries.first().map_or(e, |(_, f)| *f);
+            if shape.len() != 2 || e.dtype != first.dtype || e.shape[1] != first.shape[1] {
+                return Err(Error::Checkpoint {
+                    file: self.file_name(e),
+                    tensor: name.to_string(),
+                    msg: format!("{:?} of {} cannot be stacked with {:?} of {} (2-D, one dtype and width)", e.shape, e.dtype, first.shape, first.dtype),
+                });
+            }
+            entries.push((*name, e));
+        }
+        let (rows, cols) = (entries.iter().map(|(_, e)| e.shape[0]).sum::<usize>(), entries.first().map_or(0, |(_, e)| e.shape[1]));
+        let dtype = entries.first().map_or(DType::F32, |(_, e)| e.dtype);
+        let raw: Vec<u8> = entries.iter().flat_map(|(_, e)| self.files[e.file].1[e.start..e.end].iter().copied()).collect();
+        match dtype {
+            DType::F32 => backend.upload_f32(&[rows, cols], &raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>()),
+            _ => backend.upload_half(&[rows, cols], dtype, &raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<_>>()),
+        }
+    }
+
     /// The tensor `name` (checked to have `shape`) widened to f32 in host memory.
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let e = self.take(name, shape)?;
@@ -216,6 +242,21 @@ impl Loader<'_> {
     pub fn host_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         (self.progress)(self.ckpt.bytes_of(name));
         self.ckpt.read_f32(name, shape)
+    }
+
+    /// Weights stacked along rows (see [`Checkpoint::load_concat`]).
+    pub fn weight_concat(&mut self, parts: &[(&str, &[usize])]) -> Result<Tensor> {
+        (self.progress)(parts.iter().map(|(n, _)| self.ckpt.bytes_of(n)).sum());
+        self.ckpt.load_concat(self.backend, parts)
+    }
+
+    /// 1-D tensors (biases) widened to f32 and concatenated.
+    pub fn f32_concat(&mut self, parts: &[(&str, &[usize])]) -> Result<Tensor> {
+        let mut all = Vec::new();
+        for (name, shape) in parts {
+            all.extend(self.host_f32(name, shape)?);
+        }
+        self.backend.upload_f32(&[all.len()], &all)
     }
 
     /// A norm weight or bias as f32 (see [`Checkpoint::load_f32`]).

@@ -1,31 +1,41 @@
-//! The per-layer key/value cache of the text decoder, on the backend's device.
+//! The per-layer key/value cache of the text decoder, on the backend's device: f32, or f16
+//! (half the bytes attention reads per token; the kernels widen to f32 and accumulate in f32).
 
 use crate::model::config::TextConfig;
-use crate::{Backend, Error, Result, Tensor};
+use crate::{Backend, DType, Error, Result, Tensor};
 
 pub struct KvCache {
-    /// Per layer: `[capacity, kv_heads, head_dim]` f32.
+    /// Per layer: `[capacity, kv_heads, head_dim]` of `dtype`.
     k: Vec<Tensor>,
-    /// Per layer: `[capacity, kv_heads, head_dim]` f32.
+    /// Per layer: `[capacity, kv_heads, head_dim]` of `dtype`.
     v: Vec<Tensor>,
     len: usize,
     capacity: usize,
+    dtype: DType,
 }
 
 impl KvCache {
-    /// An empty cache for `capacity` tokens (at most the model's `max_position_embeddings`).
-    pub fn new(backend: &dyn Backend, cfg: &TextConfig, capacity: usize) -> Result<KvCache> {
+    /// An empty cache for `capacity` tokens (at most the model's `max_position_embeddings`) with
+    /// elements of `dtype` (f32 or f16).
+    pub fn new(backend: &dyn Backend, cfg: &TextConfig, capacity: usize, dtype: DType) -> Result<KvCache> {
         if capacity > cfg.max_position_embeddings {
             return Err(Error::Context { tokens: capacity, limit: cfg.max_position_embeddings, msg: "KV cache capacity above max_position_embeddings".into() });
         }
         let shape = [capacity, cfg.num_key_value_heads, cfg.head_dim];
+        let zeros = || -> Result<Tensor> {
+            match dtype {
+                DType::F32 => backend.zeros(&shape),
+                DType::F16 => backend.upload_half(&shape, DType::F16, &vec![0u16; shape.iter().product()]),
+                other => Err(Error::DType { op: "KvCache::new", expected: "f32 or f16", got: other }),
+            }
+        };
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
-            k.push(backend.zeros(&shape)?);
-            v.push(backend.zeros(&shape)?);
+            k.push(zeros()?);
+            v.push(zeros()?);
         }
-        Ok(KvCache { k, v, len: 0, capacity })
+        Ok(KvCache { k, v, len: 0, capacity, dtype })
     }
 
     /// Tokens cached so far.
@@ -41,6 +51,11 @@ impl KvCache {
         self.capacity
     }
 
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Checks that `n` more tokens fit.
     pub fn reserve(&self, n: usize) -> Result<()> {
         if self.len + n > self.capacity {
@@ -49,15 +64,14 @@ impl KvCache {
         Ok(())
     }
 
-    /// Writes layer `layer`'s keys and values `[t, kv_heads, head_dim]` at the current end.
-    pub fn write(&mut self, backend: &dyn Backend, layer: usize, k: &Tensor, v: &Tensor) -> Result<()> {
-        backend.write_rows(&mut self.k[layer], self.len, k)?;
-        backend.write_rows(&mut self.v[layer], self.len, v)
-    }
-
     /// The key and value tensors of `layer` (valid rows: `len()` plus those written this step).
     pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         (&self.k[layer], &self.v[layer])
+    }
+
+    /// The key and value tensors of `layer`, for the ops that append to them.
+    pub fn layer_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor) {
+        (&mut self.k[layer], &mut self.v[layer])
     }
 
     /// Marks `n` written tokens as cached (after every layer wrote them).

@@ -13,15 +13,10 @@ pub fn inv_freq(theta: f64, head_dim: usize) -> Vec<f32> {
     (0..head_dim / 2).map(|j| (1.0 / theta.powf((2 * j) as f64 / head_dim as f64)) as f32).collect()
 }
 
-/// The axis (0 = t, 1 = h, 2 = w) whose position drives frequency `j`.
+/// The axis (0 = t, 1 = h, 2 = w) whose position drives frequency `j` (`gpu::math::mrope_axis`,
+/// which the GPU's fused rotary kernel uses too).
 pub fn mrope_axis(j: usize, section: &[usize; 3]) -> usize {
-    if j % 3 == 1 && j < 3 * section[1] {
-        1
-    } else if j % 3 == 2 && j < 3 * section[2] {
-        2
-    } else {
-        0
-    }
+    gpu::math::mrope_axis(j, [section[0] as u32, section[1] as u32, section[2] as u32])
 }
 
 /// `(cos, sin)`, each `[positions.len(), head_dim / 2]` row-major, for the given positions.

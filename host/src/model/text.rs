@@ -4,8 +4,10 @@
 use super::checkpoint::Loader;
 use super::config::TextConfig;
 use super::kv_cache::KvCache;
-use super::rope::{inv_freq, mrope_tables, Pos3};
-use crate::{AttnParams, Backend, Error, Result, Tensor};
+use super::rope::{inv_freq, Pos3};
+use crate::backend::QkvRope;
+use crate::{Backend, Error, Result, Tensor};
+use gpu::params::CURSOR_FIELDS;
 
 /// Checkpoint names of the text decoder.
 pub const PREFIX: &str = "model.language_model.";
@@ -20,16 +22,12 @@ pub struct Deepstack<'a> {
 }
 
 struct Attention {
-    q_proj: Tensor,          // [heads * head_dim, hidden]
-    k_proj: Tensor,          // [kv_heads * head_dim, hidden]
-    v_proj: Tensor,          // [kv_heads * head_dim, hidden]
-    o_proj: Tensor,          // [hidden, heads * head_dim]
-    q_bias: Option<Tensor>,  // [heads * head_dim] when attention_bias
-    k_bias: Option<Tensor>,  // [kv_heads * head_dim]
-    v_bias: Option<Tensor>,  // [kv_heads * head_dim]
-    o_bias: Option<Tensor>,  // [hidden]
-    q_norm: Tensor,          // [head_dim] f32
-    k_norm: Tensor,          // [head_dim] f32
+    qkv_proj: Tensor,         // [(heads + 2 kv_heads) * head_dim, hidden]: q_proj, k_proj, v_proj stacked at load
+    o_proj: Tensor,           // [hidden, heads * head_dim]
+    qkv_bias: Option<Tensor>, // [(heads + 2 kv_heads) * head_dim] when attention_bias
+    o_bias: Option<Tensor>,   // [hidden]
+    q_norm: Tensor,           // [head_dim] f32
+    k_norm: Tensor,           // [head_dim] f32
 }
 
 struct Mlp {
@@ -51,7 +49,17 @@ pub struct TextModel {
     layers: Vec<DecoderLayer>,
     norm: Tensor,         // [hidden] f32
     lm_head: Tensor,      // [vocab, hidden]; the embedding itself when tied
-    inv_freq: Vec<f32>,   // [head_dim / 2]
+    inv_freq: Tensor,     // [head_dim / 2] f32, on the backend
+}
+
+/// A decoder pass's cursor `[t, 4]` u32 on `b`: per row the (t, h, w) rotary position and the
+/// KV-cache row (`row0 + i`). The decode loop keeps one and lets the device advance it.
+pub fn cursor(b: &dyn Backend, pos: &[Pos3], row0: usize) -> Result<Tensor> {
+    let mut data = Vec::with_capacity(pos.len() * CURSOR_FIELDS);
+    for (i, p) in pos.iter().enumerate() {
+        data.extend_from_slice(&[p[0], p[1], p[2], (row0 + i) as u32]);
+    }
+    b.upload_u32(&[pos.len(), CURSOR_FIELDS], &data)
 }
 
 impl TextModel {
@@ -64,21 +72,13 @@ impl TextModel {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("{}layers.{}.", PREFIX, l);
-            let bias = |ld: &mut Loader<'_>, name: &str, n: usize| -> Result<Option<Tensor>> {
-                if cfg.attention_bias {
-                    ld.f32(&format!("{}self_attn.{}.bias", p, name), &[n]).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
+            let name = |proj: &str, what: &str| format!("{}self_attn.{}.{}", p, proj, what);
+            let (qn, kn, vn) = (name("q_proj", "weight"), name("k_proj", "weight"), name("v_proj", "weight"));
+            let (qb, kb, vb) = (name("q_proj", "bias"), name("k_proj", "bias"), name("v_proj", "bias"));
             let attn = Attention {
-                q_bias: bias(ld, "q_proj", qd)?,
-                k_bias: bias(ld, "k_proj", kvd)?,
-                v_bias: bias(ld, "v_proj", kvd)?,
-                o_bias: bias(ld, "o_proj", h)?,
-                q_proj: ld.weight(&format!("{}self_attn.q_proj.weight", p), &[qd, h])?,
-                k_proj: ld.weight(&format!("{}self_attn.k_proj.weight", p), &[kvd, h])?,
-                v_proj: ld.weight(&format!("{}self_attn.v_proj.weight", p), &[kvd, h])?,
+                qkv_bias: if cfg.attention_bias { Some(ld.f32_concat(&[(&qb, &[qd]), (&kb, &[kvd]), (&vb, &[kvd])])?) } else { None },
+                o_bias: if cfg.attention_bias { Some(ld.f32(&name("o_proj", "bias"), &[h])?) } else { None },
+                qkv_proj: ld.weight_concat(&[(&qn, &[qd, h]), (&kn, &[kvd, h]), (&vn, &[kvd, h])])?,
                 o_proj: ld.weight(&format!("{}self_attn.o_proj.weight", p), &[h, qd])?,
                 q_norm: ld.f32(&format!("{}self_attn.q_norm.weight", p), &[d])?,
                 k_norm: ld.f32(&format!("{}self_attn.k_norm.weight", p), &[d])?,
@@ -107,7 +107,8 @@ impl TextModel {
                 msg: "missing, and tie_word_embeddings is false".into(),
             });
         };
-        Ok(TextModel { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq: inv_freq(cfg.rope_theta, d) })
+        let inv_freq = ld.backend.upload_f32(&[d / 2], &inv_freq(cfg.rope_theta, d))?;
+        Ok(TextModel { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq })
     }
 
     /// `[ids.len(), hidden]` token embeddings.
@@ -115,49 +116,60 @@ impl TextModel {
         b.embedding(&self.embed_tokens, ids)
     }
 
-    /// Runs the decoder over `x [t, hidden]` (embeddings of the tokens after those in `cache`)
-    /// at rotary positions `pos` (one per row), appends their keys and values to `cache`, and
-    /// returns the final-normed hidden states `[t, hidden]`.
-    pub fn forward(&self, b: &dyn Backend, x: Tensor, pos: &[Pos3], cache: &mut KvCache, deepstack: Option<&Deepstack<'_>>) -> Result<Tensor> {
+    /// The element type of the projection weights (as stored in the checkpoint).
+    pub fn weights_dtype(&self) -> crate::DType {
+        self.lm_head.dtype()
+    }
+
+    /// `[ids.len(), hidden]` embeddings of token ids held in a u32 tensor on the backend.
+    pub fn embed_ids(&self, b: &dyn Backend, ids: &Tensor) -> Result<Tensor> {
+        b.embedding_gather(&self.embed_tokens, ids)
+    }
+
+    /// Runs the decoder over `x [t, hidden]`, the embeddings of the tokens that follow those in
+    /// `cache`, at the rotary positions and cache rows of `cursor [t, 4]` (see [`cursor`]);
+    /// writes their keys and values into `cache` and returns the final-normed hidden states
+    /// `[t, hidden]`. The caller advances the cache's length (a recorded decode step runs this
+    /// without the host, so nothing here may depend on host-side state that changes per step).
+    pub fn forward(&self, b: &dyn Backend, x: Tensor, cursor: &Tensor, cache: &mut KvCache, deepstack: Option<&Deepstack<'_>>) -> Result<Tensor> {
         let c = &self.cfg;
         let t = x.shape()[0];
-        if pos.len() != t {
-            return Err(Error::shape("text forward", &[x.shape()], format!("{} positions for {} tokens", pos.len(), t)));
+        if cursor.shape() != [t, CURSOR_FIELDS] {
+            return Err(Error::shape("text forward", &[x.shape(), cursor.shape()], format!("the cursor must be [{}, {}]", t, CURSOR_FIELDS)));
         }
-        cache.reserve(t)?;
-        // 1. rotary tables for these positions: cos, sin [t, head_dim / 2]
-        let (cos, sin) = mrope_tables(&self.inv_freq, &c.mrope_section, pos);
-        let half = c.head_dim / 2;
-        let (cos, sin) = (b.upload_f32(&[t, half], &cos)?, b.upload_f32(&[t, half], &sin)?);
-        let attn = AttnParams { kv_len: cache.len() + t, q_pos0: cache.len(), causal: true, scale: 1.0 / (c.head_dim as f32).sqrt() };
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let mut x = x;
         for (l, layer) in self.layers.iter().enumerate() {
-            // 2. attention block: x [t, hidden] += o_proj(attn(rope(norm(q)), rope(norm(k)), v))
-            let h = b.rms_norm(&x, &layer.input_layernorm, c.rms_norm_eps)?;
+            // 1. attention block: x [t, hidden] += o_proj(attn(rope(norm(q)), rope(norm(k)), v))
             let a = &layer.attn;
-            let q = b.linear(&h, &a.q_proj, a.q_bias.as_ref())?.reshape(&[t, c.num_attention_heads, c.head_dim])?;
-            let k = b.linear(&h, &a.k_proj, a.k_bias.as_ref())?.reshape(&[t, c.num_key_value_heads, c.head_dim])?;
-            let v = b.linear(&h, &a.v_proj, a.v_bias.as_ref())?.reshape(&[t, c.num_key_value_heads, c.head_dim])?;
-            let q = b.rope(&b.rms_norm(&q, &a.q_norm, c.rms_norm_eps)?, &cos, &sin)?; // [t, heads, head_dim]
-            let k = b.rope(&b.rms_norm(&k, &a.k_norm, c.rms_norm_eps)?, &cos, &sin)?; // [t, kv_heads, head_dim]
-            cache.write(b, l, &k, &v)?;
+            let qkv = b.rms_norm_linear(&x, &layer.input_layernorm, c.rms_norm_eps, &a.qkv_proj, a.qkv_bias.as_ref())?; // [t, (heads + 2 kv_heads) * head_dim]
+            let (kc, vc) = cache.layer_mut(l);
+            let shape = QkvRope {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                q_norm: &a.q_norm,
+                k_norm: &a.k_norm,
+                eps: c.rms_norm_eps,
+                inv_freq: &self.inv_freq,
+                section: c.mrope_section,
+            };
+            let q = b.qkv_rope_append(&qkv, &shape, cursor, kc, vc)?; // [t, heads, head_dim]; k, v cached
             let (kc, vc) = cache.layer(l);
-            let o = b.attention(&q, kc, vc, attn)?.reshape(&[t, c.num_attention_heads * c.head_dim])?;
-            x = b.add(&x, &b.linear(&o, &a.o_proj, a.o_bias.as_ref())?)?;
-            // 3. MLP block: x [t, hidden] += down(silu(gate(norm(x))) * up(norm(x)))
-            let h = b.rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps)?;
+            let o = b.attention_cached(&q, kc, vc, cursor, scale)?.reshape(&[t, c.num_attention_heads * c.head_dim])?;
+            x = b.linear_residual(&o, &a.o_proj, a.o_bias.as_ref(), &x)?;
+            // 2. MLP block: x [t, hidden] += down(silu(gate(norm(x))) * up(norm(x)))
             let m = &layer.mlp;
-            let act = b.silu_mul(&b.linear(&h, &m.gate_proj, None)?, &b.linear(&h, &m.up_proj, None)?)?; // [t, intermediate]
-            x = b.add(&x, &b.linear(&act, &m.down_proj, None)?)?;
-            // 4. DeepStack: visual features join the image-token rows after the first layers
+            let act = b.rms_norm_gate_up_silu(&x, &layer.post_attention_layernorm, c.rms_norm_eps, &m.gate_proj, &m.up_proj)?; // [t, intermediate]
+            x = b.linear_residual(&act, &m.down_proj, None, &x)?;
+            // 3. DeepStack: visual features join the image-token rows after the first layers
             if let Some(ds) = deepstack {
                 if let Some(f) = ds.features.get(l) {
                     x = b.scatter_rows(&x, ds.rows, f, true)?;
                 }
             }
         }
-        cache.advance(t);
-        // 5. final norm
+        // 4. final norm
         b.rms_norm(&x, &self.norm, c.rms_norm_eps)
     }
 

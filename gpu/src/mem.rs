@@ -1,0 +1,172 @@
+//! Memory access helpers written as inline PTX: 16-byte read-only global loads (the widest a
+//! thread can issue), which the kernels that stream weights and the KV cache are built on.
+
+/// Four 32-bit words from global memory at `p` (16-byte aligned), through the read-only
+/// (non-coherent) path: for data no kernel of the same launch writes.
+#[inline(always)]
+pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    core::arch::asm!(
+        "ld.global.nc.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+        in(reg64) p,
+    );
+    [a, b, c, d]
+}
+
+/// A device-wide memory fence (`membar.gl`): this thread's earlier writes are visible to every
+/// thread of the grid before its later ones.
+#[inline(always)]
+pub unsafe fn fence_device() {
+    core::arch::asm!("membar.gl;");
+}
+
+/// `*p += 1` atomically in global memory; returns the old value.
+#[inline(always)]
+pub unsafe fn atomic_inc(p: *mut u32) -> u32 {
+    let old: u32;
+    core::arch::asm!("atom.global.add.u32 {}, [{}], 1;", out(reg32) old, in(reg64) p);
+    old
+}
+
+/// Four f32 from global memory at `p` (16-byte aligned), read-only path.
+#[inline(always)]
+pub unsafe fn ld_nc_f32x4(p: *const f32) -> [f32; 4] {
+    let w = ld_nc_v4(p as *const u32);
+    [f32::from_bits(w[0]), f32::from_bits(w[1]), f32::from_bits(w[2]), f32::from_bits(w[3])]
+}
+
+/// Two f16 packed in a 32-bit word (low half first, as stored) widened to f32 with the
+/// hardware conversion (exact).
+#[inline(always)]
+pub fn f16x2_to_f32(w: u32) -> (f32, f32) {
+    let (a, b): (u32, u32);
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, {w}; cvt.f32.f16 {a}, lo; cvt.f32.f16 {b}, hi; }}",
+            w = in(reg32) w, a = out(reg32) a, b = out(reg32) b,
+        );
+    }
+    (f32::from_bits(a), f32::from_bits(b))
+}
+
+/// f32 narrowed to f16 bits, rounding to nearest even (the same bits as
+/// `crate::math::f32_to_f16_bits`).
+#[inline(always)]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let h: u16;
+    unsafe {
+        core::arch::asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x.to_bits());
+    }
+    h
+}
+
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct F32x4([f32; 4]);
+
+/// Four f32 at `p` (16-byte aligned) through a generic address: global memory or a shared
+/// memory stage.
+#[inline(always)]
+pub unsafe fn ld_f32x4(p: *const f32) -> [f32; 4] {
+    (*(p as *const F32x4)).0
+}
+
+/// A 16-byte vector of weights (4 × f32, 8 × f16 or 8 × bf16) and its dot product with f32
+/// activations.
+pub trait VecElem: Copy {
+    /// Elements in 16 bytes.
+    const PER_VEC: usize;
+    /// `Σ w[e] · x[e]` over the vector's elements; `x` 16-byte aligned (global or shared).
+    unsafe fn dot(w: [u32; 4], x: *const f32) -> f32;
+}
+
+impl VecElem for f32 {
+    const PER_VEC: usize = 4;
+    #[inline(always)]
+    unsafe fn dot(w: [u32; 4], x: *const f32) -> f32 {
+        let a = ld_f32x4(x);
+        f32::from_bits(w[0]) * a[0] + f32::from_bits(w[1]) * a[1] + f32::from_bits(w[2]) * a[2] + f32::from_bits(w[3]) * a[3]
+    }
+}
+
+impl VecElem for crate::math::Bf16 {
+    const PER_VEC: usize = 8;
+    #[inline(always)]
+    unsafe fn dot(w: [u32; 4], x: *const f32) -> f32 {
+        let (a, b) = (ld_f32x4(x), ld_f32x4(x.add(4)));
+        let lo = |v: u32| f32::from_bits(v << 16);
+        let hi = |v: u32| f32::from_bits(v & 0xffff_0000);
+        let s0 = lo(w[0]) * a[0] + hi(w[0]) * a[1] + lo(w[1]) * a[2] + hi(w[1]) * a[3];
+        let s1 = lo(w[2]) * b[0] + hi(w[2]) * b[1] + lo(w[3]) * b[2] + hi(w[3]) * b[3];
+        s0 + s1
+    }
+}
+
+impl VecElem for crate::math::F16 {
+    const PER_VEC: usize = 8;
+    #[inline(always)]
+    unsafe fn dot(w: [u32; 4], x: *const f32) -> f32 {
+        let (a, b) = (ld_f32x4(x), ld_f32x4(x.add(4)));
+        let (w0, w1) = f16x2_to_f32(w[0]);
+        let (w2, w3) = f16x2_to_f32(w[1]);
+        let (w4, w5) = f16x2_to_f32(w[2]);
+        let (w6, w7) = f16x2_to_f32(w[3]);
+        (w0 * a[0] + w1 * a[1] + w2 * a[2] + w3 * a[3]) + (w4 * b[0] + w5 * b[1] + w6 * b[2] + w7 * b[3])
+    }
+}
+
+/// An element of the KV cache: f32, or f16 (half the bytes; written rounded to nearest even,
+/// read back exactly).
+pub trait KvElem: Copy {
+    unsafe fn store(p: *mut Self, x: f32);
+    unsafe fn load(p: *const Self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, x: f32) {
+        *p = x;
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> f32 {
+        *p
+    }
+}
+
+impl KvElem for crate::math::F16 {
+    #[inline(always)]
+    unsafe fn store(p: *mut Self, x: f32) {
+        *p = crate::math::F16(f32_to_f16(x));
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const Self) -> f32 {
+        f16x2_to_f32((*p).0 as u32).0
+    }
+}
+
+/// Eight consecutive KV-cache elements (16-byte aligned) widened to f32: one 16-byte load of
+/// f16, two of f32.
+pub trait KvVec8: KvElem {
+    unsafe fn load8(p: *const Self) -> [f32; 8];
+}
+
+impl KvVec8 for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> [f32; 8] {
+        let (a, b) = (ld_nc_f32x4(p), ld_nc_f32x4(p.add(4)));
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+    }
+}
+
+impl KvVec8 for crate::math::F16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> [f32; 8] {
+        let w = ld_nc_v4(p as *const u32);
+        let (a, b) = f16x2_to_f32(w[0]);
+        let (c, d) = f16x2_to_f32(w[1]);
+        let (e, f) = f16x2_to_f32(w[2]);
+        let (g, h) = f16x2_to_f32(w[3]);
+        [a, b, c, d, e, f, g, h]
+    }
+}

@@ -1,0 +1,157 @@
+//! Token choice on the device, so a decode step copies back one token id instead of the logits.
+//!
+//! # Parameters ([`SampleParams`])
+//! `logits [rows, n]` f32; `cand` scratch for `rows · blocks · k` candidates (f32 logits, then
+//! as many u32 ids); `ids [rows]` u32 out; `cursor [rows, CURSOR_FIELDS]` u32, advanced by one
+//! on every field (rotary position and cache row) once the row's token is chosen.
+//!
+//! # Kernels
+//! - `sample_topk_f32`, grid `(blocks, rows)`: block `b` stages its slice of the row
+//!   (`ceil(n / blocks)` logits) in shared memory and extracts its `k` best in order
+//!   (logit descending, id ascending on ties, as the CPU sampler sorts), one block-wide argmax
+//!   per place, each over the elements ranked after the previous pick.
+//! - `sample_pick_f32`, one block per row: the same over the `blocks · k` candidates, giving
+//!   the row's `k` best in order; thread 0 then picks (greedy: the first; else
+//!   `gpu::math::pick_sorted` with the draw `sample_uniform(seed, cursor row)`, both shared with
+//!   the CPU sampler), writes the id and advances the cursor.
+//!
+//! # Safety
+//! The launcher checks sizes, `k <= MAX_K`, the slice fits the shared stage. All threads reach
+//! every barrier (the loops run the same count in every thread).
+
+use crate::math::{pick_sorted, sample_uniform};
+use crate::params::sample_tile::{MAX_CAND, MAX_K, MAX_SLICE, THREADS};
+use crate::params::{SampleParams, CURSOR_FIELDS, CURSOR_ROW};
+use crate::reduce::shfl_xor;
+use cuda_std::{kernel, shared_array, thread};
+
+
+/// `(logit, id)` ranked: higher logit first, lower id first on ties.
+#[inline(always)]
+fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+    v > bv || (v == bv && i < bi)
+}
+
+/// The best of `vals[x]` (ids `ids(x)`) for `x < len` that rank after `(pv, pi)`, over the
+/// block; every thread gets it. `scratch`: 2 · 32 words of shared memory.
+#[inline(always)]
+unsafe fn block_best_after<F: Fn(usize) -> u32>(vals: *const f32, len: usize, id_of: &F, pv: f32, pi: u32, scratch: *mut f32) -> (f32, u32) {
+    let tid = thread::thread_idx_x() as usize;
+    let (mut bv, mut bi) = (f32::NEG_INFINITY, u32::MAX);
+    let mut x = tid;
+    while x < len {
+        let (v, i) = (*vals.add(x), id_of(x));
+        if better(pv, pi, v, i) && better(v, i, bv, bi) {
+            bv = v;
+            bi = i;
+        }
+        x += THREADS as usize;
+    }
+    let mut m = 16;
+    while m > 0 {
+        let (ov, oi) = (shfl_xor(bv, m), shfl_xor(f32::from_bits(bi), m).to_bits());
+        if better(ov, oi, bv, bi) {
+            bv = ov;
+            bi = oi;
+        }
+        m >>= 1;
+    }
+    if tid % 32 == 0 {
+        *scratch.add(2 * (tid / 32)) = bv;
+        *scratch.add(2 * (tid / 32) + 1) = f32::from_bits(bi);
+    }
+    thread::sync_threads();
+    let (mut rv, mut ri) = (f32::NEG_INFINITY, u32::MAX);
+    for w in 0..THREADS as usize / 32 {
+        let (v, i) = (*scratch.add(2 * w), (*scratch.add(2 * w + 1)).to_bits());
+        if better(v, i, rv, ri) {
+            rv = v;
+            ri = i;
+        }
+    }
+    thread::sync_threads();
+    (rv, ri)
+}
+
+/// First stage: the `k` best logits of this block's slice of one row. See the module docs.
+#[kernel]
+pub unsafe fn sample_topk_f32(p: SampleParams) {
+    let stage = shared_array![f32; MAX_SLICE];
+    let scratch = shared_array![f32; 64];
+    let tid = thread::thread_idx_x() as usize;
+    let (b, r) = (thread::block_idx_x() as usize, thread::block_idx_y() as usize);
+    let (n, k, blocks) = (p.n as usize, p.k as usize, p.blocks as usize);
+    let slice = (n + blocks - 1) / blocks;
+    let x0 = (b * slice).min(n);
+    let len = (x0 + slice).min(n) - x0;
+    let row = (p.logits as *const f32).add(r * n + x0);
+    let mut x = tid;
+    while x < len {
+        *stage.add(x) = *row.add(x);
+        x += THREADS as usize;
+    }
+    thread::sync_threads();
+    let (vals, ids) = (p.cand as *mut f32, (p.cand as *mut u32).add(p.rows as usize * blocks * k));
+    let out = (r * blocks + b) * k;
+    let (mut pv, mut pi) = (f32::INFINITY, 0u32);
+    let id_of = |x: usize| (x0 + x) as u32;
+    for place in 0..k {
+        let (v, i) = block_best_after(stage, len, &id_of, pv, pi, scratch);
+        if tid == 0 {
+            *vals.add(out + place) = v;
+            *ids.add(out + place) = i;
+        }
+        pv = v;
+        pi = i;
+    }
+}
+
+/// Second stage: merge a row's candidates, pick, write the id, advance the cursor. See the
+/// module docs.
+#[kernel]
+pub unsafe fn sample_pick_f32(p: SampleParams) {
+    let cv = shared_array![f32; MAX_CAND];
+    let ci = shared_array![u32; MAX_CAND];
+    let best = shared_array![f32; MAX_K];
+    let best_id = shared_array![u32; MAX_K];
+    let scratch = shared_array![f32; 64];
+    let tid = thread::thread_idx_x() as usize;
+    let r = thread::block_idx_x() as usize;
+    let (k, blocks) = (p.k as usize, p.blocks as usize);
+    let count = blocks * k;
+    let (vals, ids) = (p.cand as *const f32, (p.cand as *const u32).add(p.rows as usize * count));
+    let mut x = tid;
+    while x < count {
+        *cv.add(x) = *vals.add(r * count + x);
+        *ci.add(x) = *ids.add(r * count + x);
+        x += THREADS as usize;
+    }
+    thread::sync_threads();
+    let (mut pv, mut pi) = (f32::INFINITY, 0u32);
+    let id_of = |x: usize| *ci.add(x);
+    for place in 0..k {
+        let (v, i) = block_best_after(cv, count, &id_of, pv, pi, scratch);
+        if tid == 0 {
+            *best.add(place) = v;
+            *best_id.add(place) = i;
+        }
+        pv = v;
+        pi = i;
+    }
+    thread::sync_threads();
+    if tid == 0 {
+        let cur = (p.cursor as *mut u32).add(r * CURSOR_FIELDS);
+        let place = if p.temperature <= 0.0 || k == 1 {
+            0
+        } else {
+            let u = sample_uniform(p.seed, *cur.add(CURSOR_ROW) as u64);
+            pick_sorted(core::slice::from_raw_parts(best, k), p.temperature, p.top_p, u)
+        };
+        // ids past the vocabulary only come from NaN logits; keep them in range
+        let id = *best_id.add(place);
+        *(p.ids as *mut u32).add(r) = if id < p.n { id } else { p.n - 1 };
+        for f in 0..CURSOR_FIELDS {
+            *cur.add(f) += 1;
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Row gathers, scatters and copies (`gpu/src/embedding.rs`, plus driver copies): the embedding
+//! lookup, image rows into the prompt, and the KV-cache and row/column copies.
+
+use super::elementwise::cast_f16;
+use super::launch::{fits_u32, grid_dim, need, Launcher, OkOrCuda, MAX_GRID_X};
+use super::{CudaBackend, DeviceBuffer};
+use crate::kernels::Kernel;
+use crate::{ops, DType, Error, Result, Tensor};
+use gpu::params::{EmbeddingParams, ScatterRowsParams, ROW_THREADS};
+
+/// Gathers `rows` rows of `hidden` from `table` (of `dtype`, `vocab` rows) by the u32 `ids`.
+#[allow(clippy::too_many_arguments)]
+pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
+    let kernel = Kernel::embedding(dtype)?;
+    need(kernel, "table", table, vocab * hidden * dtype.size_of())?;
+    need(kernel, "ids", ids, rows * 4)?;
+    need(kernel, "out", out, rows * hidden * 4)?;
+    let p = EmbeddingParams {
+        table: table.addr(),
+        ids: ids.addr(),
+        out: out.addr(),
+        rows: fits_u32(kernel, "rows", rows)?,
+        hidden: fits_u32(kernel, "hidden", hidden)?,
+        vocab: fits_u32(kernel, "vocab", vocab)?,
+        _pad: 0,
+    };
+    if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
+/// `out[rows[i]] (+)= src[i]` for `count` rows of `width`; `out` has `n` rows.
+#[allow(clippy::too_many_arguments)]
+pub fn scatter_rows(l: &Launcher<'_>, out: &DeviceBuffer, n: usize, rows: &DeviceBuffer, src: &DeviceBuffer, count: usize, width: usize, add: bool) -> Result<()> {
+    let kernel = Kernel::ScatterRowsF32;
+    need(kernel, "out", out, n * width * 4)?;
+    need(kernel, "rows", rows, count * 4)?;
+    need(kernel, "src", src, count * width * 4)?;
+    let p = ScatterRowsParams { out: out.addr(), rows: rows.addr(), src: src.addr(), count: fits_u32(kernel, "count", count)?, width: fits_u32(kernel, "width", width)?, add: add as u32, _pad: 0 };
+    if count == 0 || width == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", count, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
+impl CudaBackend {
+    pub(super) fn embedding_gather_op(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        const OP: &str = "embedding_gather";
+        ops::expect_weight(OP, table)?;
+        ops::expect_dtype(OP, ids, DType::U32)?;
+        if table.shape().len() != 2 || ids.shape().len() != 1 {
+            return Err(Error::shape(OP, &[table.shape(), ids.shape()], "table must be [vocab, hidden] and ids [rows]"));
+        }
+        let (vocab, hidden, rows) = (table.shape()[0], table.shape()[1], ids.shape()[0]);
+        let l = self.enter()?;
+        let out = self.output(rows * hidden)?;
+        embedding(&l, table.dtype(), self.buffer(OP, table)?, vocab, self.buffer(OP, ids)?, &out, rows, hidden)?;
+        Ok(Self::wrap(vec![rows, hidden], DType::F32, out))
+    }
+
+    pub(super) fn write_rows_op(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {
+        let (rows, row_len) = ops::write_rows_dims(dst, row0, src)?;
+        let elem = dst.dtype().size_of();
+        let (d, s) = (self.buffer("write_rows", dst)?, self.buffer("write_rows", src)?);
+        let at = d.addr() + (row0 * row_len * elem) as u64;
+        let l = self.enter()?;
+        if dst.dtype() == DType::F16 {
+            return cast_f16(&l, s, at, rows * row_len);
+        }
+        if rows * row_len > 0 {
+            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(at, s.addr(), rows * row_len * 4, l.stream) }.ok_or_cuda("cuMemcpyDtoDAsync (write_rows)")?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn narrow_cols_op(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor> {
+        let (rows, cols) = ops::narrow_cols_dims(x, col0, width)?;
+        let src = self.buffer("narrow_cols", x)?;
+        let l = self.enter()?;
+        let out = self.pool.alloc(rows * width * 4)?;
+        if rows * width > 0 {
+            let copy = cust::sys::CUDA_MEMCPY2D {
+                srcXInBytes: col0 * 4,
+                srcY: 0,
+                srcMemoryType: cust::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcHost: std::ptr::null(),
+                srcDevice: src.addr(),
+                srcArray: std::ptr::null_mut(),
+                srcPitch: cols * 4,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: cust::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: out.addr(),
+                dstArray: std::ptr::null_mut(),
+                dstPitch: width * 4,
+                WidthInBytes: width * 4,
+                Height: rows,
+            };
+            unsafe { cust::sys::cuMemcpy2DAsync_v2(&copy, l.stream) }.ok_or_cuda("cuMemcpy2DAsync (narrow_cols)")?;
+        }
+        Ok(Self::wrap(vec![rows, width], DType::F32, out))
+    }
+
+    pub(super) fn scatter_rows_op(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor> {
+        let (n, width) = ops::scatter_rows_dims(x, rows, src)?;
+        let mut seen = std::collections::HashSet::new();
+        if !rows.iter().all(|r| seen.insert(*r)) {
+            return Err(Error::Limit { op: "scatter_rows", msg: "row indices must be distinct".into() });
+        }
+        let out = self.take_rows_op(x, 0, n)?.reshape(x.shape())?;
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = self.upload_raw(idx.as_ptr() as *const u8, idx.len() * 4)?;
+        let l = self.enter()?;
+        scatter_rows(&l, self.buffer("scatter_rows", &out)?, n, &idx, self.buffer("scatter_rows", src)?, rows.len(), width, add)?;
+        Ok(out)
+    }
+
+    pub(super) fn take_rows_op(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {
+        let (row_len, shape) = ops::take_rows_dims(x, row0, count)?;
+        let src = self.buffer("take_rows", x)?;
+        let l = self.enter()?;
+        let out = self.pool.alloc(count * row_len * 4)?;
+        if count * row_len > 0 {
+            let offset = (row0 * row_len * 4) as u64;
+            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(out.addr(), src.addr() + offset, count * row_len * 4, l.stream) }.ok_or_cuda("cuMemcpyDtoDAsync (take_rows)")?;
+        }
+        Ok(Self::wrap(shape, DType::F32, out))
+    }
+}

@@ -1,0 +1,61 @@
+//! Token choice on the device (`gpu/src/sample.rs`): per-block top-k, then one pick per row
+//! that writes the token id and advances the decode cursor, so a decode step needs no logits
+//! on the host.
+
+use super::launch::{ceil_div, fits_u32, need, Launcher};
+use super::{CudaBackend, DeviceBuffer};
+use crate::backend::DeviceSampling;
+use crate::kernels::Kernel;
+use crate::{ops, Error, Result, Tensor};
+use gpu::params::{sample_tile, SampleParams, CURSOR_FIELDS};
+
+/// First-stage blocks per row for a vocabulary of `n`: each stages at most `MAX_SLICE` logits.
+pub fn blocks_for(n: usize) -> usize {
+    (sample_tile::BLOCKS as usize).max(ceil_div(n, sample_tile::MAX_SLICE))
+}
+
+/// Both sampling stages for `rows` rows of `n` logits, keeping `k` candidates.
+#[allow(clippy::too_many_arguments)]
+pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids: &DeviceBuffer, cursor: &DeviceBuffer, rows: usize, n: usize, s: &DeviceSampling) -> Result<()> {
+    let kernel = Kernel::SampleTopkF32;
+    let (k, blocks) = (s.candidates(), blocks_for(n));
+    if k == 0 || k > sample_tile::MAX_K || k > n || blocks * k > sample_tile::MAX_CAND {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("top_k {} over {} logits needs {} candidates (at most {} of {})", k, n, blocks * k, sample_tile::MAX_K, sample_tile::MAX_CAND) });
+    }
+    need(kernel, "logits", logits, rows * n * 4)?;
+    need(kernel, "cand", cand, rows * blocks * k * 8)?;
+    need(kernel, "ids", ids, rows * 4)?;
+    need(kernel, "cursor", cursor, rows * CURSOR_FIELDS * 4)?;
+    let p = SampleParams {
+        logits: logits.addr(),
+        cand: cand.addr(),
+        ids: ids.addr(),
+        cursor: cursor.addr(),
+        rows: fits_u32(kernel, "rows", rows)?,
+        n: fits_u32(kernel, "n", n)?,
+        k: k as u32,
+        blocks: blocks as u32,
+        temperature: if s.is_greedy() { 0.0 } else { s.temperature },
+        top_p: s.top_p,
+        seed: s.seed,
+    };
+    if rows == 0 {
+        return Ok(());
+    }
+    let grid_rows = fits_u32(kernel, "rows", rows)?.min(65_535);
+    l.launch(kernel, [blocks as u32, grid_rows, 1], sample_tile::THREADS, &p)?;
+    l.launch(Kernel::SamplePickF32, [grid_rows, 1, 1], sample_tile::THREADS, &p)
+}
+
+impl CudaBackend {
+    pub(super) fn sample_step_op(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        const OP: &str = "sample_step";
+        let (rows, n) = ops::sample_dims(logits, s, ids, cursor, sample_tile::MAX_K)?;
+        if rows > 65_535 {
+            return Err(Error::Limit { op: OP, msg: format!("{} rows exceed 65535", rows) });
+        }
+        let l = self.enter()?;
+        let cand = self.output(rows * blocks_for(n) * s.candidates() * 2)?;
+        sample(&l, self.buffer(OP, logits)?, &cand, self.buffer(OP, ids)?, self.buffer(OP, cursor)?, rows, n, s)
+    }
+}

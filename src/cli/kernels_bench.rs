@@ -1,0 +1,143 @@
+//! `qwen3-vl kernels-bench`: the decode kernels one by one on the GPU, on the shapes of a model
+//! config: each GEMV's weight-read bandwidth beside the device's measured copy bandwidth, and
+//! split-KV attention's KV-read bandwidth at several context lengths. Weights are random and
+//! rotated among enough copies to exceed the L2 cache, so every launch reads device memory.
+//! Times are device events around many launches after a warm-up, median of the repetitions.
+
+use super::load::CliResult;
+use super::DeviceArgs;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct KernelsBenchArgs {
+    /// Model directory whose config.json gives the shapes.
+    #[clap(long, short = 'm')]
+    model: PathBuf,
+    #[clap(flatten)]
+    device: DeviceArgs,
+    /// Repetitions (the median is reported).
+    #[clap(long, default_value = "15")]
+    reps: usize,
+    /// Print one JSON object with the results as the last line.
+    #[clap(long)]
+    json: bool,
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn run(_a: KernelsBenchArgs) -> CliResult<()> {
+    Err("kernels-bench needs a build with --features cuda".into())
+}
+
+#[cfg(feature = "cuda")]
+pub fn run(a: KernelsBenchArgs) -> CliResult<()> {
+    cuda_bench::run(a)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_bench {
+    use super::*;
+    use qwen3_vl::cuda::{CudaBackend, LinearAlgo};
+    use qwen3_vl::gpu::params::CURSOR_FIELDS;
+    use qwen3_vl::model::Config;
+    use qwen3_vl::{Backend, DType, Tensor};
+
+    /// Bytes of weight copies to rotate through (well above any L2 cache).
+    const ROTATE_BYTES: usize = 512 << 20;
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        v[v.len() / 2]
+    }
+
+    /// Median seconds of one `launch(i)` over `reps` timed passes of `per_pass` launches each.
+    fn time(b: &CudaBackend, reps: usize, per_pass: usize, launch: &mut dyn FnMut(usize) -> qwen3_vl::Result<()>) -> CliResult<f64> {
+        for i in 0..per_pass.min(3) {
+            launch(i)?;
+        }
+        let mut t = Vec::new();
+        for _ in 0..reps {
+            let m0 = b.mark()?;
+            for i in 0..per_pass {
+                launch(i)?;
+            }
+            let m1 = b.mark()?;
+            t.push(b.seconds_between(&m0, &m1)? / per_pass as f64);
+        }
+        Ok(median(t))
+    }
+
+    fn random_bits(n: usize, seed: u32) -> Vec<u16> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                // bf16 / f16 values of moderate size (exponent around 1)
+                0x3c00 | (s as u16 & 0x83ff)
+            })
+            .collect()
+    }
+
+    pub fn run(a: KernelsBenchArgs) -> CliResult<()> {
+        let sel = a.device.select()?;
+        let b = sel.backend.as_any().downcast_ref::<CudaBackend>().ok_or("kernels-bench needs the CUDA backend (--device cuda)")?;
+        let cfg = Config::from_dir(&a.model)?.text;
+        let wd = DType::BF16;
+        let mut rows = Vec::new();
+        // 1. the copy ceiling: device-to-device, bytes read + written
+        let n = 256 << 20; // f32 elements = 1 GiB
+        let (src, dst) = (b.zeros(&[n])?, b.zeros(&[n])?);
+        let t = time(b, a.reps, 1, &mut |_| b.copy_device(&dst, &src, n * 4))?;
+        let copy_gbs = 2.0 * (n * 4) as f64 / t / 1e9;
+        println!("device: {}  copy bandwidth (read + write): {:.0} GB/s", b.describe(), copy_gbs);
+        println!("| kernel | shape (k -> n) | bytes read | us | GB/s | % of copy |");
+        println!("|---|---|---|---|---|---|");
+        // 2. each GEMV of the decoder, m = 1
+        let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+        let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        let shapes: Vec<(&str, usize, usize)> = vec![
+            ("qkv_proj (fused)", h, qd + 2 * kvd),
+            ("q_proj / o_proj", h, qd),
+            ("k_proj / v_proj", h, kvd),
+            ("gate+up (fused)", h, i),
+            ("down_proj", i, h),
+            ("lm_head", h, cfg.vocab_size),
+        ];
+        for (name, k, nout) in shapes {
+            let fused = name.starts_with("gate+up");
+            let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
+            let copies = (ROTATE_BYTES / per).max(2);
+            let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 7 + c as u32))).collect::<Result<_, _>>()?;
+            let x = b.upload_f32(&[1, k], &vec![0.01; k])?;
+            let t = time(b, a.reps, copies, &mut |c| {
+                if fused {
+                    b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop)
+                } else {
+                    b.linear_with(LinearAlgo::GemvVec, &x, &ws[c], None, None).map(drop)
+                }
+            })?;
+            let gbs = per as f64 / t / 1e9;
+            println!("| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            rows.push(serde_json::json!({"kernel": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
+        }
+        // 3. split-KV attention of one decode step, f16 cache, at several contexts
+        let (heads, kvh) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        for &ctx in &[64usize, 512, 4096, 16384] {
+            let cap = ctx + 128;
+            let kc = b.upload_half(&[cap, kvh, d], DType::F16, &random_bits(cap * kvh * d, 3))?;
+            let vc = b.upload_half(&[cap, kvh, d], DType::F16, &random_bits(cap * kvh * d, 4))?;
+            let q = b.upload_f32(&[1, heads, d], &vec![0.1; heads * d])?;
+            let cursor = b.upload_u32(&[1, CURSOR_FIELDS], &[ctx as u32 - 1, ctx as u32 - 1, ctx as u32 - 1, ctx as u32 - 1])?;
+            let t = time(b, a.reps, 20, &mut |_| b.attention_cached(&q, &kc, &vc, &cursor, 0.088).map(drop))?;
+            let bytes = 2 * ctx * kvh * d * 2;
+            let gbs = bytes as f64 / t / 1e9;
+            println!("| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            rows.push(serde_json::json!({"kernel": "attention_split_f16", "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
+        }
+        if a.json {
+            println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "kernels": rows}));
+        }
+        Ok(())
+    }
+}

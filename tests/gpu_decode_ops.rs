@@ -1,0 +1,201 @@
+//! GPU-vs-CPU agreement of the decode path's fused ops (issue 7): every CUDA override against
+//! the CPU's default composite body, on NaN-poisoned outputs, over odd shapes. Skipped without
+//! a GPU (failing instead with QWEN3_VL_EXPECT_GPU=1).
+//!
+//! Tolerances: f32 arithmetic in a different order than the CPU's: 1e-5 absolute plus 1e-4
+//! relative per element for short reductions, scaled with √k for the GEMVs. Values written into
+//! an f16 cache are compared after the same rounding on both sides (f32 → f16 round-to-nearest-
+//! even), so they may differ by one f16 step where the f32 inputs differed in the last bits.
+
+mod common;
+
+use common::{agree, agree_host, download_any, gpu, random, upload};
+use qwen3_vl::gpu::params::{sample_tile, CURSOR_FIELDS};
+use qwen3_vl::backend::{DeviceSampling, QkvRope};
+use qwen3_vl::{Backend, DType, Result, Tensor};
+
+/// A cursor `[t, 4]` for rows at cache rows `row0 ..`, rotary positions `(p, p + dh, p + dw)`
+/// so that the three MRoPE axes differ (as after an image).
+fn cursor_rows(t: usize, row0: usize, pos0: u32) -> Vec<u32> {
+    (0..t).flat_map(|i| {
+        let p = pos0 + i as u32;
+        vec![p, p + 3, p + 7, (row0 + i) as u32]
+    })
+    .collect()
+}
+
+#[test]
+fn linear_agrees_for_every_kernel_with_bias_and_residual() {
+    let g = match gpu("linear kernels") {
+        Some(g) => g,
+        None => return,
+    };
+    use qwen3_vl::cuda::LinearAlgo;
+    // (m, n, k): the vector GEMV needs k·size a multiple of 16 bytes
+    let shapes = [(1, 1, 8), (1, 65, 24), (2, 257, 136), (3, 64, 1000), (4, 33, 2048), (1, 4096, 2048), (1, 1024, 6144), (4, 2048, 6144)];
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        let (a, w, bias, res) = (random(m * k, 30 + i as u32), random(n * k, 40 + i as u32), random(n, 50 + i as u32), random(m * n, 60 + i as u32));
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let algos: &[LinearAlgo] = if LinearAlgo::vector_rows(k, dtype) { &[LinearAlgo::GemvVec, LinearAlgo::Gemv, LinearAlgo::Tiled] } else { &[LinearAlgo::Gemv, LinearAlgo::Tiled] };
+            for &algo in algos {
+                for (with_bias, with_res) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let op = |b: &dyn Backend| -> Result<Tensor> {
+                        let at = b.upload_f32(&[m, k], &a)?;
+                        let wt = upload(b, &[n, k], &w, dtype)?;
+                        let bt = if with_bias { Some(b.upload_f32(&[n], &bias)?) } else { None };
+                        let rt = b.upload_f32(&[m, n], &res)?;
+                        match b.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() {
+                            Some(c) => c.linear_with(algo, &at, &wt, bt.as_ref(), if with_res { Some(&rt) } else { None }),
+                            None if with_res => b.linear_residual(&at, &wt, bt.as_ref(), &rt),
+                            None => b.linear(&at, &wt, bt.as_ref()),
+                        }
+                    };
+                    let name = format!("{:?} m={} n={} k={} w={} bias={} residual={}", algo, m, n, k, dtype, with_bias, with_res);
+                    agree(&name, &*g, &op, 1e-5 * (k as f32).sqrt() * 4.0, 1e-4);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gate_up_silu_agrees() {
+    let g = match gpu("gate_up_silu") {
+        Some(g) => g,
+        None => return,
+    };
+    // m <= 4 with 16-byte rows takes the fused GEMV; the others the composite path
+    for &(m, n, k) in &[(1, 1, 8), (1, 6144, 2048), (2, 65, 264), (4, 129, 1024), (3, 17, 9), (9, 100, 64)] {
+        let (x, gw, uw) = (random(m * k, 70), random(n * k, 71), random(n * k, 72));
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let op = |b: &dyn Backend| -> Result<Tensor> { b.gate_up_silu(&b.upload_f32(&[m, k], &x)?, &upload(b, &[n, k], &gw, dtype)?, &upload(b, &[n, k], &uw, dtype)?) };
+            agree(&format!("gate_up_silu m={} n={} k={} {}", m, n, k, dtype), &*g, &op, 1e-5 * (k as f32).sqrt() * 8.0, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn qkv_rope_append_agrees_for_both_cache_types() {
+    let g = match gpu("qkv_rope_append") {
+        Some(g) => g,
+        None => return,
+    };
+    // (t, heads, kv_heads, d, cap, row0, section)
+    let cases = [(1, 16, 8, 128, 300, 257, [24, 20, 20]), (5, 4, 2, 16, 9, 3, [3, 3, 2]), (3, 4, 4, 32, 3, 0, [6, 5, 5]), (2, 2, 1, 256, 64, 62, [48, 40, 40]), (1, 1, 1, 2, 1, 0, [1, 0, 0])];
+    for &(t, heads, kvh, d, cap, row0, section) in &cases {
+        let width = (heads + 2 * kvh) * d;
+        let (qkv, qn, kn) = (random(t * width, 80), random(d, 81), random(d, 82));
+        let inv: Vec<f32> = (0..d / 2).map(|j| 1.0 / 5_000_000f32.powf(2.0 * j as f32 / d as f32)).collect();
+        let cur = cursor_rows(t, row0, 4000 + row0 as u32);
+        for kv in [DType::F32, DType::F16] {
+            let op = |b: &dyn Backend| -> Result<Vec<f32>> {
+                let (qn_t, kn_t, inv_t) = (b.upload_f32(&[d], &qn)?, b.upload_f32(&[d], &kn)?, b.upload_f32(&[d / 2], &inv)?);
+                let p = QkvRope { heads, kv_heads: kvh, head_dim: d, q_norm: &qn_t, k_norm: &kn_t, eps: 1e-6, inv_freq: &inv_t, section };
+                let fill = random(cap * kvh * d, 83);
+                let (mut kc, mut vc) = (upload(b, &[cap, kvh, d], &fill, kv)?, upload(b, &[cap, kvh, d], &fill, kv)?);
+                let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
+                let q = b.qkv_rope_append(&b.upload_f32(&[t, width], &qkv)?, &p, &cursor, &mut kc, &mut vc)?;
+                let mut out = b.download_f32(&q)?;
+                out.extend(download_any(b, &kc)?);
+                out.extend(download_any(b, &vc)?);
+                Ok(out)
+            };
+            let tol = if kv == DType::F16 { 2e-3 } else { 1e-5 };
+            agree_host(&format!("qkv_rope_append t={} h={}/{} d={} row0={} {} cache", t, heads, kvh, d, row0, kv), &*g, &op, tol, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn cached_attention_agrees_on_every_path() {
+    let g = match gpu("attention_cached") {
+        Some(g) => g,
+        None => return,
+    };
+    let cap = 4200;
+    let chunk_edges = {
+        // the split count for this cache fixes the chunk size at a context: probe around it
+        let cuda = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>().expect("the GPU backend is CUDA");
+        let chunk = (4096 + cuda.attention_splits(cap, 8) - 1) / cuda.attention_splits(cap, 8);
+        [chunk - 1, chunk, chunk + 1]
+    };
+    // (t, heads, kv_heads, d, context after this step)
+    let mut cases: Vec<(usize, usize, usize, usize, usize)> = vec![];
+    for &ctx in &[1usize, 63, 64, 65, chunk_edges[0], chunk_edges[1], chunk_edges[2], 4096] {
+        cases.push((1, 16, 8, 128, ctx)); // GQA 2 (Qwen3-VL-2B)
+        cases.push((1, 8, 8, 128, ctx)); // GQA 1
+    }
+    cases.extend_from_slice(&[(4, 16, 8, 128, 70), (2, 4, 2, 16, 33), (3, 2, 2, 32, 300), (1, 4, 1, 256, 129), (1, 16, 2, 64, 77), (1, 2, 1, 48, 40), (6, 4, 2, 128, 50)]);
+    for &(t, heads, kvh, d, ctx) in &cases {
+        let (q, kf, vf) = (random(t * heads * d, 90), random(cap * kvh * d, 91), random(cap * kvh * d, 92));
+        let cur = cursor_rows(t, ctx - t, 11);
+        for kv in [DType::F32, DType::F16] {
+            let op = |b: &dyn Backend| -> Result<Tensor> {
+                let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
+                b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &kf, kv)?, &upload(b, &[cap, kvh, d], &vf, kv)?, &cursor, 1.0 / (d as f32).sqrt())
+            };
+            agree(&format!("attention_cached t={} h={}/{} d={} ctx={} {}", t, heads, kvh, d, ctx, kv), &*g, &op, 1e-5, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn sampling_on_the_device_picks_what_the_host_picks() {
+    let g = match gpu("sample_step") {
+        Some(g) => g,
+        None => return,
+    };
+    let settings = [
+        DeviceSampling::greedy(),
+        DeviceSampling { temperature: 0.7, top_k: 20, top_p: 0.8, seed: 5 },
+        DeviceSampling { temperature: 1.3, top_k: sample_tile::MAX_K, top_p: 1.0, seed: 6 },
+        DeviceSampling { temperature: 0.2, top_k: 3, top_p: 0.5, seed: 7 },
+    ];
+    for &(rows, vocab) in &[(1usize, 151_936usize), (2, 1000), (1, 70), (3, 5000)] {
+        // spread logits, with exact ties to exercise the id-ascending order
+        let logits: Vec<f32> = random(rows * vocab, 93).iter().enumerate().map(|(i, v)| if i % 97 == 0 { 2.5 } else { v * 3.0 }).collect();
+        for s in &settings {
+            if s.top_k > vocab {
+                continue;
+            }
+            for step in 0..6u32 {
+                let op = |b: &dyn Backend| -> Result<Vec<f32>> {
+                    let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
+                    let mut cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5))?;
+                    b.sample_step(&b.upload_f32(&[rows, vocab], &logits)?, s, &mut ids, &mut cursor)?;
+                    let mut out: Vec<f32> = b.download_u32(&ids)?.iter().map(|&i| i as f32).collect();
+                    out.extend(b.download_u32(&cursor)?.iter().map(|&c| c as f32));
+                    Ok(out)
+                };
+                agree_host(&format!("sample_step rows={} vocab={} {:?} step {}", rows, vocab, s, step), &*g, &op, 0.0, 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn device_ids_embedding_narrowing_and_f16_rows_agree() {
+    let g = match gpu("embedding_gather / narrow_cols / write_rows f16") {
+        Some(g) => g,
+        None => return,
+    };
+    let (vocab, hidden) = (300, 72);
+    let table = random(vocab * hidden, 94);
+    let ids: Vec<u32> = vec![0, 299, 17, 17, 150];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.embedding_gather(&upload(b, &[vocab, hidden], &table, dtype)?, &b.upload_u32(&[ids.len()], &ids)?) };
+        agree(&format!("embedding_gather {}", dtype), &*g, &op, 0.0, 0.0);
+    }
+    let x = random(7 * 40, 95);
+    for &(c0, w) in &[(0, 40), (3, 5), (39, 1), (10, 0)] {
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.narrow_cols(&b.upload_f32(&[7, 40], &x)?, c0, w) };
+        agree(&format!("narrow_cols {}+{}", c0, w), &*g, &op, 0.0, 0.0);
+    }
+    let src: Vec<f32> = random(3 * 2 * 4, 96).iter().map(|v| v * 70_000.0).collect(); // some overflow f16
+    let op = |b: &dyn Backend| -> Result<Vec<f32>> {
+        let mut cache = upload(b, &[10, 2, 4], &[0.5; 80], DType::F16)?;
+        b.write_rows(&mut cache, 6, &b.upload_f32(&[3, 2, 4], &src)?)?;
+        download_any(b, &cache)
+    };
+    agree_host("write_rows into f16", &*g, &op, 0.0, 0.0);
+}

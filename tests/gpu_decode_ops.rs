@@ -31,12 +31,13 @@ fn linear_agrees_for_every_kernel_with_bias_and_residual() {
         None => return,
     };
     use qwen3_vl::cuda::LinearAlgo;
-    // (m, n, k): the vector GEMV needs k·size a multiple of 16 bytes
-    let shapes = [(1, 1, 8), (1, 65, 24), (2, 257, 136), (3, 64, 1000), (4, 33, 2048), (1, 4096, 2048), (1, 1024, 6144), (4, 2048, 6144)];
+    // (m, n, k): the vector GEMV needs one row and k·size a multiple of 16 bytes
+    let shapes = [(1, 1, 8), (1, 65, 24), (1, 257, 136), (2, 257, 136), (3, 64, 1000), (4, 33, 2048), (1, 4096, 2048), (1, 1024, 6144), (4, 2048, 6144)];
     for (i, &(m, n, k)) in shapes.iter().enumerate() {
         let (a, w, bias, res) = (random(m * k, 30 + i as u32), random(n * k, 40 + i as u32), random(n, 50 + i as u32), random(m * n, 60 + i as u32));
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let algos: &[LinearAlgo] = if LinearAlgo::vector_rows(k, dtype) { &[LinearAlgo::GemvVec, LinearAlgo::Gemv, LinearAlgo::Tiled] } else { &[LinearAlgo::Gemv, LinearAlgo::Tiled] };
+            // the vector GEMV takes one row with 16-byte weight rows
+            let algos: &[LinearAlgo] = if m == 1 && LinearAlgo::vector_rows(k, dtype) { &[LinearAlgo::GemvVec, LinearAlgo::Gemv, LinearAlgo::Tiled] } else { &[LinearAlgo::Gemv, LinearAlgo::Tiled] };
             for &algo in algos {
                 for (with_bias, with_res) in [(false, false), (true, false), (false, true), (true, true)] {
                     let op = |b: &dyn Backend| -> Result<Tensor> {
@@ -64,12 +65,37 @@ fn gate_up_silu_agrees() {
         Some(g) => g,
         None => return,
     };
-    // m <= 4 with 16-byte rows takes the fused GEMV; the others the composite path
+    // one row with 16-byte rows takes the fused GEMV; the others the composite path
     for &(m, n, k) in &[(1, 1, 8), (1, 6144, 2048), (2, 65, 264), (4, 129, 1024), (3, 17, 9), (9, 100, 64)] {
         let (x, gw, uw) = (random(m * k, 70), random(n * k, 71), random(n * k, 72));
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let op = |b: &dyn Backend| -> Result<Tensor> { b.gate_up_silu(&b.upload_f32(&[m, k], &x)?, &upload(b, &[n, k], &gw, dtype)?, &upload(b, &[n, k], &uw, dtype)?) };
             agree(&format!("gate_up_silu m={} n={} k={} {}", m, n, k, dtype), &*g, &op, 1e-5 * (k as f32).sqrt() * 8.0, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn rms_norm_fused_into_the_gemvs_agrees() {
+    let g = match gpu("rms_norm_linear / rms_norm_gate_up_silu") {
+        Some(g) => g,
+        None => return,
+    };
+    // one row with 16-byte weight rows fuses the norm into the GEMV; the others compose
+    for &(m, n, k) in &[(1, 1, 8), (1, 4096, 2048), (1, 6144, 2048), (1, 65, 12_288), (1, 33, 12), (2, 129, 256), (7, 70, 64)] {
+        let (x, gw, uw, nw, bias) = (random(m * k, 73), random(n * k, 74), random(n * k, 75), random(k, 76), random(n, 77));
+        let x: Vec<f32> = x.iter().map(|v| v * 5.0).collect(); // a norm that matters
+        for dtype in [DType::F32, DType::BF16] {
+            let op = |b: &dyn Backend| -> Result<Tensor> {
+                let (xt, nt) = (b.upload_f32(&[m, k], &x)?, b.upload_f32(&[k], &nw)?);
+                b.rms_norm_linear(&xt, &nt, 1e-6, &upload(b, &[n, k], &gw, dtype)?, Some(&b.upload_f32(&[n], &bias)?))
+            };
+            agree(&format!("rms_norm_linear m={} n={} k={} {}", m, n, k, dtype), &*g, &op, 1e-5 * (k as f32).sqrt() * 8.0, 1e-4);
+            let op = |b: &dyn Backend| -> Result<Tensor> {
+                let (xt, nt) = (b.upload_f32(&[m, k], &x)?, b.upload_f32(&[k], &nw)?);
+                b.rms_norm_gate_up_silu(&xt, &nt, 1e-6, &upload(b, &[n, k], &gw, dtype)?, &upload(b, &[n, k], &uw, dtype)?)
+            };
+            agree(&format!("rms_norm_gate_up_silu m={} n={} k={} {}", m, n, k, dtype), &*g, &op, 1e-5 * (k as f32).sqrt() * 16.0, 1e-4);
         }
     }
 }
@@ -112,16 +138,11 @@ fn cached_attention_agrees_on_every_path() {
         Some(g) => g,
         None => return,
     };
+    // contexts around the chunking: one chunk up to MIN_KEYS (64) keys, then more; 4096 in
+    // the largest chunk count a 4,200-row cache launches
     let cap = 4200;
-    let chunk_edges = {
-        // the split count for this cache fixes the chunk size at a context: probe around it
-        let cuda = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>().expect("the GPU backend is CUDA");
-        let chunk = (4096 + cuda.attention_splits(cap, 8) - 1) / cuda.attention_splits(cap, 8);
-        [chunk - 1, chunk, chunk + 1]
-    };
-    // (t, heads, kv_heads, d, context after this step)
     let mut cases: Vec<(usize, usize, usize, usize, usize)> = vec![];
-    for &ctx in &[1usize, 63, 64, 65, chunk_edges[0], chunk_edges[1], chunk_edges[2], 4096] {
+    for &ctx in &[1usize, 63, 64, 65, 127, 128, 129, 1000, 4095, 4096, 4097] {
         cases.push((1, 16, 8, 128, ctx)); // GQA 2 (Qwen3-VL-2B)
         cases.push((1, 8, 8, 128, ctx)); // GQA 1
     }

@@ -13,8 +13,9 @@
 //!
 //! # `attention_split_*` + `attention_combine_f32`: flash-decoding ([`SplitAttnParams`])
 //! For a few query rows (decode). Grid = `(splits, kv_heads, ceil(qvs / MAX_QV))`: block
-//! `(s, g, z)` scores the keys of chunk `s` (`ceil(kv_len / splits)` keys, `kv_len` read from the
-//! cursor on the device) for query vectors `z·MAX_QV ..` of KV group `g` (the group's
+//! `(s, g, z)` scores the keys of chunk `s` (the `kv_len` keys, read from the cursor on the
+//! device, cut into `min(splits, ceil(kv_len / MIN_KEYS))` active chunks; blocks past those
+//! exit, and a single active chunk writes the output itself) for query vectors `z·MAX_QV ..` of KV group `g` (the group's
 //! `qvs = t · heads / kv_heads` vectors, at most `MAX_GROUP_QV`), so each K/V row is read once
 //! per group (Qwen3-VL-2B: 2 query heads per KV head, one block). Inside, `d / 8` lanes serve one key (8 elements each, one 16-byte load of
 //! f16), so a warp takes `256 / d` keys at a time; each such slot scores `KEYS` keys before one
@@ -31,11 +32,11 @@
 //! every thread reaches both block barriers.
 
 use crate::math::{OnlineSoftmax, F16};
-use crate::mem::{atomic_inc, fence_device, KvElem, KvVec8};
+use crate::mem::{atomic_inc, fence_device, ld_cg, KvElem, KvVec8};
 use crate::params::attention_tile::{MAX_PER_LANE, WARPS};
-use crate::params::attn_split_tile::{KEYS, MAX_QV, WARPS as SPLIT_WARPS};
+use crate::params::attn_split_tile::{KEYS, MAX_QV, MAX_SPLITS, MIN_KEYS, WARPS as SPLIT_WARPS};
 use crate::params::{AttentionParams, SplitAttnParams, CURSOR_FIELDS, CURSOR_ROW};
-use crate::reduce::{shfl_xor, warp_sum};
+use crate::reduce::{shfl_xor, warp_max, warp_sum};
 use cuda_std::{kernel, shared_array, thread, GpuFloat};
 
 #[inline(always)]
@@ -144,12 +145,14 @@ fn tile_update(st: &mut OnlineSoftmax, acc: &mut [f32; 8], s: &[f32; KEYS], vr: 
 }
 
 /// Scores of this slot's keys for the chunk `[c0, c1)` in tiles of `KEYS`, with the running
-/// softmax state per query vector. `QV` query vectors; `vis[v]`: keys `<= vis[v]` are visible.
+/// softmax state per query vector, then the block's merge and, with several active chunks, the
+/// hand-over to the last block of the group. `QV` query vectors; `vis[v]`: keys `<= vis[v]`
+/// are visible. Every thread of the block calls it (it has barriers).
 #[inline(always)]
 unsafe fn split_chunk<C: KvVec8, const QV: usize>(
     p: &SplitAttnParams,
     g: usize,
-    (c0, c1): (usize, usize),
+    (c0, c1, active): (usize, usize, usize),
     (slot, slots, sl): (usize, usize, usize),
     lanes: usize,
 ) {
@@ -157,7 +160,23 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(
     let in_warp = slot % (32 / lanes);
     let (heads, kv_heads, d) = (p.heads as usize, p.kv_heads as usize, p.d as usize);
     let group = heads / kv_heads;
-    // 1. this lane's 8 query elements of each vector (pre-scaled), and each vector's last visible key
+    let kv_row = kv_heads * d;
+    let (kb, vb) = ((p.k as *const C).add(g * d + sl * 8), (p.v as *const C).add(g * d + sl * 8));
+    let mut base = c0 + slot - in_warp; // the warp's first slot
+    // a tile: KEYS keys (and, separately, their values) of this slot, zero past the chunk
+    let load = |src: *const C, base: usize| {
+        let mut t = [[0.0f32; 8]; KEYS];
+        for u in 0..KEYS {
+            let j = base + in_warp + u * slots;
+            if j < c1 {
+                t[u] = C::load8(src.add(j * kv_row));
+            }
+        }
+        t
+    };
+    // 1. the first tile's loads go out with the queries', then this lane's 8 query elements of
+    //    each vector (pre-scaled) and each vector's last visible key
+    let (mut kr, mut vr) = (load(kb, base), load(vb, base));
     let v0 = thread::block_idx_z() as usize * MAX_QV;
     let qvs = (p.t as usize * group).saturating_sub(v0).min(QV);
     let mut q = [[0.0f32; 8]; QV];
@@ -174,19 +193,10 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(
     }
     let mut st = [OnlineSoftmax::EMPTY; QV];
     let mut acc = [[0.0f32; 8]; QV];
-    let kv_row = kv_heads * d;
-    let (kb, vb) = ((p.k as *const C).add(g * d + sl * 8), (p.v as *const C).add(g * d + sl * 8));
-    let mut base = c0 + slot - in_warp; // the warp's first slot
     while base < c1 {
         let j0 = base + in_warp;
-        // 2. KEYS keys: scores for every query vector
-        let mut kr = [[0.0f32; 8]; KEYS];
-        for u in 0..KEYS {
-            let j = j0 + u * slots;
-            if j < c1 {
-                kr[u] = C::load8(kb.add(j * kv_row));
-            }
-        }
+        let next = base + KEYS * slots;
+        // 2. scores for every query vector; the next tile's keys go out once these are read
         let mut s = [[f32::NEG_INFINITY; KEYS]; QV];
         for v in 0..QV {
             for u in 0..KEYS {
@@ -201,18 +211,17 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(
                 }
             }
         }
-        // 3. one softmax update per vector for the tile, then the values
-        let mut vr = [[0.0f32; 8]; KEYS];
-        for u in 0..KEYS {
-            let j = j0 + u * slots;
-            if j < c1 {
-                vr[u] = C::load8(vb.add(j * kv_row));
-            }
+        if next < c1 {
+            kr = load(kb, next);
         }
+        // 3. one softmax update per vector for the tile; then the next tile's values
         for v in 0..QV {
             tile_update(&mut st[v], &mut acc[v], &s[v], &vr);
         }
-        base += KEYS * slots;
+        if next < c1 {
+            vr = load(vb, next);
+        }
+        base = next;
     }
     // 4. merge the slots of the block through shared memory: [qv][slot][d] outputs, [qv][slot] states
     let outs = shared_array![f32; MAX_QV * 32 * 8 * SPLIT_WARPS as usize];
@@ -253,55 +262,95 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(
             }
         }
         let (i, h) = ((v0 + v) / group, g * group + (v0 + v) % group);
-        let dst = (p.partial as *mut f32).add(((i * heads + h) * splits + split) * (d + 2));
-        *dst.add(e) = o;
-        if e == 0 {
-            *dst.add(d) = m;
-            *dst.add(d + 1) = l;
+        if active == 1 {
+            // one chunk holds every key: this block's merge is the answer
+            *(p.out as *mut f32).add((i * heads + h) * d + e) = if l > 0.0 { o / l } else { 0.0 };
+        } else {
+            let dst = (p.partial as *mut f32).add(((i * heads + h) * splits + split) * (d + 2));
+            *dst.add(e) = o;
+            if e == 0 {
+                *dst.add(d) = m;
+                *dst.add(d + 1) = l;
+            }
         }
         x += thread::block_dim_x() as usize;
     }
-    // 5. the last block of this group to arrive merges every chunk's state into the output
+    if active == 1 {
+        return;
+    }
+    // 5. the last active block of this group to arrive merges every chunk's state into the output
     let last = shared_array![u32; 1];
     let counter = (p.counters as *mut u32).add(g * thread::grid_dim_z() as usize + thread::block_idx_z() as usize);
     fence_device();
     thread::sync_threads();
     if tid == 0 {
-        *last = (atomic_inc(counter) as usize == splits - 1) as u32;
+        *last = (atomic_inc(counter) as usize == active - 1) as u32;
     }
     thread::sync_threads();
     if *last != 0 {
         fence_device();
-        let mut x = tid;
-        while x < qvs * d {
-            let (v, e) = (x / d, x % d);
-            let (i, h) = ((v0 + v) / group, g * group + (v0 + v) % group);
-            let part = (p.partial as *const f32).add((i * heads + h) * splits * (d + 2));
-            let state = |s: usize, f: usize| core::ptr::read_volatile(part.add(s * (d + 2) + f));
-            let mut m = f32::NEG_INFINITY;
-            for sidx in 0..splits {
-                let ms = state(sidx, d);
-                if ms > m {
-                    m = ms;
-                }
-            }
-            let (mut o, mut l) = (0.0f32, 0.0f32);
-            if m != f32::NEG_INFINITY {
-                for sidx in 0..splits {
-                    let ms = state(sidx, d);
-                    if ms != f32::NEG_INFINITY {
-                        let f = (ms - m).exp();
-                        o += state(sidx, e) * f;
-                        l += state(sidx, d + 1) * f;
-                    }
-                }
-            }
-            *(p.out as *mut f32).add((i * heads + h) * d + e) = if l > 0.0 { o / l } else { 0.0 };
-            x += thread::block_dim_x() as usize;
-        }
+        merge_chunks(p, g, v0, qvs, active, tid);
         if tid == 0 {
             *counter = 0;
         }
+    }
+}
+
+/// The final merge of split-KV attention, by the last block of a group: for each of the block's
+/// `qvs` query vectors, the chunks' maxima and sums are combined once into per-chunk factors
+/// `e^(m_s - M) / L` in shared memory, then every output element sums its `active` chunk
+/// values with those factors, the threads striding over (vector, element) so that the loads of
+/// one chunk are coalesced and independent (read through L2: other blocks wrote them).
+#[inline(always)]
+unsafe fn merge_chunks(p: &SplitAttnParams, g: usize, v0: usize, qvs: usize, active: usize, tid: usize) {
+    let factors = shared_array![f32; MAX_QV * MAX_SPLITS];
+    let (heads, d, splits) = (p.heads as usize, p.d as usize, p.splits as usize);
+    let group = heads / p.kv_heads as usize;
+    let step = thread::block_dim_x() as usize;
+    let part_of = |v: usize| {
+        let (i, h) = ((v0 + v) / group, g * group + (v0 + v) % group);
+        ((p.partial as *const f32).add((i * heads + h) * splits * (d + 2)), (i * heads + h) * d)
+    };
+    // 1. per vector: M = max m_s, L = Σ l_s e^(m_s - M), factors e^(m_s - M) / L (one warp each)
+    let (lane, w) = (tid % 32, tid / 32);
+    if w < qvs {
+        let (part, _) = part_of(w);
+        let mut m = f32::NEG_INFINITY;
+        let mut s = lane;
+        while s < active {
+            m = m.max(ld_cg(part.add(s * (d + 2) + d)));
+            s += 32;
+        }
+        m = warp_max(m);
+        let mut l = 0.0f32;
+        let mut s = lane;
+        while s < active {
+            let ms = ld_cg(part.add(s * (d + 2) + d));
+            if ms != f32::NEG_INFINITY {
+                l += ld_cg(part.add(s * (d + 2) + d + 1)) * (ms - m).exp();
+            }
+            s += 32;
+        }
+        let l = warp_sum(l);
+        let mut s = lane;
+        while s < active {
+            let ms = ld_cg(part.add(s * (d + 2) + d));
+            *factors.add(w * MAX_SPLITS + s) = if ms == f32::NEG_INFINITY || l <= 0.0 { 0.0 } else { (ms - m).exp() / l };
+            s += 32;
+        }
+    }
+    thread::sync_threads();
+    // 2. every output element: Σ_s o_s[e] · factor_s
+    let mut x = tid;
+    while x < qvs * d {
+        let (v, e) = (x / d, x % d);
+        let (part, out) = part_of(v);
+        let mut o = 0.0f32;
+        for s in 0..active {
+            o += ld_cg(part.add(s * (d + 2) + e)) * *factors.add(v * MAX_SPLITS + s);
+        }
+        *(p.out as *mut f32).add(out + e) = o;
+        x += step;
     }
 }
 
@@ -314,7 +363,8 @@ unsafe fn attention_split<C: KvVec8>(p: SplitAttnParams) {
     let (lane, w) = (tid % 32, tid / 32);
     let (slot, sl) = (w * per_warp + lane / lanes, lane % lanes);
     let slots = SPLIT_WARPS as usize * per_warp;
-    // this block's chunk of the keys every row sees (the last row sees the most)
+    // the keys every row sees (the last row sees the most), cut into `active` chunks of at
+    // least MIN_KEYS (at most the launched `splits`): short contexts take one chunk and no merge
     let cur = p.cursor as *const u32;
     let mut kv_len = 0usize;
     for i in 0..p.t as usize {
@@ -324,17 +374,21 @@ unsafe fn attention_split<C: KvVec8>(p: SplitAttnParams) {
         }
     }
     let kv_len = kv_len.min(p.cap as usize);
-    let splits = p.splits as usize;
-    let chunk = (kv_len + splits - 1) / splits;
-    let c0 = (thread::block_idx_x() as usize * chunk).min(kv_len);
+    let active = ((kv_len + MIN_KEYS - 1) / MIN_KEYS).clamp(1, p.splits as usize);
+    let split = thread::block_idx_x() as usize;
+    if split >= active {
+        return; // uniform per block: chunks past the active ones have no keys
+    }
+    let chunk = (kv_len + active - 1) / active;
+    let c0 = (split * chunk).min(kv_len);
     let c1 = (c0 + chunk).min(kv_len);
     let g = thread::block_idx_y() as usize;
     let qvs = p.t as usize * (p.heads / p.kv_heads) as usize;
     let at = (slot, slots, sl);
     if qvs <= 1 {
-        split_chunk::<C, 1>(&p, g, (c0, c1), at, lanes)
+        split_chunk::<C, 1>(&p, g, (c0, c1, active), at, lanes)
     } else {
-        split_chunk::<C, MAX_QV>(&p, g, (c0, c1), at, lanes)
+        split_chunk::<C, MAX_QV>(&p, g, (c0, c1, active), at, lanes)
     }
 }
 

@@ -6,16 +6,17 @@
 //! `bias` `[n]` f32 or 0, `residual` `[m, n]` f32 or 0 (may be `c`), `c` `[m, n]` f32.
 //!
 //! # Kernels
-//! - `gemv_vec_*` (the decode path; `k · size_of(w)` a multiple of 16 bytes): one warp per
-//!   output feature, `blockDim / 32` warps per block (the launcher picks 4 or 8), grid =
-//!   `ceil(n / warps)`. Lane `l` reads 16-byte weight vectors `l, l + 32, ...` of its row
-//!   through the read-only path, `UNROLL` (8) vectors in flight before any arithmetic (a
-//!   2048-wide bf16 row in one round), and multiplies each with the matching activations of
-//!   all `m ≤ MAX_ROWS` rows (the weights are read once whatever `m`). A butterfly shuffle
-//!   reduces each row's sum; lane `r` writes row `r`, adding bias and residual (each output
-//!   element is read and written by that one lane, so `residual = c` is safe). With `norm`
-//!   set, the block first RMS-norms the `m` activation rows into dynamic shared memory
-//!   (`m · k` floats) and reads them from there: the decoder's RMSNorm costs no launch.
+//! - `gemv_vec_*` (the decode path: one activation row, `k · size_of(w)` a multiple of 16
+//!   bytes): one warp per output feature, `blockDim / 32` warps per block (the launcher picks
+//!   4 or 8), grid = `ceil(n / warps)`. Lane `l` reads 16-byte weight vectors `l, l + 32, ...`
+//!   of its row through the read-only path in rounds of `UNROLL` (4) vectors, the next round's
+//!   loads issued before the current round's arithmetic (8 loads in flight per lane),
+//!   and multiplies each with the matching activations. A butterfly shuffle reduces the sum;
+//!   lane 0 writes it, adding bias and residual (each output element is read and written by
+//!   that one lane, so `residual = c` is safe). With `norm` set, the block first RMS-norms the
+//!   activation row into dynamic shared memory (`k` floats) and reads it from there: the
+//!   decoder's RMSNorm costs no launch. One row only keeps the register count (occupancy) of
+//!   the decode path low; a few rows take `gemv_*`.
 //! - `gemv_gate_up_*`: the same over two weight matrices at once (gate and up rows of one
 //!   feature), writing `silu(gate · a) · (up · a)`, with the same optional RMSNorm.
 //! - `gemv_*` (any `k`): one warp per (row, output), scalar strided loads, four partial sums.
@@ -25,9 +26,9 @@
 //! is past `n` exits as a whole, so every shuffle runs with all 32 lanes; no block barriers.
 
 use crate::math::{rms_scale, silu, Bf16, WeightElem, F16};
-use crate::mem::{ld_nc_v4, VecElem};
+use crate::mem::{ld_f32x4, ld_nc_v4, VecElem};
 use crate::params::gemv_tile::WARPS;
-use crate::params::gemv_vec_tile::{MAX_ROWS, UNROLL};
+use crate::params::gemv_vec_tile::UNROLL;
 use crate::params::{GateUpParams, LinearParams};
 use crate::reduce::{block_sum, warp_sum};
 use cuda_std::shared::dynamic_shared_mem;
@@ -74,81 +75,104 @@ unsafe fn gemv<W: WeightElem>(p: LinearParams) {
 }
 
 /// Sums `w_row · a[r]` for `r < M` into `acc[r]` (this lane's share): the 16-byte vectors
-/// `lane, lane + 32, ...` of the `vecs` in the row, `UNROLL` loads in flight.
+/// `lane, lane + 32, ...` of the `vecs` in the row, in rounds of `UNROLL` per lane. Each round's
+/// loads are issued before the previous round's arithmetic (double buffering), so a long row
+/// keeps `2 · UNROLL` loads in flight instead of waiting once per round.
 #[inline(always)]
-unsafe fn row_dots<W: VecElem, const M: usize>(w: *const u32, vecs: usize, a: *const f32, lda: usize, lane: usize, acc: &mut [f32; MAX_ROWS]) {
-    let mut v = lane;
-    while v + 32 * (UNROLL - 1) < vecs {
+unsafe fn row_dots<W: VecElem>(w: *const u32, vecs: usize, a: *const f32, lane: usize) -> f32 {
+    let mut acc = 0.0f32;
+    let full = |v: usize| v + 32 * (UNROLL - 1) < vecs;
+    let load = |v: usize| {
         let mut ws = [[0u32; 4]; UNROLL];
         for u in 0..UNROLL {
             ws[u] = ld_nc_v4(w.add((v + 32 * u) * 4));
         }
-        for u in 0..UNROLL {
-            let e = (v + 32 * u) * W::PER_VEC;
-            for r in 0..M {
-                acc[r] += W::dot(ws[u], a.add(r * lda + e));
+        ws
+    };
+    let mut v = lane;
+    if full(v) {
+        let mut cur = load(v);
+        loop {
+            let next_v = v + 32 * UNROLL;
+            let more = full(next_v);
+            let next = if more { load(next_v) } else { cur };
+            for u in 0..UNROLL {
+                acc += W::dot(cur[u], a.add((v + 32 * u) * W::PER_VEC));
             }
+            v = next_v;
+            if !more {
+                break;
+            }
+            cur = next;
         }
-        v += 32 * UNROLL;
     }
     while v < vecs {
-        let wv = ld_nc_v4(w.add(v * 4));
-        for r in 0..M {
-            acc[r] += W::dot(wv, a.add(r * lda + v * W::PER_VEC));
-        }
+        acc += W::dot(ld_nc_v4(w.add(v * 4)), a.add(v * W::PER_VEC));
         v += 32;
     }
+    acc
 }
 
 /// The activations the dot products read: `a` itself, or (with an RMSNorm weight) its rows
 /// normed into the block's dynamic shared memory, `x · rsqrt(mean(x²) + eps) · g` (the CPU's
-/// `rms_norm` arithmetic). Every thread of the block must call it (it has barriers; `m` is
-/// uniform). Returns the activations and their row stride.
+/// `rms_norm` arithmetic). Loads are 16-byte vectors, `STAGE_UNROLL` in flight per thread
+/// (`k` is a multiple of 4, rows 16-byte aligned: the vector GEMVs' condition), so the prologue
+/// costs about two memory round trips. Every thread of the block must call it (it has
+/// barriers; `m` is uniform). Returns the activations and their row stride.
 #[inline(always)]
-unsafe fn activations(a: *const f32, lda: usize, m: usize, k: usize, norm: u64, eps: f32) -> (*const f32, usize) {
+unsafe fn activations(a: *const f32, k: usize, norm: u64, eps: f32) -> *const f32 {
+    const STAGE_UNROLL: usize = 4;
     if norm == 0 {
-        return (a, lda);
+        return a;
     }
     let scratch = shared_array![f32; 32];
     let stage = dynamic_shared_mem::<f32>();
     let (tid, step) = (thread::thread_idx_x() as usize, thread::block_dim_x() as usize);
     let g = norm as *const f32;
-    for r in 0..m {
-        let row = a.add(r * lda);
+    let chunks = k / 4;
+    {
+        let row = a;
+        // 1. sum of squares
         let mut ss = 0.0f32;
-        let mut i = tid;
-        while i < k {
-            let v = *row.add(i);
-            ss += v * v;
-            i += step;
+        let mut c = tid;
+        while c < chunks {
+            let mut v = [[0.0f32; 4]; STAGE_UNROLL];
+            for u in 0..STAGE_UNROLL {
+                if c + u * step < chunks {
+                    v[u] = ld_f32x4(row.add(4 * (c + u * step)));
+                }
+            }
+            for u in 0..STAGE_UNROLL {
+                ss += (v[u][0] * v[u][0] + v[u][1] * v[u][1]) + (v[u][2] * v[u][2] + v[u][3] * v[u][3]);
+            }
+            c += STAGE_UNROLL * step;
         }
         let scale = rms_scale(block_sum(ss, scratch) / k as f32, eps);
-        let mut i = tid;
-        while i < k {
-            *stage.add(r * k + i) = *row.add(i) * scale * *g.add(i);
-            i += step;
+        // 2. the normed row into the stage (the row is in L1 now)
+        let dst = stage;
+        let mut c = tid;
+        while c < chunks {
+            let mut v = [[0.0f32; 4]; STAGE_UNROLL];
+            let mut w = [[0.0f32; 4]; STAGE_UNROLL];
+            for u in 0..STAGE_UNROLL {
+                if c + u * step < chunks {
+                    v[u] = ld_f32x4(row.add(4 * (c + u * step)));
+                    w[u] = ld_f32x4(g.add(4 * (c + u * step)));
+                }
+            }
+            for u in 0..STAGE_UNROLL {
+                if c + u * step < chunks {
+                    let o = dst.add(4 * (c + u * step));
+                    for e in 0..4 {
+                        *o.add(e) = v[u][e] * scale * w[u][e];
+                    }
+                }
+            }
+            c += STAGE_UNROLL * step;
         }
     }
     thread::sync_threads();
-    (stage, k)
-}
-
-#[inline(always)]
-unsafe fn gemv_vec_rows<W: VecElem, const M: usize>(p: &LinearParams, act: (*const f32, usize), col: usize, lane: usize) {
-    let vecs = p.k as usize / W::PER_VEC;
-    let w = (p.w as *const u32).add(col * vecs * 4);
-    let mut acc = [0.0f32; MAX_ROWS];
-    row_dots::<W, M>(w, vecs, act.0, act.1, lane, &mut acc);
-    let mut mine = 0.0f32;
-    for r in 0..M {
-        let total = warp_sum(acc[r]);
-        if lane == r {
-            mine = total;
-        }
-    }
-    if lane < M {
-        *(p.c as *mut f32).add(lane * p.ldc as usize + col) = mine + epilogue(p, lane, col);
-    }
+    stage
 }
 
 #[inline(always)]
@@ -156,35 +180,58 @@ unsafe fn gemv_vec<W: VecElem>(p: LinearParams) {
     let tid = thread::thread_idx_x() as usize;
     let lane = tid % 32;
     let col = thread::block_idx_x() as usize * (thread::block_dim_x() as usize / 32) + tid / 32;
-    let act = activations(p.a as *const f32, p.lda as usize, p.m as usize, p.k as usize, p.norm, p.eps);
+    let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
     if col >= p.n as usize {
         return; // uniform per warp, after the block's barriers
     }
-    match p.m {
-        1 => gemv_vec_rows::<W, 1>(&p, act, col, lane),
-        2 => gemv_vec_rows::<W, 2>(&p, act, col, lane),
-        3 => gemv_vec_rows::<W, 3>(&p, act, col, lane),
-        _ => gemv_vec_rows::<W, MAX_ROWS>(&p, act, col, lane),
+    let vecs = p.k as usize / W::PER_VEC;
+    let total = warp_sum(row_dots::<W>((p.w as *const u32).add(col * vecs * 4), vecs, a, lane));
+    if lane == 0 {
+        *(p.c as *mut f32).add(col) = total + epilogue(&p, 0, col);
     }
 }
 
+/// `row_dots` over two weight rows at once (gate and up of one feature): both rows' vectors,
+/// `UNROLL` of each per round, double-buffered like `row_dots`.
 #[inline(always)]
-unsafe fn gate_up_rows<W: VecElem, const M: usize>(p: &GateUpParams, (a, lda): (*const f32, usize), col: usize, lane: usize) {
-    let vecs = p.k as usize / W::PER_VEC;
-    let mut g = [0.0f32; MAX_ROWS];
-    let mut u = [0.0f32; MAX_ROWS];
-    row_dots::<W, M>((p.gate as *const u32).add(col * vecs * 4), vecs, a, lda, lane, &mut g);
-    row_dots::<W, M>((p.up as *const u32).add(col * vecs * 4), vecs, a, lda, lane, &mut u);
-    let mut mine = 0.0f32;
-    for r in 0..M {
-        let (gs, us) = (warp_sum(g[r]), warp_sum(u[r]));
-        if lane == r {
-            mine = silu(gs) * us;
+unsafe fn row_dots2<W: VecElem>(w: [*const u32; 2], vecs: usize, a: *const f32, lane: usize) -> (f32, f32) {
+    const H: usize = UNROLL;
+    let mut acc = [0.0f32; 2];
+    let full = |v: usize| v + 32 * (H - 1) < vecs;
+    let load = |v: usize| {
+        let mut ws = [[[0u32; 4]; H]; 2];
+        for u in 0..H {
+            ws[0][u] = ld_nc_v4(w[0].add((v + 32 * u) * 4));
+            ws[1][u] = ld_nc_v4(w[1].add((v + 32 * u) * 4));
+        }
+        ws
+    };
+    let mut v = lane;
+    if full(v) {
+        let mut cur = load(v);
+        loop {
+            let next_v = v + 32 * H;
+            let more = full(next_v);
+            let next = if more { load(next_v) } else { cur };
+            for u in 0..H {
+                let x = a.add((v + 32 * u) * W::PER_VEC);
+                acc[0] += W::dot(cur[0][u], x);
+                acc[1] += W::dot(cur[1][u], x);
+            }
+            v = next_v;
+            if !more {
+                break;
+            }
+            cur = next;
         }
     }
-    if lane < M {
-        *(p.c as *mut f32).add(lane * p.n as usize + col) = mine;
+    while v < vecs {
+        let x = a.add(v * W::PER_VEC);
+        acc[0] += W::dot(ld_nc_v4(w[0].add(v * 4)), x);
+        acc[1] += W::dot(ld_nc_v4(w[1].add(v * 4)), x);
+        v += 32;
     }
+    (acc[0], acc[1])
 }
 
 #[inline(always)]
@@ -192,49 +239,50 @@ unsafe fn gemv_gate_up<W: VecElem>(p: GateUpParams) {
     let tid = thread::thread_idx_x() as usize;
     let lane = tid % 32;
     let col = thread::block_idx_x() as usize * (thread::block_dim_x() as usize / 32) + tid / 32;
-    let act = activations(p.a as *const f32, p.lda as usize, p.m as usize, p.k as usize, p.norm, p.eps);
+    let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
     if col >= p.n as usize {
         return; // uniform per warp, after the block's barriers
     }
-    match p.m {
-        1 => gate_up_rows::<W, 1>(&p, act, col, lane),
-        2 => gate_up_rows::<W, 2>(&p, act, col, lane),
-        3 => gate_up_rows::<W, 3>(&p, act, col, lane),
-        _ => gate_up_rows::<W, MAX_ROWS>(&p, act, col, lane),
+    let vecs = p.k as usize / W::PER_VEC;
+    let rows = [(p.gate as *const u32).add(col * vecs * 4), (p.up as *const u32).add(col * vecs * 4)];
+    let (g, u) = row_dots2::<W>(rows, vecs, a, lane);
+    let (g, u) = (warp_sum(g), warp_sum(u));
+    if lane == 0 {
+        *(p.c as *mut f32).add(col) = silu(g) * u;
     }
 }
 
-/// `c[r] = wᵀ · a[r] (+ bias) (+ residual[r])`, f32 weights as 16-byte vectors. See the module docs.
+/// `c = wᵀ · a (+ bias) (+ residual)` for one row, f32 weights as 16-byte vectors. See the module docs.
 #[kernel]
 pub unsafe fn gemv_vec_f32(p: LinearParams) {
     gemv_vec::<f32>(p)
 }
 
-/// `c[r] = wᵀ · a[r] (+ bias) (+ residual[r])`, f16 weights as 16-byte vectors. See the module docs.
+/// `c = wᵀ · a (+ bias) (+ residual)` for one row, f16 weights as 16-byte vectors. See the module docs.
 #[kernel]
 pub unsafe fn gemv_vec_f16(p: LinearParams) {
     gemv_vec::<F16>(p)
 }
 
-/// `c[r] = wᵀ · a[r] (+ bias) (+ residual[r])`, bf16 weights as 16-byte vectors. See the module docs.
+/// `c = wᵀ · a (+ bias) (+ residual)` for one row, bf16 weights as 16-byte vectors. See the module docs.
 #[kernel]
 pub unsafe fn gemv_vec_bf16(p: LinearParams) {
     gemv_vec::<Bf16>(p)
 }
 
-/// `c[r] = silu(gate · a[r]) · (up · a[r])`, f32 weights. See the module docs.
+/// `c = silu(gate · a) · (up · a)` for one row, f32 weights. See the module docs.
 #[kernel]
 pub unsafe fn gemv_gate_up_f32(p: GateUpParams) {
     gemv_gate_up::<f32>(p)
 }
 
-/// `c[r] = silu(gate · a[r]) · (up · a[r])`, f16 weights. See the module docs.
+/// `c = silu(gate · a) · (up · a)` for one row, f16 weights. See the module docs.
 #[kernel]
 pub unsafe fn gemv_gate_up_f16(p: GateUpParams) {
     gemv_gate_up::<F16>(p)
 }
 
-/// `c[r] = silu(gate · a[r]) · (up · a[r])`, bf16 weights. See the module docs.
+/// `c = silu(gate · a) · (up · a)` for one row, bf16 weights. See the module docs.
 #[kernel]
 pub unsafe fn gemv_gate_up_bf16(p: GateUpParams) {
     gemv_gate_up::<Bf16>(p)

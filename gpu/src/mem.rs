@@ -14,6 +14,15 @@ pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// An f32 from global memory at `p` through L2 only (`ld.global.cg`): data another block of
+/// the same launch wrote (after a fence), which this SM's L1 may not hold current.
+#[inline(always)]
+pub unsafe fn ld_cg(p: *const f32) -> f32 {
+    let v: u32;
+    core::arch::asm!("ld.global.cg.u32 {}, [{}];", out(reg32) v, in(reg64) p);
+    f32::from_bits(v)
+}
+
 /// A device-wide memory fence (`membar.gl`): this thread's earlier writes are visible to every
 /// thread of the grid before its later ones.
 #[inline(always)]

@@ -194,6 +194,9 @@ pub mod matmul_tile {
 
 /// Launch shape of `gemv_*`: one warp per output element.
 pub mod gemv_tile {
+    /// Activation rows the backend sends to GEMV kernels (more take the tiled matmul); the
+    /// vector kernels take one.
+    pub const MAX_ROWS: usize = 4;
     /// Warps (= output rows) per block.
     pub const WARPS: u32 = 8;
     pub const THREADS: u32 = WARPS * 32;
@@ -211,12 +214,11 @@ pub mod gemv_vec_tile {
     pub const WARPS_SMALL: u32 = 4;
     /// Warps per block for large `n` (fewer blocks repeat the RMSNorm prologue).
     pub const WARPS_LARGE: u32 = 8;
-    /// Activation rows computed together from one read of the weights (decode: 1).
-    pub const MAX_ROWS: usize = 4;
-    /// 16-byte weight vectors each lane keeps in flight.
-    pub const UNROLL: usize = 8;
-    /// Floats of normed activations a block may stage in shared memory (`m · k`), 48 KiB.
-    pub const MAX_STAGED: usize = 12 * 1024;
+    /// 16-byte weight vectors per lane, row and round (two rounds in flight).
+    pub const UNROLL: usize = 4;
+    /// Floats of normed activations a block may stage in dynamic shared memory (`k`): 44 KiB,
+    /// leaving room under the 48 KiB limit for the kernel's static scratch.
+    pub const MAX_STAGED: usize = 11 * 1024;
 }
 
 /// `c[m, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)`: the SwiGLU MLP's first half in one pass.
@@ -330,6 +332,8 @@ pub mod attn_split_tile {
     pub const D: usize = 128;
     /// At most this many KV chunks.
     pub const MAX_SPLITS: usize = 64;
+    /// Keys a chunk gets at least (shorter contexts use fewer chunks).
+    pub const MIN_KEYS: usize = 64;
     /// Query rows the split path takes (more go to the tiled kernel).
     pub const MAX_ROWS: usize = 4;
 }

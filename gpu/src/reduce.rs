@@ -27,6 +27,20 @@ pub fn warp_sum(mut v: f32) -> f32 {
     v
 }
 
+/// Maximum over the 32 lanes of a warp; every lane gets the result.
+#[inline(always)]
+pub fn warp_max(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        let o = shfl_xor(v, m);
+        if o > v {
+            v = o;
+        }
+        m >>= 1;
+    }
+    v
+}
+
 /// Merge of online-softmax states over the 32 lanes of a warp; every lane gets the result.
 #[inline(always)]
 pub fn warp_softmax_state(mut s: crate::math::OnlineSoftmax) -> crate::math::OnlineSoftmax {

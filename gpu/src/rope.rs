@@ -49,15 +49,17 @@ pub unsafe fn rope_f32(p: RopeParams) {
 /// (`gpu::math::mrope_axis`); `cos`/`sin` are computed here, so nothing is uploaded per step.
 ///
 /// Thread mapping: one warp per (row, head vector), `WARPS` (4) per block, grid =
-/// `ceil(t · (heads + 2 kv_heads) / 4)`. Lanes stride over the vector's `d` elements, reduce
-/// the sum of squares with shuffles, stage the normed vector in the warp's slice of shared
-/// memory (`MAX_D` floats), then each lane rotates pairs `(j, j + d/2)`.
+/// `ceil(t · (heads + 2 kv_heads) / 4)`. Each lane loads its elements `l, l + 32, ...` of the
+/// vector, of the norm weight and of the frequencies, and the cursor row, all before any
+/// arithmetic; the warp reduces the sum of squares with shuffles, stages the normed vector in
+/// its slice of shared memory (`MAX_D` floats), then each lane rotates pairs `(j, j + d/2)`.
 ///
 /// Safety: the launcher checks sizes, `d` even and `≤ MAX_D`; a cache row `>= cap` is skipped
 /// (the host checks capacity before launching). Warps past the last item exit as a whole; the
 /// only synchronisation is `sync_warp` within a warp.
 #[inline(always)]
 unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
+    const PER_LANE: usize = MAX_D / 32;
     let stage = shared_array![f32; MAX_D * WARPS as usize];
     let tid = thread::thread_idx_x() as usize;
     let (lane, w) = (tid % 32, tid / 32);
@@ -68,62 +70,78 @@ unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
         return; // uniform per warp
     }
     let (i, hv) = (item / vectors, item % vectors);
-    let cur = (p.cursor as *const u32).add(i * CURSOR_FIELDS);
-    let row = *cur.add(CURSOR_ROW) as usize;
+    let is_q = hv < heads;
+    let is_v = hv >= heads + kvh;
+    // 1. every load up front (they are independent): the vector, its norm weight, the
+    //    frequencies and the cursor row, so the kernel costs about one memory round trip
     let src = (p.qkv as *const f32).add(item * d);
-    if hv >= heads + kvh {
+    let norm = (if is_q { p.q_norm } else { p.k_norm }) as *const f32;
+    let inv_freq = p.inv_freq as *const f32;
+    let cur = (p.cursor as *const u32).add(i * CURSOR_FIELDS);
+    let (mut x, mut g, mut f) = ([0.0f32; PER_LANE], [0.0f32; PER_LANE], [0.0f32; PER_LANE / 2]);
+    for u in 0..PER_LANE {
+        let e = lane + 32 * u;
+        if e < d {
+            x[u] = *src.add(e);
+            if !is_v {
+                g[u] = *norm.add(e);
+            }
+        }
+    }
+    for u in 0..PER_LANE / 2 {
+        let j = lane + 32 * u;
+        if j < d / 2 && !is_v {
+            f[u] = *inv_freq.add(j);
+        }
+    }
+    let (pt, ph, pw, row) = (*cur, *cur.add(1), *cur.add(2), *cur.add(CURSOR_ROW) as usize);
+    if is_v {
         // v: copied into the cache as is
         if row < p.cap as usize {
             let dst = (p.v_cache as *mut C).add((row * kvh + hv - heads - kvh) * d);
-            let mut e = lane;
-            while e < d {
-                C::store(dst.add(e), *src.add(e));
-                e += 32;
+            for u in 0..PER_LANE {
+                if lane + 32 * u < d {
+                    C::store(dst.add(lane + 32 * u), x[u]);
+                }
             }
         }
         return;
     }
-    // 1. RMSNorm of the head vector with q_norm or k_norm, staged in shared memory
-    let is_q = hv < heads;
-    let norm = (if is_q { p.q_norm } else { p.k_norm }) as *const f32;
+    // 2. RMSNorm of the head vector, staged in the warp's slice of shared memory
     let mut ss = 0.0f32;
-    let mut e = lane;
-    while e < d {
-        let x = *src.add(e);
-        ss += x * x;
-        e += 32;
+    for u in 0..PER_LANE {
+        ss += x[u] * x[u];
     }
     let scale = rms_scale(warp_sum(ss) / d as f32, p.eps);
     let s = stage.add(w * MAX_D);
-    let mut e = lane;
-    while e < d {
-        *s.add(e) = *src.add(e) * scale * *norm.add(e);
-        e += 32;
+    for u in 0..PER_LANE {
+        if lane + 32 * u < d {
+            *s.add(lane + 32 * u) = x[u] * scale * g[u];
+        }
     }
     warp::sync_warp(0xffff_ffff);
-    // 2. rotate pairs (j, j + d/2) by pos[axis(j)] · inv_freq[j] and write them out
+    // 3. rotate pairs (j, j + d/2) by pos[axis(j)] · inv_freq[j] and write them out
     let half = d / 2;
-    let (pt, ph, pw) = (*cur, *cur.add(1), *cur.add(2));
-    let inv_freq = p.inv_freq as *const f32;
-    let mut j = lane;
-    while j < half {
-        let pos = match mrope_axis(j, p.section) {
-            1 => ph,
-            2 => pw,
-            _ => pt,
-        };
-        let angle = pos as f32 * *inv_freq.add(j);
-        let (a, b) = rope_pair(*s.add(j), *s.add(j + half), angle.cos(), angle.sin());
-        if is_q {
-            let dst = (p.q_out as *mut f32).add((i * heads + hv) * d);
-            *dst.add(j) = a;
-            *dst.add(j + half) = b;
-        } else if row < p.cap as usize {
-            let dst = (p.k_cache as *mut C).add((row * kvh + hv - heads) * d);
-            C::store(dst.add(j), a);
-            C::store(dst.add(j + half), b);
+    for u in 0..PER_LANE / 2 {
+        let j = lane + 32 * u;
+        if j < half {
+            let pos = match mrope_axis(j, p.section) {
+                1 => ph,
+                2 => pw,
+                _ => pt,
+            };
+            let angle = pos as f32 * f[u];
+            let (a, b) = rope_pair(*s.add(j), *s.add(j + half), angle.cos(), angle.sin());
+            if is_q {
+                let dst = (p.q_out as *mut f32).add((i * heads + hv) * d);
+                *dst.add(j) = a;
+                *dst.add(j + half) = b;
+            } else if row < p.cap as usize {
+                let dst = (p.k_cache as *mut C).add((row * kvh + hv - heads) * d);
+                C::store(dst.add(j), a);
+                C::store(dst.add(j + half), b);
+            }
         }
-        j += 32;
     }
 }
 

@@ -2,7 +2,8 @@
 //! config: each GEMV's weight-read bandwidth beside the device's measured copy bandwidth, and
 //! split-KV attention's KV-read bandwidth at several context lengths. Weights are random and
 //! rotated among enough copies to exceed the L2 cache, so every launch reads device memory.
-//! Times are device events around many launches after a warm-up, median of the repetitions.
+//! Times are device events around a recorded graph of many launches (as decode replays its
+//! step), after a warm-up, median of the repetitions.
 
 use super::load::CliResult;
 use super::DeviceArgs;
@@ -50,16 +51,27 @@ mod cuda_bench {
     }
 
     /// Median seconds of one `launch(i)` over `reps` timed passes of `per_pass` launches each.
+    /// The pass is recorded as a CUDA graph and replayed (as the decode step is), so the host's
+    /// launch cost is not in the numbers; plain launches where recording fails.
     fn time(b: &CudaBackend, reps: usize, per_pass: usize, launch: &mut dyn FnMut(usize) -> qwen3_vl::Result<()>) -> CliResult<f64> {
-        for i in 0..per_pass.min(3) {
-            launch(i)?;
-        }
-        let mut t = Vec::new();
-        for _ in 0..reps {
-            let m0 = b.mark()?;
+        let mut pass = || -> qwen3_vl::Result<()> {
             for i in 0..per_pass {
                 launch(i)?;
             }
+            Ok(())
+        };
+        let recording = b.record(&mut pass)?;
+        let run = |pass: &mut dyn FnMut() -> qwen3_vl::Result<()>| -> qwen3_vl::Result<()> {
+            match &recording {
+                Some(r) => b.replay(r),
+                None => pass(),
+            }
+        };
+        run(&mut pass)?; // warm-up
+        let mut t = Vec::new();
+        for _ in 0..reps {
+            let m0 = b.mark()?;
+            run(&mut pass)?;
             let m1 = b.mark()?;
             t.push(b.seconds_between(&m0, &m1)? / per_pass as f64);
         }
@@ -88,7 +100,15 @@ mod cuda_bench {
         // 1. the copy ceiling: device-to-device, bytes read + written
         let n = 256 << 20; // f32 elements = 1 GiB
         let (src, dst) = (b.zeros(&[n])?, b.zeros(&[n])?);
-        let t = time(b, a.reps, 1, &mut |_| b.copy_device(&dst, &src, n * 4))?;
+        // plain copies: the driver's copy engine path is slower inside a graph
+        let mut t = Vec::new();
+        for _ in 0..a.reps {
+            let m0 = b.mark()?;
+            b.copy_device(&dst, &src, n * 4)?;
+            let m1 = b.mark()?;
+            t.push(b.seconds_between(&m0, &m1)?);
+        }
+        let t = median(t);
         let copy_gbs = 2.0 * (n * 4) as f64 / t / 1e9;
         println!("device: {}  copy bandwidth (read + write): {:.0} GB/s", b.describe(), copy_gbs);
         println!("| kernel | shape (k -> n) | bytes read | us | GB/s | % of copy |");
@@ -96,26 +116,29 @@ mod cuda_bench {
         // 2. each GEMV of the decoder, m = 1
         let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
-        let shapes: Vec<(&str, usize, usize)> = vec![
-            ("qkv_proj (fused)", h, qd + 2 * kvd),
-            ("q_proj / o_proj", h, qd),
-            ("k_proj / v_proj", h, kvd),
-            ("gate+up (fused)", h, i),
-            ("down_proj", i, h),
-            ("lm_head", h, cfg.vocab_size),
+        // (name, k, n, with the RMSNorm prologue)
+        let shapes: Vec<(&str, usize, usize, bool)> = vec![
+            ("qkv_proj (fused)", h, qd + 2 * kvd, false),
+            ("qkv_proj + rms_norm", h, qd + 2 * kvd, true),
+            ("q_proj / o_proj", h, qd, false),
+            ("k_proj / v_proj", h, kvd, false),
+            ("gate+up (fused)", h, i, false),
+            ("gate+up + rms_norm", h, i, true),
+            ("down_proj", i, h, false),
+            ("lm_head", h, cfg.vocab_size, false),
         ];
-        for (name, k, nout) in shapes {
+        let norm_w = b.upload_f32(&[h], &vec![1.0; h])?;
+        for (name, k, nout, normed) in shapes {
             let fused = name.starts_with("gate+up");
             let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
             let copies = (ROTATE_BYTES / per).max(2);
             let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 7 + c as u32))).collect::<Result<_, _>>()?;
             let x = b.upload_f32(&[1, k], &vec![0.01; k])?;
-            let t = time(b, a.reps, copies, &mut |c| {
-                if fused {
-                    b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop)
-                } else {
-                    b.linear_with(LinearAlgo::GemvVec, &x, &ws[c], None, None).map(drop)
-                }
+            let t = time(b, a.reps, copies, &mut |c| match (fused, normed) {
+                (true, false) => b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+                (true, true) => b.rms_norm_gate_up_silu(&x, &norm_w, 1e-6, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+                (false, false) => b.linear_with(LinearAlgo::GemvVec, &x, &ws[c], None, None).map(drop),
+                (false, true) => b.rms_norm_linear(&x, &norm_w, 1e-6, &ws[c], None).map(drop),
             })?;
             let gbs = per as f64 / t / 1e9;
             println!("| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);

@@ -81,11 +81,13 @@ pub fn split_fits(s: &AttnShape) -> bool {
     s.kv_heads > 0 && s.t <= attn_split_tile::MAX_ROWS && s.t * (s.heads / s.kv_heads) <= attn_split_tile::MAX_GROUP_QV && s.d.is_power_of_two() && (16..=256).contains(&s.d)
 }
 
-/// The number of KV chunks for a cache of `cap` rows: enough blocks for two per multiprocessor,
-/// at least 32 keys per chunk. Depends only on the cache size, so a recorded step keeps it.
+/// The number of KV chunks launched for a cache of `cap` rows: enough blocks for four per
+/// multiprocessor, no more than the cache has `MIN_KEYS` runs. The kernel activates only as
+/// many as the current context needs, so this depends on the cache size alone and a recorded
+/// step keeps it at every context length.
 pub fn split_count(cap: usize, kv_heads: usize, sms: u32) -> usize {
-    let fill = ceil_div(2 * sms as usize, kv_heads.max(1));
-    fill.min(ceil_div(cap, 32)).clamp(1, attn_split_tile::MAX_SPLITS)
+    let fill = ceil_div(4 * sms as usize, kv_heads.max(1));
+    fill.min(ceil_div(cap, attn_split_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS)
 }
 
 /// Split-KV attention: chunk states into `partial`, merged into `out` by the last block of

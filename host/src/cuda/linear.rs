@@ -12,7 +12,7 @@ use crate::{ops, DType, Error, Result, Tensor};
 use gpu::params::{gemv_tile, gemv_vec_tile, matmul_tile, GateUpParams, LinearParams};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
-pub const GEMV_MAX_ROWS: usize = gemv_vec_tile::MAX_ROWS;
+pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
 
 /// Which kernel computes a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub enum LinearAlgo {
     Tiled,
     /// `gemv_*`: one warp per (row, output), scalar loads, any `k`.
     Gemv,
-    /// `gemv_vec_*`: one warp per output, 16-byte weight vectors, `m <= GEMV_MAX_ROWS`.
+    /// `gemv_vec_*`: one warp per output, 16-byte weight vectors, one row (decode).
     GemvVec,
 }
 
@@ -36,7 +36,7 @@ impl LinearAlgo {
     pub fn pick(m: usize, k: usize, dtype: DType) -> LinearAlgo {
         if m > GEMV_MAX_ROWS {
             LinearAlgo::Tiled
-        } else if Self::vector_rows(k, dtype) {
+        } else if m == 1 && Self::vector_rows(k, dtype) {
             LinearAlgo::GemvVec
         } else {
             LinearAlgo::Gemv
@@ -53,7 +53,7 @@ pub struct FusedNorm<'a> {
 
 /// Whether a GEMV can norm `m` rows of `k` activations in its shared-memory stage.
 pub fn norm_fits(m: usize, k: usize) -> bool {
-    m * k <= gemv_vec_tile::MAX_STAGED
+    m == 1 && k <= gemv_vec_tile::MAX_STAGED
 }
 
 /// Warps per block of the vector GEMVs for `n` outputs: 8 when that still gives every
@@ -109,8 +109,8 @@ pub fn linear(
     if let Some(r) = residual {
         need(kernel, "residual", r, m * n * 4)?;
     }
-    if algo == LinearAlgo::GemvVec && (m > GEMV_MAX_ROWS || !LinearAlgo::vector_rows(k, wdtype)) {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("needs m <= {} and 16-byte weight rows (m = {}, k = {} of {})", GEMV_MAX_ROWS, m, k, wdtype) });
+    if algo == LinearAlgo::GemvVec && (m > 1 || !LinearAlgo::vector_rows(k, wdtype)) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs one row and 16-byte weight rows (m = {}, k = {} of {})", m, k, wdtype) });
     }
     if norm.is_some() && algo != LinearAlgo::GemvVec {
         return Err(Error::Limit { op: kernel.name(), msg: "only the vector GEMV fuses an RMSNorm".into() });
@@ -150,7 +150,7 @@ pub fn linear(
     l.launch_shared(kernel, grid, block, shared, &p)
 }
 
-/// `c[m, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` with `m <= GEMV_MAX_ROWS` and 16-byte weight rows,
+/// `c[1, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` for one row with 16-byte weight rows,
 /// the rows of `a` RMS-normed first with `norm`.
 #[allow(clippy::too_many_arguments)]
 pub fn gate_up(
@@ -168,8 +168,8 @@ pub fn gate_up(
     need(kernel, "gate", gate, n * k * wdtype.size_of())?;
     need(kernel, "up", up, n * k * wdtype.size_of())?;
     need(kernel, "c", c, m * n * 4)?;
-    if m > GEMV_MAX_ROWS || !LinearAlgo::vector_rows(k, wdtype) {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("needs m <= {} and 16-byte weight rows (m = {}, k = {} of {})", GEMV_MAX_ROWS, m, k, wdtype) });
+    if m > 1 || !LinearAlgo::vector_rows(k, wdtype) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs one row and 16-byte weight rows (m = {}, k = {} of {})", m, k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
     let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: norm_addr, m: m as u32, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: k as u32, eps, _pad: 0 };

@@ -138,11 +138,12 @@ fn cached_attention_agrees_on_every_path() {
         Some(g) => g,
         None => return,
     };
-    // contexts around the chunking: one chunk up to MIN_KEYS (64) keys, then more; 4096 in
-    // the largest chunk count a 4,200-row cache launches
+    // contexts around the chunking (one chunk up to MIN_KEYS keys, a new chunk at each further
+    // multiple) and the warps' 32-key blocks; 4096 with many chunks
     let cap = 4200;
+    let min_keys = qwen3_vl::gpu::params::attn_split_tile::MIN_KEYS;
     let mut cases: Vec<(usize, usize, usize, usize, usize)> = vec![];
-    for &ctx in &[1usize, 63, 64, 65, 127, 128, 129, 1000, 4095, 4096, 4097] {
+    for &ctx in &[1usize, 31, 32, 33, 63, 64, 65, min_keys - 1, min_keys, min_keys + 1, 2 * min_keys + 1, 1000, 4095, 4096, 4097] {
         cases.push((1, 16, 8, 128, ctx)); // GQA 2 (Qwen3-VL-2B)
         cases.push((1, 8, 8, 128, ctx)); // GQA 1
     }

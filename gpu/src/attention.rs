@@ -11,32 +11,34 @@
 //! streaming update `gpu::math::OnlineSoftmax::push_weighted` (the CPU backend uses the same
 //! update), so nothing of size `kv_len` is materialized. Used for prefill and the vision tower.
 //!
-//! # `attention_split_*` + `attention_combine_f32`: flash-decoding ([`SplitAttnParams`])
+//! # `attention_split_*`: flash-decoding ([`SplitAttnParams`])
 //! For a few query rows (decode). Grid = `(splits, kv_heads, ceil(qvs / MAX_QV))`: block
-//! `(s, g, z)` scores the keys of chunk `s` (the `kv_len` keys, read from the cursor on the
+//! `(s, g, z)` takes chunk `s` of the keys (the `kv_len` keys, read from the cursor on the
 //! device, cut into `min(splits, ceil(kv_len / MIN_KEYS))` active chunks; blocks past those
-//! exit, and a single active chunk writes the output itself) for query vectors `z·MAX_QV ..` of KV group `g` (the group's
-//! `qvs = t · heads / kv_heads` vectors, at most `MAX_GROUP_QV`), so each K/V row is read once
-//! per group (Qwen3-VL-2B: 2 query heads per KV head, one block). Inside, `d / 8` lanes serve one key (8 elements each, one 16-byte load of
-//! f16), so a warp takes `256 / d` keys at a time; each such slot scores `KEYS` keys before one
-//! softmax update, keeping its running max, sum and output share in registers. The slots of a
-//! block merge through shared memory into the chunk's partial state `[d + 2]` (unnormalized
-//! output, max, sum). The last block of a group to finish (an arrival counter per group,
-//! fenced so that every chunk's state is visible first) merges the chunks into the output and
-//! resets the counter: one launch per decode attention, and the counters stay zero for the
-//! next launch (or graph replay).
+//! exit) for query vectors `z·MAX_QV ..` of KV group `g` (`qvs = t · heads / kv_heads` of them,
+//! at most `MAX_GROUP_QV`), so each K/V row is read once per group. The block stages its scaled
+//! queries in shared memory; each warp takes 32 keys at a time: QK with one key per lane (the
+//! lane reads its key row in 16-byte vectors, the queries are broadcast from shared memory, no
+//! shuffle per key), one softmax update per 32 keys (warp max and sum), then PV with `d / 8`
+//! lanes per value row, each lane accumulating 8 dims and taking each key's weight from the
+//! lane that scored it. The warps merge through shared memory into the chunk's state: written
+//! as the output when it is the only active chunk, else as a partial `[d + 2]` (unnormalized
+//! output, max, sum), and the last block of the group to arrive (an arrival counter per group,
+//! fenced so that every chunk's state is visible first) merges the chunks and resets the
+//! counter: one launch per decode attention, and the counters stay zero for the next launch
+//! (or graph replay).
 //!
 //! # Safety
-//! The launchers validate sizes and shapes (`d` a power of two in 16..=256 for the split path).
+//! The launchers validate sizes and shapes (`d` in 32, 64, 128, 256 for the split path).
 //! Warps past the last item exit as a whole, so shuffles have all 32 lanes; in the split kernel
 //! every thread reaches both block barriers.
 
 use crate::math::{OnlineSoftmax, F16};
-use crate::mem::{atomic_inc, fence_device, ld_cg, KvElem, KvVec8};
+use crate::mem::{atomic_inc, fence_device, ld_cg, ld_f32x4, F32x4, KvElem, KvVec8};
 use crate::params::attention_tile::{MAX_PER_LANE, WARPS};
-use crate::params::attn_split_tile::{KEYS, MAX_QV, MAX_SPLITS, MIN_KEYS, WARPS as SPLIT_WARPS};
+use crate::params::attn_split_tile::{MAX_D, MAX_QV, MAX_SPLITS, MIN_KEYS, WARPS as SPLIT_WARPS};
 use crate::params::{AttentionParams, SplitAttnParams, CURSOR_FIELDS, CURSOR_ROW};
-use crate::reduce::{shfl_xor, warp_max, warp_sum};
+use crate::reduce::{shfl_idx, shfl_xor, warp_max, warp_sum};
 use cuda_std::{kernel, shared_array, thread, GpuFloat};
 
 #[inline(always)]
@@ -114,154 +116,192 @@ pub unsafe fn attention_f16(p: AttentionParams) {
     attention::<F16>(p)
 }
 
-/// Sum over the `lanes` (a power of two ≤ 32) consecutive lanes that serve one key.
-#[inline(always)]
-fn group_sum(mut v: f32, lanes: usize) -> f32 {
-    let mut m = lanes / 2;
-    while m > 0 {
-        v += shfl_xor(v, m as u32);
-        m /= 2;
-    }
-    v
+/// The running softmax state of one query vector in one warp: max, sum, and this lane's 8
+/// output elements (lanes `l < d / 8` hold dims `8l ..`; after `finish_warp`).
+#[derive(Clone, Copy)]
+struct WarpState {
+    max: f32,
+    sum: f32,
+    acc: [f32; 8],
 }
 
-const _: () = assert!(KEYS == 4, "tile_update is written for 4 keys");
-
-/// One softmax update of a query vector's running state with a tile of `KEYS` scores (-inf
-/// where not visible) and their value rows (this lane's 8 elements).
+/// One warp's pass over a block of up to 32 keys (`kb ..`, `nk` of them, all inside the chunk):
+/// QK with one key per lane (its row read in 16-byte vectors, the query broadcast from shared
+/// memory), one softmax update per block of keys, then PV with `d / 8` lanes per value row
+/// (`32 / (d / 8)` keys per step, each lane accumulating 8 dims). `qs`: `[QV][d]` scaled
+/// queries in shared memory; `vis[v]`: the last key vector `v` sees.
 #[inline(always)]
-fn tile_update(st: &mut OnlineSoftmax, acc: &mut [f32; 8], s: &[f32; KEYS], vr: &[[f32; 8]; KEYS]) {
-    let m = st.max.max(s[0]).max(s[1]).max(s[2]).max(s[3]);
-    if m == f32::NEG_INFINITY {
-        return; // nothing visible yet
-    }
-    let rescale = (st.max - m).exp();
-    let w = [(s[0] - m).exp(), (s[1] - m).exp(), (s[2] - m).exp(), (s[3] - m).exp()];
-    st.sum = st.sum * rescale + (w[0] + w[1]) + (w[2] + w[3]);
-    st.max = m;
-    for e in 0..8 {
-        acc[e] = acc[e] * rescale + w[0] * vr[0][e] + w[1] * vr[1][e] + w[2] * vr[2][e] + w[3] * vr[3][e];
-    }
-}
-
-/// Scores of this slot's keys for the chunk `[c0, c1)` in tiles of `KEYS`, with the running
-/// softmax state per query vector, then the block's merge and, with several active chunks, the
-/// hand-over to the last block of the group. `QV` query vectors; `vis[v]`: keys `<= vis[v]`
-/// are visible. Every thread of the block calls it (it has barriers).
-#[inline(always)]
-unsafe fn split_chunk<C: KvVec8, const QV: usize>(
-    p: &SplitAttnParams,
-    g: usize,
-    (c0, c1, active): (usize, usize, usize),
-    (slot, slots, sl): (usize, usize, usize),
-    lanes: usize,
+unsafe fn warp_block<C: KvVec8, const QV: usize>(
+    (k, v, kv_row): (*const C, *const C, usize),
+    d: usize,
+    qs: *const f32,
+    (kb, nk): (usize, usize),
+    vis: &[usize; QV],
+    qvs: usize,
+    st: &mut [WarpState; QV],
 ) {
-    // the loop runs warp-uniformly (keys past the chunk are masked), so every shuffle has all lanes
-    let in_warp = slot % (32 / lanes);
+    let lane = (thread::thread_idx_x() % 32) as usize;
+    // 1. QK: lane `l` scores key `kb + l`
+    let mut s = [0.0f32; QV];
+    let j = kb + lane;
+    if lane < nk {
+        let row = k.add(j * kv_row);
+        // QK_VECS vectors of the row in flight at a time (a 128-wide f16 row in two rounds)
+        const QK_VECS: usize = 8;
+        let mut c = 0;
+        while c < d {
+            let mut kv = [[0.0f32; 8]; QK_VECS];
+            for u in 0..QK_VECS {
+                if c + 8 * u < d {
+                    kv[u] = C::load8(row.add(c + 8 * u));
+                }
+            }
+            for vi in 0..QV {
+                let q = qs.add(vi * MAX_D + c);
+                for u in 0..QK_VECS {
+                    if c + 8 * u < d {
+                        let (a, b) = (ld_f32x4(q.add(8 * u)), ld_f32x4(q.add(8 * u + 4)));
+                        s[vi] += (kv[u][0] * a[0] + kv[u][1] * a[1] + kv[u][2] * a[2] + kv[u][3] * a[3]) + (kv[u][4] * b[0] + kv[u][5] * b[1] + kv[u][6] * b[2] + kv[u][7] * b[3]);
+                    }
+                }
+            }
+            c += 8 * QK_VECS;
+        }
+    }
+    // 2. one softmax update per vector for the block: p = e^(s - m), rescale the old state
+    let mut p = [0.0f32; QV];
+    for vi in 0..QV {
+        let score = if lane < nk && j <= vis[vi] && vi < qvs { s[vi] } else { f32::NEG_INFINITY };
+        let m = st[vi].max.max(warp_max(score));
+        if m == f32::NEG_INFINITY {
+            continue; // nothing visible yet (uniform: m is the warp's)
+        }
+        p[vi] = (score - m).exp();
+        let rescale = (st[vi].max - m).exp();
+        st[vi].sum = st[vi].sum * rescale + warp_sum(p[vi]);
+        st[vi].max = m;
+        for e in 0..8 {
+            st[vi].acc[e] *= rescale;
+        }
+    }
+    // 3. PV: `lanes` lanes per value row, `per_step` keys per step
+    let lanes = d / 8;
+    let per_step = 32 / lanes;
+    let (sub, sl) = (lane / lanes, lane % lanes);
+    let mut i0 = 0;
+    while i0 < nk {
+        const BATCH: usize = 8;
+        let mut vv = [[0.0f32; 8]; BATCH];
+        let mut idx = [0usize; BATCH];
+        for u in 0..BATCH {
+            idx[u] = i0 + u * per_step + sub;
+            if idx[u] < nk {
+                vv[u] = C::load8(v.add((kb + idx[u]) * kv_row + 8 * sl));
+            }
+        }
+        for u in 0..BATCH {
+            for vi in 0..QV {
+                let w = shfl_idx(p[vi], idx[u].min(31) as u32);
+                let w = if idx[u] < nk { w } else { 0.0 };
+                for e in 0..8 {
+                    st[vi].acc[e] += w * vv[u][e];
+                }
+            }
+        }
+        i0 += BATCH * per_step;
+    }
+}
+
+/// Sums each vector's output share over the lane groups that took different keys in PV, so
+/// lanes `l < d / 8` hold the warp's dims `8l .. 8l + 8`.
+#[inline(always)]
+fn finish_warp<const QV: usize>(d: usize, st: &mut [WarpState; QV]) {
+    let lanes = d / 8;
+    for vi in 0..QV {
+        let mut m = lanes;
+        while m < 32 {
+            for e in 0..8 {
+                st[vi].acc[e] += shfl_xor(st[vi].acc[e], m as u32);
+            }
+            m *= 2;
+        }
+    }
+}
+
+/// One block's work: its query vectors' scores against the keys of chunk `[c0, c1)`, the warps'
+/// states merged into the chunk's (written as the output when it is the only active chunk, else
+/// as a partial state), and the hand-over to the last block of the group. Every thread of the
+/// block calls it (it has barriers).
+#[inline(always)]
+unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize, (c0, c1, active): (usize, usize, usize)) {
+    // 16-byte aligned: the QK loop reads it with vector loads
+    let qs = shared_array![F32x4; MAX_QV * MAX_D / 4] as *mut f32;
+    let tid = thread::thread_idx_x() as usize;
+    let (lane, w) = (tid % 32, tid / 32);
     let (heads, kv_heads, d) = (p.heads as usize, p.kv_heads as usize, p.d as usize);
     let group = heads / kv_heads;
-    let kv_row = kv_heads * d;
-    let (kb, vb) = ((p.k as *const C).add(g * d + sl * 8), (p.v as *const C).add(g * d + sl * 8));
-    let mut base = c0 + slot - in_warp; // the warp's first slot
-    // a tile: KEYS keys (and, separately, their values) of this slot, zero past the chunk
-    let load = |src: *const C, base: usize| {
-        let mut t = [[0.0f32; 8]; KEYS];
-        for u in 0..KEYS {
-            let j = base + in_warp + u * slots;
-            if j < c1 {
-                t[u] = C::load8(src.add(j * kv_row));
-            }
-        }
-        t
-    };
-    // 1. the first tile's loads go out with the queries', then this lane's 8 query elements of
-    //    each vector (pre-scaled) and each vector's last visible key
-    let (mut kr, mut vr) = (load(kb, base), load(vb, base));
     let v0 = thread::block_idx_z() as usize * MAX_QV;
     let qvs = (p.t as usize * group).saturating_sub(v0).min(QV);
-    let mut q = [[0.0f32; 8]; QV];
+    // 1. the block's scaled queries into shared memory; each vector's last visible key
     let mut vis = [0usize; QV];
-    for v in 0..QV {
-        if v < qvs {
-            let (i, h) = ((v0 + v) / group, g * group + (v0 + v) % group);
-            let src = (p.q as *const f32).add((i * heads + h) * d + sl * 8);
-            for e in 0..8 {
-                q[v][e] = *src.add(e) * p.scale;
+    for vi in 0..QV {
+        let (i, h) = ((v0 + vi) / group, g * group + (v0 + vi) % group);
+        if vi < qvs {
+            vis[vi] = *(p.cursor as *const u32).add(i * CURSOR_FIELDS + CURSOR_ROW) as usize;
+            let mut e = tid;
+            while e < d {
+                *qs.add(vi * MAX_D + e) = *(p.q as *const f32).add((i * heads + h) * d + e) * p.scale;
+                e += thread::block_dim_x() as usize;
             }
-            vis[v] = *(p.cursor as *const u32).add(i * CURSOR_FIELDS + CURSOR_ROW) as usize;
-        }
-    }
-    let mut st = [OnlineSoftmax::EMPTY; QV];
-    let mut acc = [[0.0f32; 8]; QV];
-    while base < c1 {
-        let j0 = base + in_warp;
-        let next = base + KEYS * slots;
-        // 2. scores for every query vector; the next tile's keys go out once these are read
-        let mut s = [[f32::NEG_INFINITY; KEYS]; QV];
-        for v in 0..QV {
-            for u in 0..KEYS {
-                let mut part = 0.0f32;
-                for e in 0..8 {
-                    part += q[v][e] * kr[u][e];
-                }
-                let total = group_sum(part, lanes);
-                let j = j0 + u * slots;
-                if j < c1 && j <= vis[v] && v < qvs {
-                    s[v][u] = total;
-                }
-            }
-        }
-        if next < c1 {
-            kr = load(kb, next);
-        }
-        // 3. one softmax update per vector for the tile; then the next tile's values
-        for v in 0..QV {
-            tile_update(&mut st[v], &mut acc[v], &s[v], &vr);
-        }
-        if next < c1 {
-            vr = load(vb, next);
-        }
-        base = next;
-    }
-    // 4. merge the slots of the block through shared memory: [qv][slot][d] outputs, [qv][slot] states
-    let outs = shared_array![f32; MAX_QV * 32 * 8 * SPLIT_WARPS as usize];
-    let states = shared_array![f32; MAX_QV * 2 * 32 * SPLIT_WARPS as usize];
-    let per_qv = slots * d; // = 32 · 8 · WARPS
-    for v in 0..QV {
-        for e in 0..8 {
-            *outs.add(v * per_qv + slot * d + sl * 8 + e) = acc[v][e];
-        }
-        if sl == 0 {
-            *states.add((v * slots + slot) * 2) = st[v].max;
-            *states.add((v * slots + slot) * 2 + 1) = st[v].sum;
         }
     }
     thread::sync_threads();
-    let tid = thread::thread_idx_x() as usize;
+    // 2. each warp takes blocks of 32 keys in turn
+    let mut st = [WarpState { max: f32::NEG_INFINITY, sum: 0.0, acc: [0.0; 8] }; QV];
+    let kv = ((p.k as *const C).add(g * d), (p.v as *const C).add(g * d), kv_heads * d);
+    let mut kb = c0 + 32 * w;
+    while kb < c1 {
+        warp_block::<C, QV>(kv, d, qs, (kb, (c1 - kb).min(32)), &vis, qvs, &mut st);
+        kb += 32 * SPLIT_WARPS as usize;
+    }
+    finish_warp::<QV>(d, &mut st);
+    // 3. merge the warps through shared memory: [qv][warp][d] outputs, [qv][warp] states
+    let outs = shared_array![f32; MAX_QV * SPLIT_WARPS as usize * MAX_D];
+    let states = shared_array![f32; MAX_QV * SPLIT_WARPS as usize * 2];
+    let warps = SPLIT_WARPS as usize;
+    for vi in 0..QV {
+        if lane < d / 8 {
+            for e in 0..8 {
+                *outs.add((vi * warps + w) * MAX_D + 8 * lane + e) = st[vi].acc[e];
+            }
+        }
+        if lane == 0 {
+            *states.add((vi * warps + w) * 2) = st[vi].max;
+            *states.add((vi * warps + w) * 2 + 1) = st[vi].sum;
+        }
+    }
+    thread::sync_threads();
     let splits = p.splits as usize;
     let split = thread::block_idx_x() as usize;
     let mut x = tid;
     while x < qvs * d {
-        let (v, e) = (x / d, x % d);
+        let (vi, e) = (x / d, x % d);
         let mut m = f32::NEG_INFINITY;
-        for sidx in 0..slots {
-            let ms = *states.add((v * slots + sidx) * 2);
-            if ms > m {
-                m = ms;
-            }
+        for wi in 0..warps {
+            m = m.max(*states.add((vi * warps + wi) * 2));
         }
         let (mut o, mut l) = (0.0f32, 0.0f32);
         if m != f32::NEG_INFINITY {
-            for sidx in 0..slots {
-                let ms = *states.add((v * slots + sidx) * 2);
-                if ms != f32::NEG_INFINITY {
-                    let f = (ms - m).exp();
-                    o += *outs.add(v * per_qv + sidx * d + e) * f;
-                    l += *states.add((v * slots + sidx) * 2 + 1) * f;
+            for wi in 0..warps {
+                let mw = *states.add((vi * warps + wi) * 2);
+                if mw != f32::NEG_INFINITY {
+                    let f = (mw - m).exp();
+                    o += *outs.add((vi * warps + wi) * MAX_D + e) * f;
+                    l += *states.add((vi * warps + wi) * 2 + 1) * f;
                 }
             }
         }
-        let (i, h) = ((v0 + v) / group, g * group + (v0 + v) % group);
+        let (i, h) = ((v0 + vi) / group, g * group + (v0 + vi) % group);
         if active == 1 {
             // one chunk holds every key: this block's merge is the answer
             *(p.out as *mut f32).add((i * heads + h) * d + e) = if l > 0.0 { o / l } else { 0.0 };
@@ -278,7 +318,7 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(
     if active == 1 {
         return;
     }
-    // 5. the last active block of this group to arrive merges every chunk's state into the output
+    // 4. the last active block of this group to arrive merges every chunk's state into the output
     let last = shared_array![u32; 1];
     let counter = (p.counters as *mut u32).add(g * thread::grid_dim_z() as usize + thread::block_idx_z() as usize);
     fence_device();
@@ -340,14 +380,27 @@ unsafe fn merge_chunks(p: &SplitAttnParams, g: usize, v0: usize, qvs: usize, act
         }
     }
     thread::sync_threads();
-    // 2. every output element: Σ_s o_s[e] · factor_s
+    // 2. every output element: Σ_s o_s[e] · factor_s, MERGE_BATCH chunk values in flight
+    const MERGE_BATCH: usize = 16;
     let mut x = tid;
     while x < qvs * d {
         let (v, e) = (x / d, x % d);
         let (part, out) = part_of(v);
         let mut o = 0.0f32;
-        for s in 0..active {
-            o += ld_cg(part.add(s * (d + 2) + e)) * *factors.add(v * MAX_SPLITS + s);
+        let mut s0 = 0;
+        while s0 < active {
+            let mut vals = [0.0f32; MERGE_BATCH];
+            for b in 0..MERGE_BATCH {
+                if s0 + b < active {
+                    vals[b] = ld_cg(part.add((s0 + b) * (d + 2) + e));
+                }
+            }
+            for b in 0..MERGE_BATCH {
+                if s0 + b < active {
+                    o += vals[b] * *factors.add(v * MAX_SPLITS + s0 + b);
+                }
+            }
+            s0 += MERGE_BATCH;
         }
         *(p.out as *mut f32).add(out + e) = o;
         x += step;
@@ -356,13 +409,6 @@ unsafe fn merge_chunks(p: &SplitAttnParams, g: usize, v0: usize, qvs: usize, act
 
 #[inline(always)]
 unsafe fn attention_split<C: KvVec8>(p: SplitAttnParams) {
-    let tid = thread::thread_idx_x() as usize;
-    let d = p.d as usize;
-    let lanes = d / 8; // lanes per key
-    let per_warp = 32 / lanes;
-    let (lane, w) = (tid % 32, tid / 32);
-    let (slot, sl) = (w * per_warp + lane / lanes, lane % lanes);
-    let slots = SPLIT_WARPS as usize * per_warp;
     // the keys every row sees (the last row sees the most), cut into `active` chunks of at
     // least MIN_KEYS (at most the launched `splits`): short contexts take one chunk and no merge
     let cur = p.cursor as *const u32;
@@ -384,11 +430,10 @@ unsafe fn attention_split<C: KvVec8>(p: SplitAttnParams) {
     let c1 = (c0 + chunk).min(kv_len);
     let g = thread::block_idx_y() as usize;
     let qvs = p.t as usize * (p.heads / p.kv_heads) as usize;
-    let at = (slot, slots, sl);
     if qvs <= 1 {
-        split_chunk::<C, 1>(&p, g, (c0, c1, active), at, lanes)
+        split_chunk::<C, 1>(&p, g, (c0, c1, active))
     } else {
-        split_chunk::<C, MAX_QV>(&p, g, (c0, c1, active), at, lanes)
+        split_chunk::<C, MAX_QV>(&p, g, (c0, c1, active))
     }
 }
 

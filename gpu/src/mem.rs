@@ -1,5 +1,10 @@
 //! Memory access helpers written as inline PTX: 16-byte read-only global loads (the widest a
 //! thread can issue), which the kernels that stream weights and the KV cache are built on.
+//!
+//! Loads and conversions are declared `pure` (and `readonly` / `nomem`), so the compiler may
+//! schedule them like ordinary loads and arithmetic: without that, every inline-asm statement
+//! keeps its place relative to the others, and a load could not be issued before the previous
+//! load's value was converted — one memory latency per load. Fences and atomics stay ordered.
 
 /// Four 32-bit words from global memory at `p` (16-byte aligned), through the read-only
 /// (non-coherent) path: for data no kernel of the same launch writes.
@@ -10,6 +15,7 @@ pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
         "ld.global.nc.v4.u32 {{{}, {}, {}, {}}}, [{}];",
         out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
         in(reg64) p,
+        options(pure, readonly, nostack),
     );
     [a, b, c, d]
 }
@@ -19,7 +25,7 @@ pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
 #[inline(always)]
 pub unsafe fn ld_cg(p: *const f32) -> f32 {
     let v: u32;
-    core::arch::asm!("ld.global.cg.u32 {}, [{}];", out(reg32) v, in(reg64) p);
+    core::arch::asm!("ld.global.cg.u32 {}, [{}];", out(reg32) v, in(reg64) p, options(pure, readonly, nostack));
     f32::from_bits(v)
 }
 
@@ -54,6 +60,7 @@ pub fn f16x2_to_f32(w: u32) -> (f32, f32) {
         core::arch::asm!(
             "{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, {w}; cvt.f32.f16 {a}, lo; cvt.f32.f16 {b}, hi; }}",
             w = in(reg32) w, a = out(reg32) a, b = out(reg32) b,
+            options(pure, nomem, nostack),
         );
     }
     (f32::from_bits(a), f32::from_bits(b))
@@ -65,14 +72,16 @@ pub fn f16x2_to_f32(w: u32) -> (f32, f32) {
 pub fn f32_to_f16(x: f32) -> u16 {
     let h: u16;
     unsafe {
-        core::arch::asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x.to_bits());
+        core::arch::asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x.to_bits(), options(pure, nomem, nostack));
     }
     h
 }
 
+/// Four f32 aligned to 16 bytes: the element of shared arrays read with vector loads
+/// (`shared_array![F32x4; n / 4]`, then used as `*mut f32`).
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
-struct F32x4([f32; 4]);
+pub struct F32x4(pub [f32; 4]);
 
 /// Four f32 at `p` (16-byte aligned) through a generic address: global memory or a shared
 /// memory stage.

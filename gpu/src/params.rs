@@ -326,14 +326,14 @@ pub mod attn_split_tile {
     pub const MAX_QV: usize = 2;
     /// Query vectors per KV group the split path takes in all.
     pub const MAX_GROUP_QV: usize = 16;
-    /// Keys a half-warp scores before one softmax update.
-    pub const KEYS: usize = 4;
-    /// Head dim: each lane of a half-warp holds 8 elements.
-    pub const D: usize = 128;
+    /// Largest head dim (a power of two from 32 up to this).
+    pub const MAX_D: usize = 256;
     /// At most this many KV chunks.
     pub const MAX_SPLITS: usize = 64;
-    /// Keys a chunk gets at least (shorter contexts use fewer chunks).
-    pub const MIN_KEYS: usize = 64;
+    /// Keys a chunk gets at least (shorter contexts use fewer chunks): a block of 32 keys per
+    /// warp. More keys per chunk shorten the merge but leave warps idle at short contexts;
+    /// fewer lengthen the merge (both measured on the H100, BENCHMARKS.md).
+    pub const MIN_KEYS: usize = 128;
     /// Query rows the split path takes (more go to the tiled kernel).
     pub const MAX_ROWS: usize = 4;
 }

@@ -6,6 +6,8 @@ use cuda_std::thread;
 extern "C" {
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_bfly_f32(mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.f32"]
+    fn shfl_idx_f32(mask: u32, v: f32, lane: u32, clamp: u32) -> f32;
 }
 
 const FULL: u32 = 0xffff_ffff;
@@ -14,6 +16,12 @@ const FULL: u32 = 0xffff_ffff;
 #[inline(always)]
 pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
     unsafe { shfl_bfly_f32(FULL, v, lane_mask, 0x1f) }
+}
+
+/// `v` from lane `src` (each lane may name its own). Every lane of the warp must call it.
+#[inline(always)]
+pub fn shfl_idx(v: f32, src: u32) -> f32 {
+    unsafe { shfl_idx_f32(FULL, v, src, 0x1f) }
 }
 
 /// Sum over the 32 lanes of a warp; every lane gets the result.

@@ -76,9 +76,9 @@ pub fn attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, s: &Att
 }
 
 /// Whether the split kernel takes this shape: few query vectors per KV group and a head dim
-/// a power of two in 16..=256 (8 elements per lane).
+/// of 32, 64, 128 or 256 (a key row in whole 32-element steps, 8 elements per lane in PV).
 pub fn split_fits(s: &AttnShape) -> bool {
-    s.kv_heads > 0 && s.t <= attn_split_tile::MAX_ROWS && s.t * (s.heads / s.kv_heads) <= attn_split_tile::MAX_GROUP_QV && s.d.is_power_of_two() && (16..=256).contains(&s.d)
+    s.kv_heads > 0 && s.t <= attn_split_tile::MAX_ROWS && s.t * (s.heads / s.kv_heads) <= attn_split_tile::MAX_GROUP_QV && s.d.is_power_of_two() && (32..=attn_split_tile::MAX_D).contains(&s.d)
 }
 
 /// The number of KV chunks launched for a cache of `cap` rows: enough blocks for four per

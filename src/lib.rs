@@ -6,6 +6,10 @@
 
 pub use host::*;
 
+pub mod generation_config;
+pub mod server;
+pub mod signals;
+
 /// The PTX of every kernel in `gpu/`, built by `build.rs` for compute_61 (`None` without the
 /// `cuda` feature).
 #[cfg(feature = "cuda")]

@@ -26,13 +26,13 @@ pub struct ChatArgs {
     #[clap(long = "image", short = 'i')]
     images: Vec<PathBuf>,
     /// Resize images above this many pixels down (default from preprocessor_config.json).
-    #[clap(long, value_parser = ranges::max_pixels)]
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     max_pixels: Option<usize>,
     /// Most tokens per reply (1 to 16777216).
-    #[clap(long, default_value = "512", value_parser = ranges::max_tokens)]
+    #[clap(long, default_value = "512", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_tokens: usize,
     /// Context size in tokens for the whole conversation (16 and up, capped by the model's).
-    #[clap(long, default_value = "4096", value_parser = ranges::context)]
+    #[clap(long, default_value = "4096", value_parser = ranges::context, allow_hyphen_values = true)]
     context: usize,
     #[clap(flatten)]
     sampling: SamplingArgs,

@@ -21,7 +21,7 @@ pub struct GenerateArgs {
     #[clap(long)]
     system: Option<String>,
     /// Most tokens to generate (1 to 16777216).
-    #[clap(long, default_value = "256", value_parser = ranges::max_tokens)]
+    #[clap(long, default_value = "256", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_tokens: usize,
     /// Feed the prompt as is, without the chat template.
     #[clap(long)]

@@ -218,7 +218,7 @@ pub struct ImageArgs {
     pub images: Vec<PathBuf>,
     /// Resize images above this many pixels down (bounds memory and time; default from
     /// preprocessor_config.json).
-    #[clap(long, value_parser = ranges::max_pixels)]
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     pub max_pixels: Option<usize>,
 }
 
@@ -298,16 +298,16 @@ pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Sampling temperature, 0 to 100; 0 is greedy.
-    #[clap(long, value_parser = ranges::temperature)]
+    #[clap(long, value_parser = ranges::temperature, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
     /// Sample among the k most likely tokens (0: all).
-    #[clap(long, value_parser = ranges::top_k)]
+    #[clap(long, value_parser = ranges::top_k, allow_hyphen_values = true)]
     pub top_k: Option<usize>,
     /// Sample from the smallest set of tokens whose probability reaches p (above 0, at most 1).
-    #[clap(long, value_parser = ranges::top_p)]
+    #[clap(long, value_parser = ranges::top_p, allow_hyphen_values = true)]
     pub top_p: Option<f32>,
     /// Penalty > 1 for tokens already in the context (above 0, at most 100; 1 is off).
-    #[clap(long, value_parser = ranges::repetition_penalty)]
+    #[clap(long, value_parser = ranges::repetition_penalty, allow_hyphen_values = true)]
     pub repetition_penalty: Option<f32>,
     /// Random seed.
     #[clap(long, default_value = "0")]

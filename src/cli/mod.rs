@@ -34,7 +34,7 @@ pub struct DeviceArgs {
     #[clap(long, default_value = "auto")]
     pub device: DeviceRequest,
     /// CPU worker threads, 1 to 1024 (default: all cores).
-    #[clap(long, value_parser = ranges::threads)]
+    #[clap(long, value_parser = ranges::threads, allow_hyphen_values = true)]
     pub threads: Option<usize>,
 }
 

@@ -17,7 +17,7 @@ pub struct ServeArgs {
     #[clap(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on (0: any free port, printed at start).
-    #[clap(long, default_value = "8080", value_parser = ranges::port)]
+    #[clap(long, default_value = "8080", value_parser = ranges::port, allow_hyphen_values = true)]
     port: u16,
     /// The model name that /v1/models reports (default: the model directory's name).
     #[clap(long)]
@@ -29,31 +29,31 @@ pub struct ServeArgs {
     #[clap(long)]
     allowed_image_dir: Option<PathBuf>,
     /// Resize images above this many pixels down (default from preprocessor_config.json).
-    #[clap(long, value_parser = ranges::max_pixels)]
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     max_pixels: Option<usize>,
     /// Refuse images that declare more pixels than this, before decoding them.
-    #[clap(long, default_value = "16777216", value_parser = ranges::max_pixels)]
+    #[clap(long, default_value = "16777216", value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     max_image_pixels: usize,
     /// Most images per request (0 to 256).
-    #[clap(long, default_value = "8", value_parser = ranges::images)]
+    #[clap(long, default_value = "8", value_parser = ranges::images, allow_hyphen_values = true)]
     max_images: usize,
     /// Largest request body, in MiB (1 to 4096; images travel base64-encoded inside it).
-    #[clap(long, default_value = "32", value_parser = ranges::mib)]
+    #[clap(long, default_value = "32", value_parser = ranges::mib, allow_hyphen_values = true)]
     max_body_mib: usize,
     /// Most prompt tokens per request, image tokens included (default: 8192, at most the model's context).
-    #[clap(long, value_parser = ranges::max_tokens)]
+    #[clap(long, value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_prompt_tokens: Option<usize>,
     /// Most tokens generated per request; also the default max_tokens (default: 2048).
-    #[clap(long, value_parser = ranges::max_tokens)]
+    #[clap(long, value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_output_tokens: Option<usize>,
     /// Most requests waiting for the model; more get 429 with Retry-After (1 to 4096).
-    #[clap(long, default_value = "16", value_parser = ranges::queue)]
+    #[clap(long, default_value = "16", value_parser = ranges::queue, allow_hyphen_values = true)]
     queue: usize,
     /// Most open connections; more get 503 (1 to 4096).
-    #[clap(long, default_value = "64", value_parser = ranges::connections)]
+    #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
     max_connections: usize,
     /// Seconds a client has to send a whole request, and that an idle connection stays open.
-    #[clap(long, default_value = "30", value_parser = ranges::seconds)]
+    #[clap(long, default_value = "30", value_parser = ranges::seconds, allow_hyphen_values = true)]
     read_timeout: u64,
     #[clap(flatten)]
     sampling: SamplingArgs,

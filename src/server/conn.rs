@@ -8,7 +8,7 @@ use super::queue::{Event, Job, Refused};
 use super::{prompt, Shared};
 use crate::generate::sampling::OutputPenalties;
 use serde_json::json;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
@@ -57,12 +57,14 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
                 let e = ApiError::new(408, "request_timeout", format!("the request did not arrive within {} s", shared.cfg.read_timeout.as_secs_f64()));
                 shared.metrics.response("", 408);
                 let _ = Response::error(&e).write_to(&mut out, false);
+                linger_close(&conn.inner);
                 return;
             }
             Err(ReadError::Bad(e)) => {
                 log::debug!("bad request: {}", e.message);
                 shared.metrics.response("", e.status);
                 let _ = Response::error(&e).write_to(&mut out, false);
+                linger_close(&conn.inner);
                 return;
             }
         };
@@ -74,6 +76,24 @@ fn serve_connection(stream: TcpStream, shared: &Shared) {
         log::info!("{} {} {} in {:.3} s", req.method, req.path, status, t0.elapsed().as_secs_f64());
         if !keep {
             return;
+        }
+    }
+}
+
+/// Closes a connection whose client may still be sending (a body over the limit, a request
+/// cut off): our side is shut first and what arrives is read and dropped for a moment, so that
+/// closing with unread data does not reset the connection before the client read the answer.
+fn linger_close(s: &TcpStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let t0 = Instant::now();
+    let mut sink = [0u8; 16384];
+    let mut r = s;
+    while t0.elapsed() < Duration::from_secs(2) {
+        match r.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(_) => break,
         }
     }
 }
@@ -100,7 +120,7 @@ fn route(req: &Request, out: &mut TcpStream, peer: &TcpStream, shared: &Shared, 
                 send(out, Response::json(200, &json!({"status": "ok"})))
             }
         }
-        ("GET", "/metrics") => send(out, Response::text(200, "text/plain; version=0.0.4", shared.metrics.render(shared.queue.capacity()))),
+        ("GET", "/metrics") => send(out, Response::text(200, "text/plain; version=0.0.4", shared.metrics.render(shared.queue.len(), shared.queue.capacity()))),
         ("GET", "/v1/models") => send(out, Response::json(200, &json!({"object": "list", "data": [model_json(shared)]}))),
         ("GET", p) if p.starts_with("/v1/models/") => {
             if &p["/v1/models/".len()..] == shared.cfg.model_id {
@@ -143,19 +163,35 @@ fn peer_gone(s: &TcpStream) -> bool {
     }
 }
 
-/// The next event of the job, checking meanwhile that the client is still there (`None`:
-/// it left, and the job was cancelled).
-fn next_event(rx: &Receiver<Event>, peer: &TcpStream, cancel: &AtomicBool) -> Option<Event> {
-    loop {
-        match rx.recv_timeout(POLL) {
-            Ok(e) => return Some(e),
-            Err(RecvTimeoutError::Timeout) => {
-                if peer_gone(peer) {
-                    cancel.store(true, Ordering::SeqCst);
+/// Waits for a job's events while watching its client: a client that went away cancels the
+/// job. The socket is checked at least every [`POLL`], also while events keep coming.
+struct Watch<'a> {
+    rx: &'a Receiver<Event>,
+    peer: &'a TcpStream,
+    cancel: &'a AtomicBool,
+    checked: Instant,
+}
+
+impl<'a> Watch<'a> {
+    fn new(rx: &'a Receiver<Event>, peer: &'a TcpStream, cancel: &'a AtomicBool) -> Watch<'a> {
+        Watch { rx, peer, cancel, checked: Instant::now() }
+    }
+
+    /// The next event (`None`: the client left, and the job was cancelled).
+    fn next(&mut self) -> Option<Event> {
+        loop {
+            if self.checked.elapsed() >= POLL {
+                self.checked = Instant::now();
+                if peer_gone(self.peer) {
+                    self.cancel.store(true, Ordering::SeqCst);
                     return None;
                 }
             }
-            Err(RecvTimeoutError::Disconnected) => return Some(Event::Failed("the model thread dropped the request".into())),
+            match self.rx.recv_timeout(POLL) {
+                Ok(e) => return Some(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Some(Event::Failed("the model thread dropped the request".into())),
+            }
         }
     }
 }
@@ -204,7 +240,7 @@ fn chat(req: &Request, out: &mut TcpStream, peer: &TcpStream, shared: &Shared, k
         received,
     };
     match shared.queue.submit(job) {
-        Ok(n) => shared.metrics.queue_depth.store(n, Ordering::Relaxed),
+        Ok(n) => log::debug!("queued: {} waiting", n),
         Err(Refused::Full) => {
             let e = ApiError { retry_after: Some(shared.retry_after()), ..ApiError::new(429, "queue_full", format!("{} requests are already waiting; try again later", shared.queue.capacity())) };
             return fail(out, &e);
@@ -217,8 +253,9 @@ fn chat(req: &Request, out: &mut TcpStream, peer: &TcpStream, shared: &Shared, k
         stream_reply(out, peer, &rx, &cancel, keep_alive, &id, shared.created_now(), model, parsed.include_usage)
     } else {
         let mut text = String::new();
+        let mut watch = Watch::new(&rx, peer, &cancel);
         loop {
-            match next_event(&rx, peer, &cancel) {
+            match watch.next() {
                 None => return (499, false), // the client left
                 Some(Event::Started) => {}
                 Some(Event::Text(t)) => text.push_str(&t),
@@ -245,7 +282,8 @@ impl Shared {
 #[allow(clippy::too_many_arguments)]
 fn stream_reply(out: &mut TcpStream, peer: &TcpStream, rx: &Receiver<Event>, cancel: &AtomicBool, keep_alive: bool, id: &str, created: u64, model: &str, include_usage: bool) -> (u16, bool) {
     // 1. wait for the model to take the job (a failure before that is still a plain 500)
-    let first = match next_event(rx, peer, cancel) {
+    let mut watch = Watch::new(rx, peer, cancel);
+    let first = match watch.next() {
         None => return (499, false),
         Some(Event::Failed(m)) => {
             let ok = Response::error(&ApiError::new(500, "generation_failed", m)).write_to(out, keep_alive).is_ok();
@@ -271,7 +309,7 @@ fn stream_reply(out: &mut TcpStream, peer: &TcpStream, rx: &Receiver<Event>, can
         }
         let ev = match next.take() {
             Some(e) => e,
-            None => match next_event(rx, peer, cancel) {
+            None => match watch.next() {
                 Some(e) => e,
                 None => return (200, false),
             },

@@ -42,7 +42,6 @@ pub struct Metrics {
     /// Microseconds spent in prefill and in decode.
     prefill_us: AtomicU64,
     decode_us: AtomicU64,
-    pub queue_depth: AtomicUsize,
     pub running: AtomicUsize,
     pub connections: AtomicUsize,
     ttft: Mutex<Histogram>,
@@ -83,7 +82,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self, queue_capacity: usize) -> String {
+    pub fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
         let mut s = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, lines: Vec<String>| {
             s.push_str(&format!("# HELP {} {}\n# TYPE {} {}\n", name, help, name, kind));
@@ -102,7 +101,7 @@ impl Metrics {
         c("qwen3vl_prefill_seconds_total", "Time spent on prompts.", format!("{:.6}", self.prefill_us.load(Ordering::Relaxed) as f64 / 1e6), "counter", &mut metric);
         c("qwen3vl_decode_seconds_total", "Time spent generating tokens.", format!("{:.6}", self.decode_us.load(Ordering::Relaxed) as f64 / 1e6), "counter", &mut metric);
         c("qwen3vl_decode_tokens_per_second", "Decode speed of the last finished request.", format!("{:.3}", f64::from_bits(self.last_tps.load(Ordering::Relaxed))), "gauge", &mut metric);
-        c("qwen3vl_queue_depth", "Requests waiting for the model.", self.queue_depth.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_queue_depth", "Requests waiting for the model.", queue_depth.to_string(), "gauge", &mut metric);
         c("qwen3vl_queue_capacity", "Most requests that may wait.", queue_capacity.to_string(), "gauge", &mut metric);
         c("qwen3vl_requests_running", "Requests being generated.", self.running.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
         c("qwen3vl_open_connections", "Open client connections.", self.connections.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
@@ -131,7 +130,7 @@ mod tests {
         m.response("/../../etc", 404);
         m.time_to_first_token(0.3);
         m.finished("stop", 10, 5, 0.1, 0.4);
-        let t = m.render(16);
+        let t = m.render(3, 16);
         for want in [
             "qwen3vl_http_responses_total{path=\"/v1/chat/completions\",code=\"200\"} 1",
             "qwen3vl_http_responses_total{path=\"other\",code=\"404\"} 1",
@@ -143,6 +142,7 @@ mod tests {
             "qwen3vl_time_to_first_token_seconds_bucket{le=\"0.5\"} 1",
             "qwen3vl_time_to_first_token_seconds_count 1",
             "# TYPE qwen3vl_queue_depth gauge",
+            "qwen3vl_queue_depth 3",
         ] {
             assert!(t.contains(want), "missing {:?} in\n{}", want, t);
         }

@@ -129,7 +129,6 @@ impl Engine<'_> {
     /// Runs jobs until the queue closes. A panic inside one job fails that job only.
     pub fn run(&self, queue: &JobQueue, metrics: &Metrics, stopping: &dyn Fn() -> bool, mut on_finished: impl FnMut(f64)) {
         while let Some(job) = queue.next(stopping) {
-            metrics.queue_depth.store(queue.len(), Ordering::Relaxed);
             if job.cancel.load(Ordering::SeqCst) {
                 metrics.finished("cancelled", 0, 0, 0.0, 0.0);
                 continue;

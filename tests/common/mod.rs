@@ -68,3 +68,4 @@ pub fn assert_close_to_std(what: &str, got: &[f32], want: &[f32], rel: f64) {
     let (i, worst) = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).enumerate().fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
     assert!(worst <= rel * std, "{}: max |diff| {:.3e} at {} exceeds {:.0e} of std {:.3e}", what, worst, i, rel, std);
 }
+pub mod server;

@@ -2,9 +2,10 @@
 //! models, whole and streamed greedy replies equal to `generate`'s, an image, max_tokens,
 //! stop, seeds, errors as the client's exceptions, and concurrent async requests.
 //!
-//! The Python is `QWEN3_VL_PYTHON` (default `python3`). Without the `openai` package the test
-//! is skipped with a note, unless `QWEN3_VL_EXPECT_OPENAI=1` (set by CI, which installs it):
-//! then it fails.
+//! The Python is `QWEN3_VL_PYTHON` (default `python3`), with `QWEN3_VL_PYTHONPATH` as its
+//! PYTHONPATH when set (CI installs the package there with `pip install --target`). Without
+//! the `openai` package the test is skipped with a note, unless `QWEN3_VL_EXPECT_OPENAI=1`
+//! (set by CI): then it fails.
 
 mod common;
 
@@ -15,7 +16,14 @@ use std::process::Command;
 fn the_official_openai_client_works() {
     let python = std::env::var("QWEN3_VL_PYTHON").unwrap_or_else(|_| "python3".into());
     let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(false, |v| v == "1");
-    let probe = Command::new(&python).args(["-c", "import openai"]).output();
+    let py = || {
+        let mut c = Command::new(&python);
+        if let Some(p) = std::env::var_os("QWEN3_VL_PYTHONPATH") {
+            c.env("PYTHONPATH", p);
+        }
+        c
+    };
+    let probe = py().args(["-c", "import openai"]).output();
     if !probe.as_ref().map_or(false, |o| o.status.success()) {
         let why = probe.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
         assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import openai: {}", python, why);
@@ -28,7 +36,7 @@ fn the_official_openai_client_works() {
         "image": generate_greedy("What is in this picture?", &[img.clone()], 12),
     });
     let s = Server::start(&[]);
-    let out = Command::new(&python)
+    let out = py()
         .arg(common::repo_root().join("tests/openai_client.py"))
         .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
         .env("QWEN3_VL_EXPECTED", expected.to_string())

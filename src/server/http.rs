@@ -59,8 +59,9 @@ pub enum ReadError {
     Io(io::Error),
 }
 
-/// What [`Connection::read_request`] does when a read times out: `started` tells whether part
-/// of a request has arrived. Return `true` to keep waiting.
+/// Asked after every read that brought bytes and every read that timed out, with whether
+/// part of the request has arrived: `true` keeps reading, `false` gives up
+/// ([`ReadError::Timeout`]). So a deadline holds also against a client that trickles bytes.
 pub type TimeoutPolicy<'a> = &'a mut dyn FnMut(bool) -> bool;
 
 /// A byte source with the bytes read ahead of the current request (pipelined requests).
@@ -90,6 +91,9 @@ impl<R: Read> Connection<R> {
             match self.inner.read(&mut chunk[..room]) {
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
+                    if n > 0 && !on_timeout(true) {
+                        return Err(ReadError::Timeout { started: true });
+                    }
                     return Ok(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -103,8 +107,8 @@ impl<R: Read> Connection<R> {
         }
     }
 
-    /// Reads one request. `on_timeout` decides whether to keep waiting when a socket read
-    /// times out (see [`TimeoutPolicy`]); `on_continue` is called when the client asked for
+    /// Reads one request. `on_timeout` decides whether to keep waiting (see
+    /// [`TimeoutPolicy`]); `on_continue` is called when the client asked for
     /// `100 Continue` before sending its body (and the body is within the limit).
     pub fn read_request(&mut self, limits: &Limits, on_timeout: TimeoutPolicy<'_>, on_continue: &mut dyn FnMut() -> io::Result<()>) -> Result<Request, ReadError> {
         // 1. the head: up to the blank line, at most max_head bytes
@@ -369,20 +373,43 @@ mod tests {
     use super::*;
 
     fn read(raw: &[u8]) -> Result<Request, ReadError> {
-        Connection::new(raw).read_request(&Limits::default(), &mut |_| false, &mut || Ok(()))
+        Connection::new(raw).read_request(&Limits::default(), &mut |_| true, &mut || Ok(()))
     }
 
     #[test]
     fn reads_content_length_and_chunked_bodies_and_pipelined_requests() {
         let raw = b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
         let mut c = Connection::new(&raw[..]);
-        let r = c.read_request(&Limits::default(), &mut |_| false, &mut || Ok(())).unwrap();
+        let r = c.read_request(&Limits::default(), &mut |_| true, &mut || Ok(())).unwrap();
         assert_eq!((r.method.as_str(), r.path.as_str(), &r.body[..], r.keep_alive), ("POST", "/v1/chat/completions", &b"hello"[..], true));
-        let r = c.read_request(&Limits::default(), &mut |_| false, &mut || Ok(())).unwrap();
+        let r = c.read_request(&Limits::default(), &mut |_| true, &mut || Ok(())).unwrap();
         assert_eq!((r.path.as_str(), r.keep_alive), ("/health", false));
-        assert!(matches!(c.read_request(&Limits::default(), &mut |_| false, &mut || Ok(())), Err(ReadError::Closed)));
+        assert!(matches!(c.read_request(&Limits::default(), &mut |_| true, &mut || Ok(())), Err(ReadError::Closed)));
         let r = read(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-T: 1\r\n\r\n").unwrap();
         assert_eq!(r.body, b"abcde");
+    }
+
+    #[test]
+    fn the_deadline_holds_against_a_trickle() {
+        // a reader that hands out one byte per read: the policy is asked after each
+        struct Trickle(Vec<u8>);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.0.is_empty() || buf.is_empty() {
+                    return Ok(0);
+                }
+                buf[0] = self.0.remove(0);
+                Ok(1)
+            }
+        }
+        let mut calls = 0;
+        let mut c = Connection::new(Trickle(b"GET /health HTTP/1.1\r\nX: aaaaaaaaaaaaaaaa\r\n\r\n".to_vec()));
+        let r = c.read_request(&Limits::default(), &mut |started| {
+            calls += 1;
+            started && calls < 10
+        }, &mut || Ok(()));
+        assert!(matches!(r, Err(ReadError::Timeout { started: true })));
+        assert_eq!(calls, 10);
     }
 
     #[test]

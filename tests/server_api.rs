@@ -356,3 +356,18 @@ fn sigterm_finishes_accepted_requests_then_exits() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "no longer listening");
     s.assert_no_panic();
 }
+
+#[test]
+fn images_that_cannot_fit_are_refused_before_decoding() {
+    // 200x300 becomes 192x288 pixels: 6 x 9 = 54 image tokens; two exceed a limit of 100
+    let s = Server::start(&["--max-prompt-tokens", "100"]);
+    let url = data_url(&common::repo_root().join("tests/fixtures/images/big_200x300.png"), "image/png");
+    let part = json!({"type": "image_url", "image_url": {"url": url}});
+    let r = chat(s.port, &json!({"messages": [{"role": "user", "content": [part, part, {"type": "text", "text": "?"}]}]}));
+    assert_eq!((r.status, r.error_code().as_str()), (400, "context_length_exceeded"), "{}", r.text());
+    assert!(r.text().contains("messages[0].content[1].image_url take 108 tokens"), "{}", r.text());
+    let r = chat(s.port, &json!({"messages": [{"role": "user", "content": [part, {"type": "text", "text": "?"}]}], "max_tokens": 2}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["usage"]["prompt_tokens"].as_u64().unwrap() > 54);
+    s.assert_no_panic();
+}

@@ -140,6 +140,52 @@ pub fn fetch(url: &str, param: &str, policy: &ImagePolicy) -> Result<Vec<u8>, Ap
     std::fs::read(&real).map_err(|e| bad("image_unreadable", format!("cannot read the image file: {}", e)))
 }
 
+/// The `<|image_pad|>` tokens an image will take, from the size its header declares, before
+/// any pixel is decoded: lets a request whose images cannot fit the prompt limit be refused
+/// without the memory and time of decoding them.
+pub fn predicted_tokens(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<usize, ApiError> {
+    let (w, h) = crate::image::image_dimensions(bytes, param).map_err(|e| ApiError::invalid(param, "invalid_image", e.to_string()))?;
+    if w.checked_mul(h).map_or(true, |px| px > policy.max_source_pixels) {
+        return Err(ApiError::invalid(param, "image_too_large", format!("{}: {}x{} is more pixels than the limit of {}", param, w, h, policy.max_source_pixels)));
+    }
+    let c = &policy.preprocess;
+    let factor = c.patch_size * c.merge_size;
+    let (rh, rw) = if c.do_resize { crate::image::smart_resize(h, w, factor, c.min_pixels, c.max_pixels).map_err(|e| ApiError::invalid(param, "invalid_image", format!("{}: {}", param, e)))? } else { (h, w) };
+    Ok((rh / factor) * (rw / factor))
+}
+
+/// A counting semaphore: how many requests may decode and preprocess images at once (each
+/// holds its pixels and patches meanwhile, and competes with the model for the CPU).
+pub struct Slots {
+    free: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// A taken slot, given back when dropped.
+pub struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    pub fn new(n: usize) -> Slots {
+        Slots { free: std::sync::Mutex::new(n.max(1)), freed: std::sync::Condvar::new() }
+    }
+
+    pub fn take(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+        Slot(self)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// Decodes and preprocesses one image's bytes.
 pub fn prepare(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<PreparedImage, ApiError> {
     let img = decode_image_limited(bytes, param, policy.max_source_pixels).map_err(|e| {

@@ -30,6 +30,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How many requests decode and preprocess images at once.
+const IMAGE_SLOTS: usize = 2;
+
 /// Everything about the server that is not the model.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -81,6 +84,8 @@ pub(crate) struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub image_token: u32,
     pub queue: queue::JobQueue,
+    /// Requests decoding images at the same time.
+    pub image_slots: images::Slots,
     pub metrics: metrics::Metrics,
     pub shutting_down: AtomicBool,
     /// Seconds per finished request, smoothed (f64 bits): for Retry-After.
@@ -114,6 +119,7 @@ pub fn serve(
 ) -> io::Result<()> {
     let shared = Arc::new(Shared {
         queue: queue::JobQueue::new(cfg.queue_capacity),
+        image_slots: images::Slots::new(IMAGE_SLOTS),
         cfg,
         tokenizer: Arc::clone(&tokenizer),
         image_token: model.config.image_token_id,

@@ -26,18 +26,36 @@ pub struct Prompt {
 }
 
 /// Fetches and preprocesses the images, renders and tokenizes the conversation, and fixes the
-/// output budget.
-pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits) -> Result<Prompt, ApiError> {
-    // 1. images, in order of appearance
-    let mut prepared = Vec::new();
+/// output budget. With `slots`, images are decoded only while holding one.
+pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>) -> Result<Prompt, ApiError> {
+    // 1. images, in order of appearance: their token counts from their headers first (a
+    // request that cannot fit is refused before decoding anything), then the pixels
+    let mut encoded = Vec::new();
+    let mut predicted = 0usize;
     for m in &req.messages {
         for p in &m.parts {
             if let Part::Image { url, param } = p {
                 let bytes = images::fetch(url, param, policy)?;
-                prepared.push(images::prepare(&bytes, param, policy)?);
+                predicted = predicted.saturating_add(images::predicted_tokens(&bytes, param, policy)?);
+                if predicted > limits.max_prompt {
+                    return Err(ApiError::invalid(
+                        param.clone(),
+                        "context_length_exceeded",
+                        format!("the images up to {} take {} tokens, more than this server's prompt limit of {}", param, predicted, limits.max_prompt),
+                    ));
+                }
+                encoded.push((bytes, param));
             }
         }
     }
+    let mut prepared = Vec::new();
+    if !encoded.is_empty() {
+        let _slot = slots.map(|s| s.take());
+        for (bytes, param) in &encoded {
+            prepared.push(images::prepare(bytes, param, policy)?);
+        }
+    }
+    drop(encoded);
     // 2. the template
     let mut text = String::new();
     let mut next_image = prepared.iter();

@@ -205,6 +205,11 @@ fn chat_drops_the_oldest_turns_when_the_context_fills() {
     assert!(ok, "{}", err);
     assert!(err.contains("(the context is full: dropped the"), "{}", err);
     assert_eq!(out.lines().filter(|l| !l.is_empty()).count() >= 8, true, "eight replies: {:?}", out);
+    // turns with images are fed again with their images when older turns are dropped
+    let input = format!("Hello there.\n/image {}\nWhat is this?\n{}", image("a_64x96.png").display(), "And then?\n".repeat(10));
+    let (_, err, ok) = chat_session(&["--greedy", "--max-tokens", "8", "--context", "96"], &input);
+    assert!(ok && err.matches("(the context is full: dropped the").count() >= 2, "{}", err);
+    assert!(!err.contains("error"), "{}", err);
     // a message that cannot fit at all is refused with the numbers, and chat goes on
     let (_, err, ok) = chat_session(&["--max-tokens", "4", "--context", "16"], &format!("{}\nHi\n", "word ".repeat(40)));
     assert!(ok && err.contains("more than the context of 16 (--context)"), "{}", err);

@@ -8,6 +8,10 @@ pub use host::*;
 
 use host::kernels::{Arch, KernelsRequest, Ptx};
 
+pub mod generation_config;
+pub mod server;
+pub mod signals;
+
 /// The PTX modules of `gpu/`, built by `build.rs`: compute_61 (every GPU since Pascal) and
 /// compute_80 (adds the tensor-core kernels). Empty without the `cuda` feature.
 #[cfg(feature = "cuda")]

@@ -62,6 +62,7 @@ impl fmt::Display for Error {
             Error::Unavailable(why) => write!(f, "CUDA backend unavailable: {}", why),
             Error::Io { path, source } => write!(f, "{}: {}", path, source),
             Error::Config { file, msg } => write!(f, "{}: {}", file, msg),
+            Error::Checkpoint { file, tensor, msg } if tensor.is_empty() => write!(f, "{}: {}", file, msg),
             Error::Checkpoint { file, tensor, msg } => write!(f, "{}: tensor '{}': {}", file, tensor, msg),
             Error::Tokenizer { msg } => write!(f, "tokenizer: {}", msg),
             Error::Image { file, msg } => write!(f, "{}: {}", file, msg),

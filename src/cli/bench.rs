@@ -80,7 +80,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let kv = a.device.kv_dtype(b);
     let mut s = Session::with_kv_dtype(&model, b, capacity, kv)?;
     s.set_recording(!a.no_graphs);
-    let greedy = Sampler::new(SamplingParams::greedy());
+    let mut greedy = Sampler::new(SamplingParams::greedy());
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     // 1. prefill of the prompt, then decode after `context` tokens, warm-up run first
     for run in 0..=a.runs {
@@ -97,7 +97,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         let mut next = 1000u32;
         let t2 = b.mark()?;
         for _ in 0..a.gen_tokens {
-            next = s.decode(next, &greedy)?;
+            next = s.decode(next, &mut greedy)?;
         }
         let t3 = b.mark()?;
         if run > 0 {

@@ -1,24 +1,27 @@
-//! `qwen3-vl generate` (one prompt, streamed reply) and `qwen3-vl chat` (interactive).
+//! `qwen3-vl generate`: one prompt, the reply streamed to stdout. Also the streaming of a
+//! reply that `chat` shares.
 
-use super::load::{stop_ids, CliResult, ImageArgs, ModelArgs, SamplingArgs};
-use qwen3_vl::generate::chat::{render, render_turn, Message, GENERATION_PROMPT};
-use qwen3_vl::generate::{Sampler, Session, Stop};
-use std::io::{BufRead, Write};
+use super::load::{describe_sampling, memory_report, stop_ids, CliResult, ImageArgs, ModelArgs, PromptArgs, SamplingArgs};
+use super::logger::quiet;
+use super::ranges;
+use qwen3_vl::generate::chat::{render, Message};
+use qwen3_vl::generate::{Generated, Sampler, Session, Stop};
+use std::io::Write;
+use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     #[clap(flatten)]
     model: ModelArgs,
-    /// The user's message.
-    #[clap(long, short = 'p')]
-    prompt: String,
+    #[clap(flatten)]
+    prompt: PromptArgs,
     #[clap(flatten)]
     images: ImageArgs,
     /// An optional system message.
     #[clap(long)]
     system: Option<String>,
-    /// Most tokens to generate.
-    #[clap(long, default_value = "256")]
+    /// Most tokens to generate (1 to 16777216).
+    #[clap(long, default_value = "256", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_tokens: usize,
     /// Feed the prompt as is, without the chat template.
     #[clap(long)]
@@ -27,25 +30,9 @@ pub struct GenerateArgs {
     sampling: SamplingArgs,
 }
 
-#[derive(clap::Args)]
-pub struct ChatArgs {
-    #[clap(flatten)]
-    model: ModelArgs,
-    /// An optional system message.
-    #[clap(long)]
-    system: Option<String>,
-    /// Most tokens per reply.
-    #[clap(long, default_value = "512")]
-    max_tokens: usize,
-    /// Context size in tokens for the whole conversation (capped by the model's limit).
-    #[clap(long, default_value = "4096")]
-    context: usize,
-    #[clap(flatten)]
-    sampling: SamplingArgs,
-}
-
-/// Streams one reply: prints text as tokens complete and returns why it stopped.
-fn stream_reply(
+/// Streams one reply to stdout and returns the generation record. `interrupted` is polled
+/// after each token (Ctrl-C in chat): when it turns true the reply ends there.
+pub fn stream_reply(
     session: &mut Session<'_>,
     tok: &qwen3_vl::Tokenizer,
     prompt: &[u32],
@@ -53,19 +40,25 @@ fn stream_reply(
     max_tokens: usize,
     sampler: &mut Sampler,
     stops: &[u32],
-) -> CliResult<(Vec<u32>, qwen3_vl::generate::Generated)> {
+    interrupted: &dyn Fn() -> bool,
+) -> CliResult<Generated> {
     let mut dec = tok.stream_decoder(true);
     let mut out = std::io::stdout();
     let mut err: Option<qwen3_vl::Error> = None;
+    let t0 = Instant::now();
+    let mut n = 0usize;
     let g = session.generate_with_images(prompt, images, max_tokens, sampler, stops, &mut |t| {
+        n += 1;
+        log::trace!("token {}: id {} at {:.3} s", n, t, t0.elapsed().as_secs_f64());
         if stops.contains(&t) {
             return false;
         }
         match dec.push(t) {
             Ok(s) => {
+                // a closed stdout ends the process quietly (SIGPIPE is at its default)
                 let _ = out.write_all(s.as_bytes());
                 let _ = out.flush();
-                true
+                !interrupted()
             }
             Err(e) => {
                 err = Some(e);
@@ -78,34 +71,13 @@ fn stream_reply(
     }
     print!("{}", dec.finish());
     println!();
-    Ok((g.tokens.clone(), g))
+    Ok(g)
 }
 
-pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
-    let l = a.model.load()?;
-    let prepared = a.images.prepare(&a.model.model)?;
-    if a.raw && !prepared.grids.is_empty() {
-        return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
-    }
-    let text = if a.raw {
-        a.prompt.clone()
-    } else {
-        let mut msgs = Vec::new();
-        if let Some(s) = &a.system {
-            msgs.push(Message::system(s));
-        }
-        let mut user = Message::user(&a.prompt);
-        user.image_tokens = prepared.tokens.clone();
-        msgs.push(user);
-        render(&msgs, true)
-    };
-    let prompt = l.tokenizer.encode(&text);
-    let capacity = (prompt.len() + a.max_tokens).min(l.model.config.text.max_position_embeddings);
-    let mut session = Session::new(&l.model, &*l.backend, capacity)?;
-    let mut sampler = Sampler::new(a.sampling.params(&a.model.model));
-    let (_, g) = stream_reply(&mut session, &l.tokenizer, &prompt, prepared.images().as_ref(), a.max_tokens, &mut sampler, &stop_ids(&l.tokenizer))?;
+/// The one-line summary printed after a reply (not with -q).
+pub fn summary(g: &Generated, why_length: &str) -> String {
     let n = g.tokens.len();
-    eprintln!(
+    format!(
         "[{} prompt tokens in {:.2} s ({:.1} tok/s); {} generated in {:.2} s ({:.2} tok/s); stop: {}]",
         g.prompt_tokens,
         g.prefill_secs,
@@ -115,57 +87,59 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
         n.saturating_sub(1) as f64 / g.decode_secs.max(1e-9),
         match g.stop {
             Stop::StopToken(_) => "end of reply",
-            Stop::MaxTokens => "--max-tokens reached",
+            Stop::MaxTokens => why_length,
         }
-    );
-    Ok(())
+    )
 }
 
-pub fn run_chat(a: ChatArgs) -> CliResult<()> {
-    let l = a.model.load()?;
-    let capacity = a.context.min(l.model.config.text.max_position_embeddings);
-    let mut session = Session::new(&l.model, &*l.backend, capacity)?;
-    let mut sampler = Sampler::new(a.sampling.params(&a.model.model));
-    let stops = stop_ids(&l.tokenizer);
-    eprintln!("chat with {} ({} tokens of context). Empty line or /exit to quit, /reset to start over.", a.model.model.display(), capacity);
-    // text of the conversation not yet fed to the model
-    let mut pending = a.system.as_deref().map(|s| render_turn(&Message::system(s))).unwrap_or_default();
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("> ");
-        let _ = std::io::stderr().flush();
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            break;
-        }
-        let line = line.trim_end_matches(&['\r', '\n'][..]);
-        match line.trim() {
-            "" | "/exit" | "/quit" => break,
-            "/reset" => {
-                session = Session::new(&l.model, &*l.backend, capacity)?;
-                pending = a.system.as_deref().map(|s| render_turn(&Message::system(s))).unwrap_or_default();
-                eprintln!("(conversation reset)");
-                continue;
-            }
-            _ => {}
-        }
-        pending.push_str(&render_turn(&Message::user(line)));
-        pending.push_str(GENERATION_PROMPT);
-        let prompt = l.tokenizer.encode(&pending);
-        let room = session.capacity() - session.len();
-        if prompt.len() + 1 > room {
-            eprintln!("(the conversation is full: {} tokens left, this turn needs {}; /reset to start over)", room, prompt.len() + 1);
-            pending.clear();
-            continue;
-        }
-        let budget = a.max_tokens.min(room - prompt.len());
-        let (tokens, g) = stream_reply(&mut session, &l.tokenizer, &prompt, None, budget, &mut sampler, &stops)?;
-        // The reply's last token was sampled but not fed; the template closes the turn with
-        // <|im_end|>\n, which goes in front of the next user turn.
-        pending = match g.stop {
-            Stop::StopToken(t) => format!("{}\n", l.tokenizer.decode(&[t], false)?),
-            Stop::MaxTokens => format!("{}<|im_end|>\n", l.tokenizer.decode(&tokens[tokens.len().saturating_sub(1)..], false)?),
-        };
+pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
+    let t_start = Instant::now();
+    // 1. every input, before the weights
+    let text = a.prompt.read()?;
+    let checked = a.model.check()?;
+    let t_checked = Instant::now();
+    let prepared = a.images.prepare(&a.model.model)?;
+    if a.raw && !prepared.grids.is_empty() {
+        return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
     }
+    let text = if a.raw {
+        text
+    } else {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(Message::system(s));
+        }
+        let mut user = Message::user(&text);
+        user.image_tokens = prepared.tokens.clone();
+        msgs.push(user);
+        render(&msgs, true)
+    };
+    let prompt = checked.tokenizer.encode(&text);
+    let limit = checked.config.text.max_position_embeddings;
+    if prompt.len() + a.max_tokens > limit {
+        return Err(format!("the prompt is {} tokens; with --max-tokens {} that exceeds the model's context of {} tokens", prompt.len(), a.max_tokens, limit).into());
+    }
+    let t_inputs = Instant::now();
+    // 2. the weights
+    let l = a.model.load(checked)?;
+    let t_loaded = Instant::now();
+    // 3. the reply
+    let mut session = Session::with_kv_dtype(&l.model, &*l.backend, prompt.len() + a.max_tokens, l.kv_dtype)?;
+    let params = a.sampling.params(&l.defaults);
+    let mut sampler = Sampler::new(params);
+    let g = stream_reply(&mut session, &l.tokenizer, &prompt, prepared.images().as_ref(), a.max_tokens, &mut sampler, &stop_ids(&l.tokenizer), &|| false)?;
+    if !quiet() {
+        eprintln!("{}", summary(&g, "--max-tokens reached"));
+    }
+    log::debug!(
+        "timings: model files and tokenizer {:.2} s, images and prompt {:.2} s, weights {:.2} s, prefill {:.2} s, decode {:.2} s ({})",
+        (t_checked - t_start).as_secs_f64(),
+        (t_inputs - t_checked).as_secs_f64(),
+        (t_loaded - t_inputs).as_secs_f64(),
+        g.prefill_secs,
+        g.decode_secs,
+        describe_sampling(&params)
+    );
+    log::debug!("memory after generation: {}", memory_report(&*l.backend));
     Ok(())
 }

@@ -1,11 +1,14 @@
-//! Loading a model directory for the model-running subcommands: backend selection, config and
-//! weights with a progress bar, tokenizer, and the generation defaults of the checkpoint.
+//! Inputs of the model-running subcommands, checked before the weights load: the model
+//! directory and its small files, images, prompts; then the backend and the weights, with a
+//! progress bar, and reports for -v (placement, memory, timings).
 
-use super::DeviceArgs;
+use super::logger::quiet;
+use super::{ranges, DeviceArgs};
 use qwen3_vl::generate::SamplingParams;
-use qwen3_vl::model::Model;
-use qwen3_vl::{Backend, Tokenizer};
-use std::io::Write;
+use qwen3_vl::generation_config::GenerationDefaults;
+use qwen3_vl::model::{Checkpoint, Config, Model};
+use qwen3_vl::{Backend, DeviceKind, Tokenizer};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,10 +26,22 @@ pub struct ModelArgs {
     pub device: DeviceArgs,
 }
 
+/// What was read and checked of a model directory before its weights load.
+pub struct Checked {
+    pub config: Config,
+    pub tokenizer: Tokenizer,
+    pub defaults: GenerationDefaults,
+    /// Bytes of tensor data in the checkpoint.
+    pub weight_bytes: usize,
+}
+
 pub struct Loaded {
     pub backend: Arc<dyn Backend>,
     pub model: Model,
     pub tokenizer: Tokenizer,
+    pub defaults: GenerationDefaults,
+    /// KV-cache element type of the sessions (`--kv-cache`, else the backend's default).
+    pub kv_dtype: qwen3_vl::DType,
 }
 
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -41,13 +56,14 @@ fn stderr_is_terminal() -> bool {
 }
 
 /// A text progress bar on stderr: `label [#####.....]  52%  1.1/2.1 GB`, redrawn in place on a
-/// terminal; elsewhere (logs, pipes) only the finished bar is printed.
+/// terminal; elsewhere (logs, pipes) only the finished bar is printed; nothing with -q.
 pub fn progress_bar(label: &str) -> impl FnMut(usize, usize) + '_ {
     let mut last = usize::MAX;
     let live = stderr_is_terminal();
+    let silent = quiet();
     move |done, total| {
         let pct = if total == 0 { 100 } else { done * 100 / total };
-        if pct == last || (!live && done < total) {
+        if silent || pct == last || (!live && done < total) {
             return;
         }
         last = pct;
@@ -68,26 +84,132 @@ pub fn progress_bar(label: &str) -> impl FnMut(usize, usize) + '_ {
     }
 }
 
+/// Resident memory of this process (now and peak), from /proc.
+fn process_memory() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |k: &str| status.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()).map(|kb| kb / 1e6);
+    match (field("VmRSS:"), field("VmHWM:")) {
+        (Some(now), Some(peak)) => format!("process resident {:.2} GB (peak {:.2} GB)", now, peak),
+        _ => "process memory unknown".into(),
+    }
+}
+
+/// A memory report for -v: the device's pool on CUDA, the process's resident set always.
+pub fn memory_report(b: &dyn Backend) -> String {
+    let m = b.memory_stats();
+    if b.kind() == DeviceKind::Cuda {
+        format!(
+            "device {:.2} GB in use, {:.2} GB cached, peak {:.2} GB, {} allocations; {}",
+            m.in_use as f64 / 1e9,
+            m.cached as f64 / 1e9,
+            m.peak as f64 / 1e9,
+            m.device_allocs,
+            process_memory()
+        )
+    } else {
+        process_memory()
+    }
+}
+
 impl ModelArgs {
-    pub fn load(&self) -> CliResult<Loaded> {
-        let sel = qwen3_vl::select_device(self.device.device, self.device.threads)?;
+    /// Step 1, before any weights: the directory exists, config.json describes a supported
+    /// model, the checkpoint's files are all there with sound headers, the tokenizer loads,
+    /// generation_config.json (if any) parses.
+    pub fn check(&self) -> CliResult<Checked> {
+        let t0 = Instant::now();
+        qwen3_vl::model::check_dir(&self.model)?;
+        let config = Config::from_dir(&self.model)?;
+        let ckpt = Checkpoint::open(&self.model)?;
+        let weight_bytes = ckpt.total_bytes();
+        drop(ckpt);
         let tok_path = self.tokenizer.clone().unwrap_or_else(|| self.model.join("tokenizer.json"));
+        if self.tokenizer.is_none() && !tok_path.exists() {
+            return Err(format!("{} has no tokenizer.json (pass one with --tokenizer FILE)", self.model.display()).into());
+        }
         let tokenizer = Tokenizer::from_file(&tok_path)?;
+        let defaults = GenerationDefaults::from_dir(&self.model)?;
+        for w in &defaults.warnings {
+            log::warn!("{}", w);
+        }
+        log::debug!(
+            "checked {} in {:.2} s: {} text layers, vocab {}, {:.2} GB of weights; tokenizer {} ({} ids); generation_config.json {}",
+            self.model.display(),
+            t0.elapsed().as_secs_f64(),
+            config.text.num_hidden_layers,
+            config.text.vocab_size,
+            weight_bytes as f64 / 1e9,
+            tok_path.display(),
+            tokenizer.vocab_size(),
+            if defaults.found { "read" } else { "absent (greedy defaults)" }
+        );
+        Ok(Checked { config, tokenizer, defaults, weight_bytes })
+    }
+
+    /// Step 2: the backend and the weights.
+    pub fn load(&self, checked: Checked) -> CliResult<Loaded> {
+        let sel = self.device.select()?;
         let t0 = Instant::now();
         let model = Model::load(&self.model, &*sel.backend, &mut progress_bar("loading weights"))?;
+        let c = &model.config.text;
         log::info!(
             "loaded {} ({} layers, hidden {}, {} heads / {} KV heads) in {:.1} s",
             self.model.display(),
-            model.config.text.num_hidden_layers,
-            model.config.text.hidden_size,
-            model.config.text.num_attention_heads,
-            model.config.text.num_key_value_heads,
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
             t0.elapsed().as_secs_f64()
         );
-        if tokenizer.vocab_size() > model.config.text.vocab_size {
-            log::warn!("the tokenizer knows {} tokens but the model only {}", tokenizer.vocab_size(), model.config.text.vocab_size);
+        log::debug!(
+            "placement: {}; {:.2} GB of weights {}; memory: {}",
+            sel.backend.describe(),
+            checked.weight_bytes as f64 / 1e9,
+            if sel.backend.kind() == DeviceKind::Cuda { "on the GPU" } else { "memory-mapped from the checkpoint" },
+            memory_report(&*sel.backend)
+        );
+        if checked.tokenizer.vocab_size() > c.vocab_size {
+            log::warn!("the tokenizer knows {} tokens but the model only {}", checked.tokenizer.vocab_size(), c.vocab_size);
         }
-        Ok(Loaded { backend: sel.backend, model, tokenizer })
+        let kv_dtype = self.device.kv_dtype(&*sel.backend);
+        Ok(Loaded { backend: sel.backend, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
+    }
+}
+
+/// The user's message: `-p TEXT`, `-p -` (standard input) or `--prompt-file FILE`.
+#[derive(clap::Args, Clone, Debug)]
+#[clap(group(clap::ArgGroup::new("prompt-source").required(true).args(&["prompt", "prompt-file"])))]
+pub struct PromptArgs {
+    /// The user's message; "-" reads it from standard input.
+    #[clap(long, short = 'p')]
+    pub prompt: Option<String>,
+    /// Read the user's message from this file.
+    #[clap(long)]
+    pub prompt_file: Option<PathBuf>,
+}
+
+impl PromptArgs {
+    /// The message text; one final newline of a file or of standard input is dropped.
+    pub fn read(&self) -> CliResult<String> {
+        let mut text = match (&self.prompt, &self.prompt_file) {
+            (Some(p), _) if p == "-" => {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s).map_err(|e| format!("reading the prompt from standard input: {}", e))?;
+                s
+            }
+            (Some(p), _) => return Ok(p.clone()),
+            (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| format!("--prompt-file {}: {}", f.display(), e))?,
+            (None, None) => return Err("give the prompt with -p TEXT, -p - (standard input) or --prompt-file FILE".into()),
+        };
+        if text.ends_with('\n') {
+            text.pop();
+            if text.ends_with('\r') {
+                text.pop();
+            }
+        }
+        if text.trim().is_empty() {
+            return Err("the prompt is empty".into());
+        }
+        Ok(text)
     }
 }
 
@@ -99,11 +221,12 @@ pub struct ImageArgs {
     pub images: Vec<PathBuf>,
     /// Resize images above this many pixels down (bounds memory and time; default from
     /// preprocessor_config.json).
-    #[clap(long)]
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     pub max_pixels: Option<usize>,
 }
 
 /// Preprocessed images: concatenated patch rows, per-image grids and placeholder counts.
+#[derive(Default)]
 pub struct Prepared {
     pub patches: Vec<f32>,
     pub row_len: usize,
@@ -119,44 +242,53 @@ impl Prepared {
             Some(qwen3_vl::model::Images { patches: &self.patches, row_len: self.row_len, grids: &self.grids })
         }
     }
+
+    /// Adds the images of `other` after these.
+    pub fn extend(&mut self, other: &Prepared) {
+        if !other.grids.is_empty() {
+            self.row_len = other.row_len;
+        }
+        self.patches.extend_from_slice(&other.patches);
+        self.grids.extend_from_slice(&other.grids);
+        self.tokens.extend_from_slice(&other.tokens);
+    }
+}
+
+/// Decodes and preprocesses image files as the model directory's preprocessor_config.json says
+/// (Qwen3-VL's defaults when it has none), `max_pixels` lowering the resize cap.
+pub fn prepare_images(paths: &[PathBuf], model_dir: &Path, max_pixels: Option<usize>) -> CliResult<Prepared> {
+    use qwen3_vl::image::{load_image, preprocess};
+    let mut out = Prepared::default();
+    if paths.is_empty() {
+        return Ok(out);
+    }
+    let cfg = qwen3_vl::server::images::preprocess_config(model_dir, max_pixels)?;
+    for path in paths {
+        let t0 = Instant::now();
+        let img = load_image(path)?;
+        let p = preprocess(&img, &cfg)?;
+        log::info!(
+            "{}: {}x{} -> {} patches ({}x{} grid), {} image tokens, {:.0} ms",
+            path.display(),
+            img.width,
+            img.height,
+            p.rows(),
+            p.grid_thw[1],
+            p.grid_thw[2],
+            p.num_tokens(cfg.merge_size),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        out.row_len = p.row_len;
+        out.tokens.push(p.num_tokens(cfg.merge_size));
+        out.grids.push(p.grid_thw);
+        out.patches.extend_from_slice(&p.patches);
+    }
+    Ok(out)
 }
 
 impl ImageArgs {
-    /// Decodes and preprocesses every image as the model directory's preprocessor_config.json
-    /// says (Qwen3-VL's defaults when it has none).
     pub fn prepare(&self, model_dir: &Path) -> CliResult<Prepared> {
-        use qwen3_vl::image::{load_image, preprocess, PreprocessConfig};
-        let mut out = Prepared { patches: Vec::new(), row_len: 0, grids: Vec::new(), tokens: Vec::new() };
-        if self.images.is_empty() {
-            return Ok(out);
-        }
-        let cfg_path = model_dir.join("preprocessor_config.json");
-        let mut cfg = if cfg_path.exists() { PreprocessConfig::from_file(&cfg_path)? } else { PreprocessConfig::qwen3_vl_default() };
-        if let Some(m) = self.max_pixels {
-            cfg.max_pixels = m;
-            cfg.min_pixels = cfg.min_pixels.min(m);
-        }
-        for path in &self.images {
-            let t0 = Instant::now();
-            let img = load_image(path)?;
-            let p = preprocess(&img, &cfg)?;
-            log::info!(
-                "{}: {}x{} -> {} patches ({}x{} grid), {} image tokens, {:.0} ms",
-                path.display(),
-                img.width,
-                img.height,
-                p.rows(),
-                p.grid_thw[1],
-                p.grid_thw[2],
-                p.num_tokens(cfg.merge_size),
-                t0.elapsed().as_secs_f64() * 1e3
-            );
-            out.row_len = p.row_len;
-            out.tokens.push(p.num_tokens(cfg.merge_size));
-            out.grids.push(p.grid_thw);
-            out.patches.extend_from_slice(&p.patches);
-        }
-        Ok(out)
+        prepare_images(&self.images, model_dir, self.max_pixels)
     }
 }
 
@@ -168,17 +300,17 @@ pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
 /// Sampling flags; unset ones come from the model's generation_config.json, else greedy.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Sampling temperature; 0 is greedy.
-    #[clap(long)]
+    /// Sampling temperature, 0 to 100; 0 is greedy.
+    #[clap(long, value_parser = ranges::temperature, allow_hyphen_values = true)]
     pub temperature: Option<f32>,
     /// Sample among the k most likely tokens (0: all).
-    #[clap(long)]
+    #[clap(long, value_parser = ranges::top_k, allow_hyphen_values = true)]
     pub top_k: Option<usize>,
-    /// Sample from the smallest set of tokens whose probability reaches p.
-    #[clap(long)]
+    /// Sample from the smallest set of tokens whose probability reaches p (above 0, at most 1).
+    #[clap(long, value_parser = ranges::top_p, allow_hyphen_values = true)]
     pub top_p: Option<f32>,
-    /// Penalty > 1 for tokens already in the context.
-    #[clap(long)]
+    /// Penalty > 1 for tokens already in the context (above 0, at most 100; 1 is off).
+    #[clap(long, value_parser = ranges::repetition_penalty, allow_hyphen_values = true)]
     pub repetition_penalty: Option<f32>,
     /// Random seed.
     #[clap(long, default_value = "0")]
@@ -189,18 +321,9 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn params(&self, model_dir: &Path) -> SamplingParams {
-        let mut p = SamplingParams::greedy();
-        if let Ok(text) = std::fs::read_to_string(model_dir.join("generation_config.json")) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                if v.get("do_sample").and_then(|x| x.as_bool()) == Some(true) {
-                    p.temperature = v.get("temperature").and_then(|x| x.as_f64()).unwrap_or(1.0) as f32;
-                    p.top_k = v.get("top_k").and_then(|x| x.as_u64()).unwrap_or(0) as usize;
-                    p.top_p = v.get("top_p").and_then(|x| x.as_f64()).unwrap_or(1.0) as f32;
-                }
-                p.repetition_penalty = v.get("repetition_penalty").and_then(|x| x.as_f64()).unwrap_or(1.0) as f32;
-            }
-        }
+    /// The flags over the checkpoint's defaults.
+    pub fn params(&self, defaults: &GenerationDefaults) -> SamplingParams {
+        let mut p = defaults.params;
         if let Some(t) = self.temperature {
             p.temperature = t;
         }
@@ -217,6 +340,20 @@ impl SamplingArgs {
             p.temperature = 0.0;
         }
         p.seed = self.seed;
+        log::debug!(
+            "sampling: {} (defaults from {}, flags override)",
+            describe_sampling(&p),
+            if defaults.found { "generation_config.json" } else { "no generation_config.json: greedy" }
+        );
         p
+    }
+}
+
+/// Sampling settings in words, for -v.
+pub fn describe_sampling(p: &SamplingParams) -> String {
+    if p.temperature <= 0.0 {
+        format!("greedy, repetition penalty {}", p.repetition_penalty)
+    } else {
+        format!("temperature {}, top-k {}, top-p {}, repetition penalty {}, seed {}", p.temperature, p.top_k, p.top_p, p.repetition_penalty, p.seed)
     }
 }

@@ -25,8 +25,16 @@ impl Log for Stderr {
 
 static LOGGER: Stderr = Stderr;
 
+/// Whether -q was given: only results (and errors) are printed, no progress or statistics.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Installs the logger; the level comes from -v/-q, else QWEN3_VL_LOG, else info.
 pub fn init(verbose: u8, quiet: bool) {
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
     let level = if quiet {
         LevelFilter::Error
     } else if verbose > 1 {

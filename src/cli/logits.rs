@@ -1,7 +1,7 @@
 //! `qwen3-vl logits`: the logits after the last prompt token, as little-endian f32, for tests
-//! and tools.
+//! and tools. `-o -` writes them to stdout.
 
-use super::load::{CliResult, ImageArgs, ModelArgs};
+use super::load::{CliResult, ImageArgs, ModelArgs, PromptArgs};
 use qwen3_vl::generate::chat::{render, Message};
 use qwen3_vl::generate::Session;
 use std::io::Write;
@@ -11,38 +11,84 @@ use std::path::PathBuf;
 pub struct LogitsArgs {
     #[clap(flatten)]
     model: ModelArgs,
-    /// The user's message (rendered with the chat template unless --raw).
-    #[clap(long, short = 'p')]
-    prompt: String,
+    #[clap(flatten)]
+    prompt: PromptArgs,
     #[clap(flatten)]
     images: ImageArgs,
     /// Feed the prompt as is, without the chat template.
     #[clap(long)]
     raw: bool,
-    /// Output file: vocab_size little-endian f32 values.
+    /// Output file: vocab_size little-endian f32 values; "-" for stdout.
     #[clap(long, short = 'o')]
     out: PathBuf,
 }
 
+/// Where the logits go; a file is created before the weights load (so an unwritable path
+/// fails early) and removed again if the run fails.
+enum Out {
+    Stdout,
+    File(PathBuf, std::fs::File),
+}
+
 pub fn run(a: LogitsArgs) -> CliResult<()> {
-    let l = a.model.load()?;
-    let prepared = a.images.prepare(&a.model.model)?;
-    let text = if a.raw {
-        a.prompt.clone()
+    let mut out = if a.out.as_os_str() == "-" {
+        Out::Stdout
     } else {
-        let mut user = Message::user(&a.prompt);
+        let f = std::fs::File::create(&a.out).map_err(|e| format!("cannot write -o {}: {}", a.out.display(), e))?;
+        Out::File(a.out.clone(), f)
+    };
+    let result = compute(&a).and_then(|(ids, logits)| write(&mut out, ids, &logits));
+    if result.is_err() {
+        if let Out::File(path, _) = &out {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    result
+}
+
+/// The prompt's ids and the logits after its last token.
+fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
+    // 1. every input, before the weights
+    let text = a.prompt.read()?;
+    let checked = a.model.check()?;
+    let prepared = a.images.prepare(&a.model.model)?;
+    if a.raw && !prepared.grids.is_empty() {
+        return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
+    }
+    let text = if a.raw {
+        text
+    } else {
+        let mut user = Message::user(&text);
         user.image_tokens = prepared.tokens.clone();
         render(&[user], true)
     };
-    let ids = l.tokenizer.encode(&text);
-    let mut session = Session::new(&l.model, &*l.backend, ids.len().max(1))?;
-    let logits = session.feed_with_images(&ids, prepared.images().as_ref())?;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&a.out).map_err(|e| qwen3_vl::Error::io(&a.out, e))?);
-    for v in &logits {
-        f.write_all(&v.to_le_bytes())?;
+    let ids = checked.tokenizer.encode(&text);
+    let limit = checked.config.text.max_position_embeddings;
+    if ids.len() > limit {
+        return Err(format!("the prompt is {} tokens, more than the model's context of {}", ids.len(), limit).into());
     }
-    f.flush()?;
-    println!("{}", ids.len());
-    log::info!("{} prompt tokens; wrote {} logits to {}", ids.len(), logits.len(), a.out.display());
+    // 2. the weights, the forward pass
+    let l = a.model.load(checked)?;
+    let mut session = Session::with_kv_dtype(&l.model, &*l.backend, ids.len().max(1), l.kv_dtype)?;
+    let logits = session.feed_with_images(&ids, prepared.images().as_ref())?;
+    Ok((ids.len(), logits))
+}
+
+fn write(out: &mut Out, ids: usize, logits: &[f32]) -> CliResult<()> {
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    match out {
+        Out::Stdout => {
+            let mut o = std::io::stdout();
+            o.write_all(&bytes)?;
+            o.flush()?;
+            log::info!("{} prompt tokens; wrote {} logits to stdout", ids, logits.len());
+        }
+        Out::File(path, f) => {
+            f.write_all(&bytes).map_err(|e| qwen3_vl::Error::io(&*path, e))?;
+            f.flush()?;
+            println!("{}", ids);
+            log::info!("{} prompt tokens; wrote {} logits to {}", ids, logits.len(), path.display());
+        }
+    }
     Ok(())
 }

@@ -148,3 +148,5 @@ pub fn download_any(b: &dyn Backend, t: &Tensor) -> Result<Vec<f32>> {
         DType::F32 => b.download_f32(t),
     }
 }
+
+pub mod server;

@@ -42,15 +42,35 @@ impl Message {
 
 /// Renders one turn: `<|im_start|>{role}\n{images}{text}<|im_end|>\n`.
 pub fn render_turn(m: &Message) -> String {
-    let mut s = format!("<|im_start|>{}\n", m.role.tag());
-    for &n in &m.image_tokens {
-        s.push_str("<|vision_start|>");
-        for _ in 0..n {
-            s.push_str("<|image_pad|>");
+    let mut parts: Vec<Content<'_>> = m.image_tokens.iter().map(|&n| Content::Image(n)).collect();
+    parts.push(Content::Text(&m.text));
+    render_turn_parts(m.role, &parts)
+}
+
+/// A piece of a turn's content: text, or an image of so many `<|image_pad|>` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Content<'a> {
+    Text(&'a str),
+    Image(usize),
+}
+
+/// Renders one turn whose texts and images interleave, in order, as the template renders a
+/// content list: `<|im_start|>{role}\n{parts}<|im_end|>\n`, an image being
+/// `<|vision_start|><|image_pad|>×N<|vision_end|>`.
+pub fn render_turn_parts(role: Role, parts: &[Content<'_>]) -> String {
+    let mut s = format!("<|im_start|>{}\n", role.tag());
+    for part in parts {
+        match *part {
+            Content::Text(t) => s.push_str(t),
+            Content::Image(n) => {
+                s.push_str("<|vision_start|>");
+                for _ in 0..n {
+                    s.push_str("<|image_pad|>");
+                }
+                s.push_str("<|vision_end|>");
+            }
         }
-        s.push_str("<|vision_end|>");
     }
-    s.push_str(&m.text);
     s.push_str("<|im_end|>\n");
     s
 }
@@ -82,6 +102,14 @@ mod tests {
         assert_eq!(
             render(&[Message::system("Be brief."), Message::user("Hi"), Message::assistant("Hello!"), Message::user("Bye")], true),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn content_parts_render_in_order() {
+        assert_eq!(
+            render_turn_parts(Role::User, &[Content::Text("A "), Content::Image(1), Content::Text(" B")]),
+            "<|im_start|>user\nA <|vision_start|><|image_pad|><|vision_end|> B<|im_end|>\n"
         );
     }
 }

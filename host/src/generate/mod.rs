@@ -187,7 +187,7 @@ impl<'a> Session<'a> {
     /// Feeds one generated token through the decode step (recorded and replayed where the
     /// backend can) and returns the next token, chosen on the device when the sampler's
     /// settings allow, else by `sampler` on the host from the step's logits.
-    pub fn decode(&mut self, token: u32, sampler: &Sampler) -> Result<u32> {
+    pub fn decode(&mut self, token: u32, sampler: &mut Sampler) -> Result<u32> {
         let (b, m) = (self.backend, self.model);
         if token as usize >= m.config.text.vocab_size {
             return Err(Error::Limit { op: "decode", msg: format!("token id {} is outside the vocabulary of {}", token, m.config.text.vocab_size) });

@@ -23,15 +23,33 @@ impl SamplingParams {
     }
 }
 
+/// OpenAI-style penalties on the tokens a [`Sampler`] has produced so far (not the prompt's):
+/// each such token's logit is lowered by `presence` once and by `frequency` per occurrence,
+/// after the repetition penalty, as vLLM applies them. Both 0: off.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OutputPenalties {
+    pub presence: f32,
+    pub frequency: f32,
+}
+
 pub struct Sampler {
     params: SamplingParams,
     /// Draw counter of [`Sampler::sample`] (the session passes token positions instead).
     step: u64,
+    penalties: OutputPenalties,
+    /// How often each token was produced (kept only while a penalty is on).
+    produced: std::collections::HashMap<u32, u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { params, step: 0 }
+        Sampler { params, step: 0, penalties: OutputPenalties::default(), produced: Default::default() }
+    }
+
+    /// This sampler with presence / frequency penalties on its own output.
+    pub fn with_output_penalties(mut self, penalties: OutputPenalties) -> Sampler {
+        self.penalties = penalties;
+        self
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -46,7 +64,7 @@ impl Sampler {
         if s.is_greedy() {
             return Some(DeviceSampling::greedy());
         }
-        if p.repetition_penalty != 1.0 || p.top_k == 0 || p.top_k > max_top_k || !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || p.top_k == 0 || p.top_k > max_top_k || !(p.top_p > 0.0 && p.top_p <= 1.0) {
             return None;
         }
         Some(s)
@@ -62,10 +80,24 @@ impl Sampler {
 
     /// [`Sampler::sample`] with draw number `counter` (the session uses the cache row of the
     /// token whose logits these are, as the device sampler does).
-    pub fn sample_at(&self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
+    pub fn sample_at(&mut self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
+        let t = self.choose(logits, context, counter);
+        if self.penalties != OutputPenalties::default() {
+            *self.produced.entry(t).or_insert(0) += 1;
+        }
+        t
+    }
+
+    fn choose(&self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
         let p = self.params;
         if p.repetition_penalty != 1.0 {
             apply_repetition_penalty(logits, context, p.repetition_penalty);
+        }
+        let pen = self.penalties;
+        for (&t, &n) in &self.produced {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= pen.presence + pen.frequency * n as f32;
+            }
         }
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
@@ -153,6 +185,21 @@ mod tests {
         };
         assert_eq!(draw(p), draw(p));
         assert!(draw(p).iter().any(|&t| t != draw(p)[0]), "sampling should vary across steps");
+    }
+
+    #[test]
+    fn output_penalties_lower_produced_tokens_only() {
+        // token 0 leads by 1.5; a presence penalty of 2 moves greedy to token 1 once 0 was
+        // produced, and the prompt's tokens (the context) are not penalized
+        let logits = [3.0f32, 1.5, 0.0];
+        let mut s = Sampler::new(SamplingParams::greedy()).with_output_penalties(OutputPenalties { presence: 2.0, frequency: 0.0 });
+        assert_eq!(s.sample(&mut logits.clone(), &[0, 0, 0]), 0);
+        assert_eq!(s.sample(&mut logits.clone(), &[0]), 1);
+        // frequency 0.5 per occurrence: token 0 falls to 3.0 - 0.5 n; it ties with token 1 at
+        // n = 3 (the first maximum wins) and loses at n = 4
+        let mut f = Sampler::new(SamplingParams::greedy()).with_output_penalties(OutputPenalties { presence: 0.0, frequency: 0.5 });
+        let seq: Vec<u32> = (0..5).map(|_| f.sample(&mut logits.clone(), &[])).collect();
+        assert_eq!(seq, [0, 0, 0, 0, 1]);
     }
 
     #[test]

@@ -42,9 +42,14 @@ impl Format {
     }
 }
 
+/// The most pixels (width × height) an encoded image may declare by default: Pillow's
+/// decompression-bomb limit (twice `Image.MAX_IMAGE_PIXELS`), which transformers' `load_image`
+/// inherits. Checked from the file's header before any pixel buffer is allocated.
+pub const DEFAULT_MAX_PIXELS: usize = 2 * 89_478_485;
+
 /// Reads and decodes an image file (JPEG, PNG or WebP, told apart by content) into upright RGB.
-/// Every failure (missing, unreadable or empty file, another format, corrupt or truncated data)
-/// is an [`Error::Image`] naming the file.
+/// Every failure (missing, unreadable or empty file, another format, corrupt or truncated data,
+/// more than [`DEFAULT_MAX_PIXELS`]) is an [`Error::Image`] naming the file.
 pub fn load_image(path: &Path) -> Result<RgbImage> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::Image { file: name.clone(), msg: format!("cannot read: {}", e) })?;
@@ -54,17 +59,46 @@ pub fn load_image(path: &Path) -> Result<RgbImage> {
 /// Decodes an encoded image held in memory (JPEG, PNG or WebP, told apart by content) into
 /// upright RGB: the EXIF orientation (all eight values) is applied, alpha dropped, gray, palette
 /// and 16-bit images converted. `name` is only used in errors, which are [`Error::Image`].
+/// Images of more than [`DEFAULT_MAX_PIXELS`] are refused; see [`decode_image_limited`].
 pub fn decode_image(bytes: &[u8], name: &str) -> Result<RgbImage> {
+    decode_image_limited(bytes, name, DEFAULT_MAX_PIXELS)
+}
+
+/// Width and height as the file's header declares them, read without decoding any pixels.
+pub fn image_dimensions(bytes: &[u8], name: &str) -> Result<(usize, usize)> {
     let fail = |msg: String| Error::Image { file: name.to_string(), msg };
-    if bytes.is_empty() {
-        return Err(fail("empty file".into()));
+    let format = sniff_or_fail(bytes, name)?;
+    let dims = match format {
+        Format::WebP => webp::dimensions(bytes).map_err(|m| fail(m.to_string()))?,
+        Format::Jpeg | Format::Png => {
+            let f = if format == Format::Jpeg { ImageFormat::Jpeg } else { ImageFormat::Png };
+            let reader = ::image::io::Reader::with_format(std::io::Cursor::new(bytes), f);
+            catch_unwind(AssertUnwindSafe(|| reader.into_dimensions()))
+                .map_err(|_| fail(format!("{:?} decoder failed on a malformed header", format)))?
+                .map(|(w, h)| (w as usize, h as usize))
+                .map_err(|e| fail(format!("cannot decode the {:?} header: {}", format, e)))?
+        }
+    };
+    Ok(dims)
+}
+
+/// [`decode_image`] refusing images whose header declares more than `max_pixels` pixels, before
+/// any pixel buffer is allocated: what a server takes from untrusted clients. The decoders'
+/// own allocations are capped to match (8 bytes per pixel, 16-bit RGBA).
+pub fn decode_image_limited(bytes: &[u8], name: &str, max_pixels: usize) -> Result<RgbImage> {
+    let fail = |msg: String| Error::Image { file: name.to_string(), msg };
+    // 1. the format, from the content
+    let format = sniff_or_fail(bytes, name)?;
+    // 2. the declared size, against the limit
+    let (w, h) = image_dimensions(bytes, name)?;
+    match w.checked_mul(h) {
+        Some(px) if px <= max_pixels => {}
+        _ => return Err(fail(format!("{}x{} is more pixels than the limit of {}", w, h, max_pixels))),
     }
-    let format = Format::sniff(bytes).ok_or_else(|| {
-        fail(format!("unsupported image format (not JPEG, PNG or WebP; starts with {:02x?})", &bytes[..bytes.len().min(8)]))
-    })?;
-    // The decoders return errors for bad data, but a decoder panic must not take the engine
-    // down either: it becomes an error too.
-    let mut rgb = catch_unwind(AssertUnwindSafe(|| decode_pixels(bytes, format)))
+    // 3. the pixels. The decoders return errors for bad data, but a decoder panic must not take
+    // the engine down either: it becomes an error too.
+    let max_alloc = (max_pixels as u64).saturating_mul(8).saturating_add(1 << 20);
+    let mut rgb = catch_unwind(AssertUnwindSafe(|| decode_pixels(bytes, format, max_alloc)))
         .map_err(|_| fail(format!("{:?} decoder failed on malformed data", format)))?
         .map_err(|e| fail(format!("cannot decode {:?}: {}", format, e)))?;
     if rgb.width == 0 || rgb.height == 0 {
@@ -80,20 +114,33 @@ pub fn decode_image(bytes: &[u8], name: &str) -> Result<RgbImage> {
     Ok(orient(rgb, meta::orientation(bytes, format)))
 }
 
-fn decode_pixels(bytes: &[u8], format: Format) -> ::image::ImageResult<RgbImage> {
-    let image_format = match format {
-        Format::Jpeg => ImageFormat::Jpeg,
-        Format::Png => ImageFormat::Png,
-        Format::WebP => match webp::bitstream(bytes) {
-            Some(webp::Bitstream::Lossy(vp8)) => return webp::decode_lossy(vp8),
-            Some(webp::Bitstream::Lossless(vp8l)) => {
-                let file = webp::simple_lossless_file(vp8l);
-                return ::image::load_from_memory_with_format(&file, ImageFormat::WebP).map(to_rgb);
-            }
-            None => ImageFormat::WebP,
-        },
+/// The format of `bytes`, or an error saying what they start with.
+fn sniff_or_fail(bytes: &[u8], name: &str) -> Result<Format> {
+    let fail = |msg: String| Error::Image { file: name.to_string(), msg };
+    if bytes.is_empty() {
+        return Err(fail("empty file".into()));
+    }
+    Format::sniff(bytes).ok_or_else(|| fail(format!("unsupported image format (not JPEG, PNG or WebP; starts with {:02x?})", &bytes[..bytes.len().min(8)])))
+}
+
+/// Decodes with the `image` crate's allocations capped at `max_alloc` bytes.
+fn decode_pixels(bytes: &[u8], format: Format, max_alloc: u64) -> ::image::ImageResult<RgbImage> {
+    let load = |data: &[u8], f: ImageFormat| {
+        let mut reader = ::image::io::Reader::with_format(std::io::Cursor::new(data), f);
+        let mut limits = ::image::io::Limits::default();
+        limits.max_alloc = Some(max_alloc);
+        reader.limits(limits);
+        reader.decode().map(to_rgb)
     };
-    ::image::load_from_memory_with_format(bytes, image_format).map(to_rgb)
+    match format {
+        Format::Jpeg => load(bytes, ImageFormat::Jpeg),
+        Format::Png => load(bytes, ImageFormat::Png),
+        Format::WebP => match webp::bitstream(bytes) {
+            Some(webp::Bitstream::Lossy(vp8)) => webp::decode_lossy(vp8),
+            Some(webp::Bitstream::Lossless(vp8l)) => load(&webp::simple_lossless_file(vp8l), ImageFormat::WebP),
+            None => load(bytes, ImageFormat::WebP),
+        },
+    }
 }
 
 /// Pillow's `convert("RGB")` of whatever the decoder produced (see the module docs).

@@ -24,7 +24,7 @@ mod preprocess;
 mod resize;
 mod webp;
 
-pub use decode::{decode_image, load_image};
+pub use decode::{decode_image, decode_image_limited, image_dimensions, load_image, DEFAULT_MAX_PIXELS};
 pub use preprocess::{preprocess, smart_resize, PreprocessConfig};
 pub use resize::resize_bicubic;
 

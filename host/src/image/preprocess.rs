@@ -134,8 +134,14 @@ impl PreprocessConfig {
             let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
             return Err(format!("patch_size {}, merge_size {} and temporal_patch_size {} must be positive", p, m, t));
         }
-        if self.max_pixels == 0 {
-            return Err("size.longest_edge (max_pixels) must be positive".into());
+        // bounds far above any published processor, so that sizes computed from them cannot
+        // overflow or ask for absurd memory
+        if self.patch_size > 256 || self.merge_size > 16 || self.temporal_patch_size > 16 {
+            let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
+            return Err(format!("patch_size {} (at most 256), merge_size {} (at most 16) or temporal_patch_size {} (at most 16) is out of range", p, m, t));
+        }
+        if self.max_pixels == 0 || self.max_pixels > MAX_PIXELS_LIMIT || self.min_pixels > MAX_PIXELS_LIMIT {
+            return Err(format!("size.longest_edge (max_pixels) {} and shortest_edge (min_pixels) {} must be at most {} (and max_pixels positive)", self.max_pixels, self.min_pixels, MAX_PIXELS_LIMIT));
         }
         if self.image_std.iter().any(|&s| s == 0.0 || !s.is_finite()) || self.image_mean.iter().any(|m| !m.is_finite()) {
             return Err(format!("image_mean {:?} / image_std {:?}: std must be nonzero, both finite", self.image_mean, self.image_std));
@@ -143,6 +149,10 @@ impl PreprocessConfig {
         Ok(())
     }
 }
+
+/// The largest `min_pixels` / `max_pixels` accepted: 2^28 pixels (16384²), 16 times the
+/// published Qwen3-VL maximum.
+pub const MAX_PIXELS_LIMIT: usize = 1 << 28;
 
 /// Python's `round()` of a float: to the nearest integer, ties to even.
 fn round_half_even(q: f64) -> f64 {

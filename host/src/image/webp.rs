@@ -43,6 +43,46 @@ pub(crate) fn bitstream(b: &[u8]) -> Option<Bitstream<'_>> {
     None
 }
 
+/// Width and height of a still WebP as its headers declare them: the larger of the extended
+/// header's canvas (VP8X) and the bitstream's own frame header, since the decoder allocates
+/// from the latter. Animations are refused (their frames each declare a size of their own).
+pub(crate) fn dimensions(b: &[u8]) -> Result<(usize, usize), &'static str> {
+    let (mut w, mut h) = (0usize, 0usize);
+    let mut i = 12;
+    while i + 8 <= b.len() {
+        let len = u32::from_le_bytes([b[i + 4], b[i + 5], b[i + 6], b[i + 7]]) as usize;
+        let data = b.get(i + 8..(i + 8).saturating_add(len)).ok_or("truncated WebP chunk")?;
+        let u24 = |d: &[u8]| d[0] as usize | (d[1] as usize) << 8 | (d[2] as usize) << 16;
+        match &b[i..i + 4] {
+            b"ANIM" | b"ANMF" => return Err("animated WebP is not supported"),
+            b"VP8X" if data.len() >= 10 => {
+                w = w.max(u24(&data[4..7]) + 1);
+                h = h.max(u24(&data[7..10]) + 1);
+            }
+            b"VP8 " => {
+                if data.len() < 10 || data[3..6] != [0x9d, 0x01, 0x2a] {
+                    return Err("the VP8 frame header is missing or malformed");
+                }
+                let dim = |lo: u8, hi: u8| usize::from(u16::from_le_bytes([lo, hi]) & 0x3fff);
+                // rounded up to whole macroblocks, as decode_lossy decodes them
+                let round = |v: usize| (v + 15) / 16 * 16;
+                return Ok((w.max(round(dim(data[6], data[7]))), h.max(round(dim(data[8], data[9])))));
+            }
+            b"VP8L" => {
+                if data.len() < 5 || data[0] != 0x2f {
+                    return Err("the VP8L header is missing or malformed");
+                }
+                let bits = u32::from_le_bytes([data[1], data[2], data[3], data[4]]);
+                let (lw, lh) = ((bits & 0x3fff) as usize + 1, ((bits >> 14) & 0x3fff) as usize + 1);
+                return Ok((w.max(lw), h.max(lh)));
+            }
+            _ => {}
+        }
+        i = i.saturating_add(8 + len + (len & 1));
+    }
+    Err("no VP8 or VP8L image data found")
+}
+
 /// A simple-format WebP file holding only the given VP8L chunk.
 pub(crate) fn simple_lossless_file(vp8l: &[u8]) -> Vec<u8> {
     let pad = vp8l.len() & 1;

@@ -4,7 +4,7 @@
 //! shape, tensors nobody asked for) is an error naming the file and tensor.
 
 use crate::{Backend, DType, Error, MappedBytes, Result, Tensor};
-use safetensors::tensor::{Dtype, SafeTensors};
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -56,7 +56,7 @@ impl Checkpoint {
             // what we can guard against (as with every mmap-based loader).
             let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
             let bad = |tensor: &str, msg: String| Error::Checkpoint { file: name.clone(), tensor: tensor.into(), msg };
-            let (header, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad("", format!("not a valid safetensors file (truncated or corrupt): {:?}", e)))?;
+            let (header, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad("", format!("not a valid safetensors file: {}", header_problem(&e, &map))))?;
             let base = 8 + header;
             for (tname, info) in meta.tensors() {
                 let dtype = match info.dtype {
@@ -193,6 +193,41 @@ impl Checkpoint {
         let taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
         self.entries.keys().filter(|n| !taken.contains(*n) && !ignored_prefixes.iter().any(|p| n.starts_with(p))).cloned().collect()
     }
+}
+
+/// What is wrong with a safetensors file whose header did not parse, in words: the sizes
+/// involved for a truncated file, which part is malformed otherwise.
+fn header_problem(e: &SafeTensorError, file: &[u8]) -> String {
+    let len = file.len();
+    let header_len = file.get(..8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
+    match e {
+        SafeTensorError::HeaderTooSmall => format!("the file is only {} bytes, too short for the 8-byte header size (truncated?)", len),
+        SafeTensorError::HeaderTooLarge => format!("the header size field says {} bytes, more than the 100 MB a safetensors header may have", header_len.unwrap_or(0)),
+        SafeTensorError::InvalidHeaderLength => {
+            format!("the header size field says {} bytes but the file has only {} after it (truncated, or not a safetensors file)", header_len.unwrap_or(0), len.saturating_sub(8))
+        }
+        SafeTensorError::InvalidHeader => "the header is not UTF-8 text".into(),
+        SafeTensorError::InvalidHeaderStart => "the header does not start with a JSON object".into(),
+        SafeTensorError::InvalidHeaderDeserialization => "the header is not the JSON a safetensors file has (name -> {dtype, shape, data_offsets})".into(),
+        SafeTensorError::MetadataIncompleteBuffer => match described_size(file) {
+            Some(want) if want > len => format!("the file is {} bytes but its header describes {} (truncated: an interrupted download?)", len, want),
+            Some(want) => format!("the file is {} bytes but its header describes only {} (trailing bytes)", len, want),
+            None => "the header's data offsets do not cover the file exactly (truncated or corrupt)".into(),
+        },
+        SafeTensorError::InvalidOffset(t) => format!("the data offsets of tensor '{}' do not follow those of the tensor before it", t),
+        SafeTensorError::TensorInvalidInfo => "a tensor's data range does not match its shape and dtype".into(),
+        SafeTensorError::ValidationOverflow => "a tensor's shape is too large to address (overflow)".into(),
+        other => format!("{:?}", other),
+    }
+}
+
+/// The file size a safetensors header describes (8 + header + the last data offset), when the
+/// header parses as JSON.
+fn described_size(file: &[u8]) -> Option<usize> {
+    let n = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(file.get(8..8usize.checked_add(n)?)?).ok()?;
+    let end = header.as_object()?.values().filter_map(|t| t.get("data_offsets")?.get(1)?.as_u64()).max().unwrap_or(0);
+    8usize.checked_add(n)?.checked_add(usize::try_from(end).ok()?)
 }
 
 /// The distinct shard file names of an index, in first-seen order.

@@ -184,7 +184,7 @@ fn parse_text(t: &Obj<'_>) -> Result<TextConfig> {
             mrope_section = [xs[0], xs[1], xs[2]];
         }
     }
-    if mrope_section.iter().sum::<usize>() != head_dim / 2 {
+    if mrope_section.iter().try_fold(0usize, |a, &x| a.checked_add(x)) != Some(head_dim / 2) {
         return Err(t.err("rope mrope_section", &format!("{:?} must sum to head_dim / 2 = {}", mrope_section, head_dim / 2)));
     }
     Ok(TextConfig {

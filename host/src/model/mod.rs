@@ -28,6 +28,7 @@ impl Model {
     /// Loads `config.json` and the safetensors weights in `dir` onto `backend`.
     /// `progress(done_bytes, total_bytes)` is called as tensors load.
     pub fn load(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+        check_dir(dir)?;
         let config = Config::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir)?;
         let total = ckpt.total_bytes();
@@ -54,5 +55,16 @@ impl Model {
         }
         progress(total, total);
         Ok(Model { config, text, vision })
+    }
+}
+
+/// Fails unless `dir` is an existing directory, so that a mistyped model path is reported as
+/// such rather than as the first file missing from it.
+pub fn check_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Config { file: dir.display().to_string(), msg: "is a file, not a model directory (config.json, *.safetensors, tokenizer.json)".into() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Config { file: dir.display().to_string(), msg: "model directory does not exist".into() }),
+        Err(e) => Err(Error::io(dir, e)),
     }
 }

@@ -1,0 +1,245 @@
+//! `qwen3-vl chat`: an interactive conversation on stdin / stdout.
+//!
+//! Turns are fed onto the KV cache of the previous ones. When a new turn (plus room for the
+//! reply) does not fit the context, the oldest turns are dropped, with a note, and the rest of
+//! the conversation is fed again. Images come with `-i` (first message) or `/image PATH`
+//! (next message). Ctrl-C stops the reply being written; the conversation goes on.
+
+use super::generate::{stream_reply, summary};
+use super::load::{prepare_images, stop_ids, CliResult, Loaded, ModelArgs, Prepared, SamplingArgs};
+use super::logger::quiet;
+use super::ranges;
+use qwen3_vl::generate::chat::{render_turn, Message, GENERATION_PROMPT};
+use qwen3_vl::generate::{Sampler, Session, Stop};
+use qwen3_vl::signals;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct ChatArgs {
+    #[clap(flatten)]
+    model: ModelArgs,
+    /// An optional system message.
+    #[clap(long)]
+    system: Option<String>,
+    /// An image (JPEG, PNG or WebP) for the first message; repeat for several.
+    #[clap(long = "image", short = 'i')]
+    images: Vec<PathBuf>,
+    /// Resize images above this many pixels down (default from preprocessor_config.json).
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
+    max_pixels: Option<usize>,
+    /// Most tokens per reply (1 to 16777216).
+    #[clap(long, default_value = "512", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
+    max_tokens: usize,
+    /// Context size in tokens for the whole conversation (16 and up, capped by the model's).
+    #[clap(long, default_value = "4096", value_parser = ranges::context, allow_hyphen_values = true)]
+    context: usize,
+    #[clap(flatten)]
+    sampling: SamplingArgs,
+}
+
+const HELP: &str = "commands:
+  /image PATH   attach an image (JPEG, PNG, WebP) to your next message
+  /reset        start a new conversation
+  /help         this list
+  /exit, /quit  leave (Ctrl-D too)
+Ctrl-C stops the reply being written; the conversation goes on. Ctrl-C at the prompt quits.
+Start a message with // to send text that begins with /.";
+
+/// One finished exchange, kept to feed again when older turns are dropped.
+struct Turn {
+    user: String,
+    images: Prepared,
+    reply: String,
+}
+
+struct Chat<'a> {
+    l: &'a Loaded,
+    capacity: usize,
+    max_tokens: usize,
+    system: Option<String>,
+    session: Session<'a>,
+    sampler: Sampler,
+    stops: Vec<u32>,
+    /// Exchanges whose tokens are in the session.
+    turns: Vec<Turn>,
+    /// Text that closes the last reply, fed in front of the next turn.
+    pending: String,
+    /// Images for the next message.
+    attached: Prepared,
+}
+
+impl<'a> Chat<'a> {
+    fn system_text(&self) -> String {
+        self.system.as_deref().map(|s| render_turn(&Message::system(s))).unwrap_or_default()
+    }
+
+    fn reset(&mut self) -> CliResult<()> {
+        self.session = Session::with_kv_dtype(&self.l.model, &*self.l.backend, self.capacity, self.l.kv_dtype)?;
+        self.turns.clear();
+        self.attached = Prepared::default();
+        self.pending = self.system_text();
+        Ok(())
+    }
+
+    /// The tokens and images of the whole conversation from turn `first` on, plus `user`.
+    fn rebuilt(&self, first: usize, user: &str, images: &Prepared) -> (Vec<u32>, Prepared) {
+        let mut text = self.system_text();
+        let mut all = Prepared::default();
+        for t in &self.turns[first..] {
+            let mut m = Message::user(&t.user);
+            m.image_tokens = t.images.tokens.clone();
+            text.push_str(&render_turn(&m));
+            text.push_str(&render_turn(&Message::assistant(&t.reply)));
+            all.extend(&t.images);
+        }
+        let mut m = Message::user(user);
+        m.image_tokens = images.tokens.clone();
+        text.push_str(&render_turn(&m));
+        text.push_str(GENERATION_PROMPT);
+        all.extend(images);
+        (self.l.tokenizer.encode(&text), all)
+    }
+
+    /// Answers one user message.
+    fn turn(&mut self, user: &str) -> CliResult<()> {
+        let images = std::mem::take(&mut self.attached);
+        let mut m = Message::user(user);
+        m.image_tokens = images.tokens.clone();
+        // 1. on top of the conversation so far, if the reply has room
+        let mut prompt = self.l.tokenizer.encode(&format!("{}{}{}", self.pending, render_turn(&m), GENERATION_PROMPT));
+        let mut rebuilt_images: Option<Prepared> = None;
+        if self.session.len() + prompt.len() + self.max_tokens > self.capacity {
+            // 2. else drop the oldest turns until it fits, and feed the rest again
+            let mut dropped = 0;
+            let (mut ids, mut all) = self.rebuilt(0, user, &images);
+            while ids.len() + self.max_tokens > self.capacity && dropped < self.turns.len() {
+                dropped += 1;
+                let r = self.rebuilt(dropped, user, &images);
+                ids = r.0;
+                all = r.1;
+            }
+            if ids.len() + 1 > self.capacity {
+                eprintln!(
+                    "(this message needs {} tokens{}, more than the context of {} (--context): nothing was sent)",
+                    ids.len() + 1,
+                    if images.grids.is_empty() { "" } else { " with its images" },
+                    self.capacity
+                );
+                return Ok(());
+            }
+            if dropped > 0 {
+                eprintln!("(the context is full: dropped the {} oldest turn{}, {} remain)", dropped, if dropped == 1 { "" } else { "s" }, self.turns.len() - dropped);
+            }
+            self.turns.drain(..dropped);
+            self.session = Session::with_kv_dtype(&self.l.model, &*self.l.backend, self.capacity, self.l.kv_dtype)?;
+            prompt = ids;
+            rebuilt_images = Some(all);
+        }
+        let budget = self.max_tokens.min(self.capacity - self.session.len() - prompt.len());
+        // 3. the reply; Ctrl-C ends it early
+        let feed_images = rebuilt_images.as_ref().unwrap_or(&images);
+        let reply = signals::Reply::start();
+        let g = stream_reply(&mut self.session, &self.l.tokenizer, &prompt, feed_images.images().as_ref(), budget, &mut self.sampler, &self.stops, &|| reply.interrupted())?;
+        let interrupted = reply.interrupted();
+        drop(reply);
+        if interrupted {
+            eprintln!("(stopped)");
+        } else if !quiet() {
+            log::debug!("{}", summary(&g, "--max-tokens reached"));
+        }
+        // 4. remember it; the reply's last token was sampled but not fed: the template closes
+        // the turn with <|im_end|>\n, which goes in front of the next user turn
+        let kept = match g.stop {
+            Stop::StopToken(_) => &g.tokens[..g.tokens.len() - 1],
+            Stop::MaxTokens => &g.tokens[..],
+        };
+        let text = self.l.tokenizer.decode(kept, true)?;
+        self.pending = match g.stop {
+            Stop::StopToken(t) => format!("{}\n", self.l.tokenizer.decode(&[t], false)?),
+            Stop::MaxTokens => format!("{}<|im_end|>\n", self.l.tokenizer.decode(&g.tokens[g.tokens.len().saturating_sub(1)..], false)?),
+        };
+        self.turns.push(Turn { user: user.to_string(), images, reply: text });
+        Ok(())
+    }
+
+    /// `/image PATH`: decode now, send with the next message.
+    fn attach(&mut self, path: &str, model_dir: &std::path::Path, max_pixels: Option<usize>) {
+        match prepare_images(&[PathBuf::from(path)], model_dir, max_pixels) {
+            Ok(p) => {
+                eprintln!("(attached {}: {} image tokens; it goes with your next message)", path, p.tokens[0]);
+                self.attached.extend(&p);
+            }
+            Err(e) => eprintln!("(not attached: {})", e),
+        }
+    }
+}
+
+pub fn run_chat(a: ChatArgs) -> CliResult<()> {
+    signals::install_chat();
+    // 1. every input, before the weights
+    let checked = a.model.check()?;
+    let capacity = a.context.min(checked.config.text.max_position_embeddings);
+    let first_images = prepare_images(&a.images, &a.model.model, a.max_pixels)?;
+    let system_tokens = a.system.as_deref().map_or(0, |s| checked.tokenizer.encode(&render_turn(&Message::system(s))).len());
+    let needed = system_tokens + first_images.tokens.iter().sum::<usize>() + 8;
+    if needed > capacity {
+        return Err(format!("the system message and images need about {} tokens, more than the context of {} (raise --context)", needed, capacity).into());
+    }
+    // 2. the weights
+    let l = a.model.load(checked)?;
+    let session = Session::with_kv_dtype(&l.model, &*l.backend, capacity, l.kv_dtype)?;
+    let mut chat = Chat {
+        l: &l,
+        capacity,
+        max_tokens: a.max_tokens,
+        system: a.system.clone(),
+        session,
+        sampler: Sampler::new(a.sampling.params(&l.defaults)),
+        stops: stop_ids(&l.tokenizer),
+        turns: Vec::new(),
+        pending: String::new(),
+        attached: first_images,
+    };
+    chat.pending = chat.system_text();
+    if !quiet() {
+        eprintln!("chat with {} ({} tokens of context). /help lists the commands; Ctrl-C stops a reply, Ctrl-D or /exit quits.", a.model.model.display(), capacity);
+        if !chat.attached.grids.is_empty() {
+            eprintln!("({} image(s) from -i go with your first message)", chat.attached.grids.len());
+        }
+    }
+    // 3. the conversation
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            break;
+        }
+        let line = line.trim_end_matches(&['\r', '\n'][..]);
+        let trimmed = line.trim();
+        let (cmd, arg) = match trimmed.split_once(char::is_whitespace) {
+            Some((c, rest)) => (c, rest.trim()),
+            None => (trimmed, ""),
+        };
+        match cmd {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/help" => eprintln!("{}", HELP),
+            "/reset" => {
+                chat.reset()?;
+                eprintln!("(conversation reset)");
+            }
+            "/image" if arg.is_empty() => eprintln!("(usage: /image PATH)"),
+            "/image" => chat.attach(arg, &a.model.model, a.max_pixels),
+            c if c.starts_with('/') && !c.starts_with("//") => eprintln!("(unknown command {}; /help lists the commands)", c),
+            _ => {
+                let text = line.strip_prefix("//").map(|rest| format!("/{}", rest)).unwrap_or_else(|| line.to_string());
+                chat.turn(&text)?;
+            }
+        }
+    }
+    Ok(())
+}

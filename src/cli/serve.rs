@@ -1,0 +1,124 @@
+//! `qwen3-vl serve`: the OpenAI-compatible HTTP server (see `qwen3_vl::server`).
+
+use super::load::{describe_sampling, stop_ids, CliResult, ModelArgs, SamplingArgs};
+use super::ranges;
+use qwen3_vl::server::{self, ServerConfig};
+use qwen3_vl::signals;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[clap(flatten)]
+    model: ModelArgs,
+    /// Address to listen on. Anything but loopback exposes the model to the network.
+    #[clap(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[clap(long, default_value = "8080", value_parser = ranges::port, allow_hyphen_values = true)]
+    port: u16,
+    /// The model name that /v1/models reports (default: the model directory's name).
+    #[clap(long)]
+    model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/ requests.
+    #[clap(long)]
+    api_key: Option<String>,
+    /// Serve image_url file paths (absolute or file://) from inside this directory only.
+    #[clap(long)]
+    allowed_image_dir: Option<PathBuf>,
+    /// Resize images above this many pixels down (default from preprocessor_config.json).
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
+    max_pixels: Option<usize>,
+    /// Refuse images that declare more pixels than this, before decoding them.
+    #[clap(long, default_value = "16777216", value_parser = ranges::max_pixels, allow_hyphen_values = true)]
+    max_image_pixels: usize,
+    /// Most images per request (0 to 256).
+    #[clap(long, default_value = "8", value_parser = ranges::images, allow_hyphen_values = true)]
+    max_images: usize,
+    /// Largest request body, in MiB (1 to 4096; images travel base64-encoded inside it).
+    #[clap(long, default_value = "32", value_parser = ranges::mib, allow_hyphen_values = true)]
+    max_body_mib: usize,
+    /// Most prompt tokens per request, image tokens included (default: 8192, at most the model's context).
+    #[clap(long, value_parser = ranges::max_tokens, allow_hyphen_values = true)]
+    max_prompt_tokens: Option<usize>,
+    /// Most tokens generated per request; also the default max_tokens (default: 2048).
+    #[clap(long, value_parser = ranges::max_tokens, allow_hyphen_values = true)]
+    max_output_tokens: Option<usize>,
+    /// Most requests waiting for the model; more get 429 with Retry-After (1 to 4096).
+    #[clap(long, default_value = "16", value_parser = ranges::queue, allow_hyphen_values = true)]
+    queue: usize,
+    /// Most open connections; more get 503 (1 to 4096).
+    #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
+    max_connections: usize,
+    /// Seconds a client has to send a whole request, and that an idle connection stays open.
+    #[clap(long, default_value = "30", value_parser = ranges::seconds, allow_hyphen_values = true)]
+    read_timeout: u64,
+    #[clap(flatten)]
+    sampling: SamplingArgs,
+}
+
+pub fn run(a: ServeArgs) -> CliResult<()> {
+    signals::install_server();
+    // 1. every input, before the weights
+    let checked = a.model.check()?;
+    let context = checked.config.text.max_position_embeddings;
+    let preprocess = server::images::preprocess_config(&a.model.model, a.max_pixels)?;
+    let allowed = match &a.allowed_image_dir {
+        Some(d) => Some(std::fs::canonicalize(d).map_err(|e| format!("--allowed-image-dir {}: {}", d.display(), e))?),
+        None => None,
+    };
+    if let Some(d) = &allowed {
+        if !d.is_dir() {
+            return Err(format!("--allowed-image-dir {} is not a directory", d.display()).into());
+        }
+    }
+    let model_id = a.model_name.clone().unwrap_or_else(|| {
+        std::fs::canonicalize(&a.model.model).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "qwen3-vl".into())
+    });
+    let mut cfg = ServerConfig::new(model_id, context, preprocess);
+    cfg.api_key = a.api_key.clone();
+    cfg.images.allowed_dir = allowed;
+    cfg.images.max_source_pixels = a.max_image_pixels;
+    cfg.images.max_file_bytes = a.max_body_mib << 20;
+    cfg.parse.max_images = a.max_images;
+    cfg.http.max_body = a.max_body_mib << 20;
+    if let Some(n) = a.max_prompt_tokens {
+        cfg.tokens.max_prompt = n.min(context);
+    }
+    if let Some(n) = a.max_output_tokens {
+        cfg.tokens.max_output = n.min(context);
+    }
+    cfg.queue_capacity = a.queue;
+    cfg.max_connections = a.max_connections;
+    cfg.read_timeout = Duration::from_secs(a.read_timeout);
+    cfg.idle_timeout = Duration::from_secs(a.read_timeout);
+    // 2. the socket (a taken port fails before the weights load)
+    let listener = TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| format!("cannot listen on {}:{}: {}", a.host, a.port, e))?;
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        log::warn!("listening on {}, reachable from the network{}", addr, if cfg.api_key.is_none() { " without an API key (--api-key)" } else { "" });
+    }
+    // 3. the weights
+    let l = a.model.load(checked)?;
+    cfg.defaults = a.sampling.params(&l.defaults);
+    cfg.kv_dtype = Some(l.kv_dtype);
+    log::info!(
+        "serving '{}' at http://{}/v1 (sampling defaults: {}; queue {}, prompt <= {} tokens, output <= {} tokens, <= {} images of <= {} pixels)",
+        cfg.model_id,
+        addr,
+        describe_sampling(&cfg.defaults),
+        cfg.queue_capacity,
+        cfg.tokens.max_prompt,
+        cfg.tokens.max_output,
+        cfg.parse.max_images,
+        cfg.images.max_source_pixels
+    );
+    // the line that scripts and tests wait for, printed even with -q
+    eprintln!("listening on http://{}", addr);
+    let stops = stop_ids(&l.tokenizer);
+    let tokenizer = Arc::new(l.tokenizer);
+    server::serve(listener, cfg, &l.model, &*l.backend, tokenizer, stops, Arc::new(signals::shutdown_requested))?;
+    Ok(())
+}

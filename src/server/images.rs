@@ -1,0 +1,234 @@
+//! Images of a request: `image_url` parts to preprocessed patches.
+//!
+//! Accepted URLs: `data:image/{jpeg,png,webp};base64,...`, and, only when the server was given
+//! an allowed directory, `file://` URLs or absolute paths of files inside it (after resolving
+//! symbolic links and `..`). The server fetches nothing from the network: `http(s)://` URLs are
+//! refused with a message saying to send the image inline.
+
+use super::openai::ApiError;
+use crate::image::{decode_image_limited, preprocess, PreprocessConfig};
+use std::path::{Path, PathBuf};
+
+/// How images are taken.
+#[derive(Clone, Debug)]
+pub struct ImagePolicy {
+    /// Local files are read only from inside this directory (canonical), if any.
+    pub allowed_dir: Option<PathBuf>,
+    /// Most pixels (width × height) an image may declare before it is decoded.
+    pub max_source_pixels: usize,
+    /// Most bytes of one image file (encoded).
+    pub max_file_bytes: usize,
+    /// The model's preprocessing (with the server's pixel cap for resizing).
+    pub preprocess: PreprocessConfig,
+}
+
+/// One image, ready for the vision tower.
+#[derive(Clone, Debug)]
+pub struct PreparedImage {
+    pub patches: Vec<f32>,
+    pub row_len: usize,
+    pub grid: [usize; 3],
+    /// `<|image_pad|>` tokens it takes in the prompt.
+    pub tokens: usize,
+}
+
+/// The preprocessing settings of a model directory (Qwen3-VL's defaults without a
+/// preprocessor_config.json), with `max_pixels` lowering the resize cap. `max_pixels` below one
+/// merged patch is refused, naming the option.
+pub fn preprocess_config(model_dir: &Path, max_pixels: Option<usize>) -> crate::Result<PreprocessConfig> {
+    let path = model_dir.join("preprocessor_config.json");
+    let mut cfg = if path.exists() { PreprocessConfig::from_file(&path)? } else { PreprocessConfig::qwen3_vl_default() };
+    if let Some(m) = max_pixels {
+        let side = cfg.patch_size * cfg.merge_size;
+        if m < side * side {
+            return Err(crate::Error::Limit {
+                op: "--max-pixels",
+                msg: format!("{} is below one merged patch: it must be at least {} ({}x{} pixels) for this model", m, side * side, side, side),
+            });
+        }
+        cfg.max_pixels = m;
+        cfg.min_pixels = cfg.min_pixels.min(m);
+    }
+    Ok(cfg)
+}
+
+/// Strict standard base64 (RFC 4648 alphabet, `=` padding optional; whitespace skipped, as
+/// line-wrapped encoders produce it). The error says where the first bad character is.
+pub fn decode_base64(text: &str) -> Result<Vec<u8>, String> {
+    fn value(c: u8) -> Option<u32> {
+        match c {
+            b'A'..=b'Z' => Some((c - b'A') as u32),
+            b'a'..=b'z' => Some((c - b'a') as u32 + 26),
+            b'0'..=b'9' => Some((c - b'0') as u32 + 52),
+            b'+' => Some(62),
+            b'/' => Some(63),
+            _ => None,
+        }
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 3);
+    let (mut acc, mut bits, mut padding) = (0u32, 0u32, 0usize);
+    for (i, c) in text.bytes().enumerate() {
+        if c.is_ascii_whitespace() {
+            continue;
+        }
+        if c == b'=' {
+            padding += 1;
+            if padding > 2 {
+                return Err(format!("too much '=' padding at byte {}", i));
+            }
+            continue;
+        }
+        if padding > 0 {
+            return Err(format!("data after '=' padding at byte {}", i));
+        }
+        let v = value(c).ok_or_else(|| format!("invalid base64 character {:?} at byte {}", c as char, i))?;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    // 6 leftover bits cannot come from whole bytes (one stray character)
+    if bits >= 6 {
+        return Err("truncated base64: the last group has a single character".into());
+    }
+    Ok(out)
+}
+
+/// The encoded bytes an `image_url` points to.
+pub fn fetch(url: &str, param: &str, policy: &ImagePolicy) -> Result<Vec<u8>, ApiError> {
+    let bad = |code: &'static str, msg: String| ApiError::invalid(param, code, msg);
+    if let Some(rest) = url.strip_prefix("data:") {
+        // data:[<mime>][;base64],<data>
+        let comma = rest.find(',').ok_or_else(|| bad("invalid_image_url", "a data: URL needs a ',' before its data".into()))?;
+        let (meta, data) = (&rest[..comma], &rest[comma + 1..]);
+        let mut fields = meta.split(';');
+        let mime = fields.next().unwrap_or("").trim().to_ascii_lowercase();
+        if !matches!(mime.as_str(), "image/jpeg" | "image/jpg" | "image/png" | "image/webp" | "") {
+            return Err(bad("unsupported_image_type", format!("data: URLs of type '{}' are not supported (image/jpeg, image/png, image/webp)", mime.chars().take(40).collect::<String>())));
+        }
+        if !fields.any(|f| f.trim().eq_ignore_ascii_case("base64")) {
+            return Err(bad("invalid_image_url", "image data: URLs must be base64 (data:image/png;base64,...)".into()));
+        }
+        if data.len() / 4 * 3 > policy.max_file_bytes {
+            return Err(bad("image_too_large", format!("the image is larger than {} bytes", policy.max_file_bytes)));
+        }
+        return decode_base64(data).map_err(|e| bad("invalid_base64", format!("the image's base64 data is broken: {}", e)));
+    }
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        return Err(bad("unsupported_image_url", "this server fetches nothing from the network: send the image inline as a data: URL (data:image/png;base64,...)".into()));
+    }
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    let dir = policy.allowed_dir.as_ref().ok_or_else(|| {
+        bad("unsupported_image_url", "local image files are not enabled on this server (start it with --allowed-image-dir DIR), send the image inline as a data: URL".into())
+    })?;
+    if !path.starts_with('/') {
+        return Err(bad("invalid_image_url", "image URLs must be data: URLs, or absolute paths / file:// URLs inside the allowed directory".into()));
+    }
+    let outside = || bad("image_not_allowed", format!("{} is not a file inside the allowed image directory", path.chars().take(200).collect::<String>()));
+    let real = std::fs::canonicalize(path).map_err(|_| outside())?;
+    if !real.starts_with(dir) || !real.is_file() {
+        return Err(outside());
+    }
+    let len = std::fs::metadata(&real).map_err(|_| outside())?.len();
+    if len > policy.max_file_bytes as u64 {
+        return Err(bad("image_too_large", format!("the image file is larger than {} bytes", policy.max_file_bytes)));
+    }
+    std::fs::read(&real).map_err(|e| bad("image_unreadable", format!("cannot read the image file: {}", e)))
+}
+
+/// The `<|image_pad|>` tokens an image will take, from the size its header declares, before
+/// any pixel is decoded: lets a request whose images cannot fit the prompt limit be refused
+/// without the memory and time of decoding them.
+pub fn predicted_tokens(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<usize, ApiError> {
+    let (w, h) = crate::image::image_dimensions(bytes, param).map_err(|e| ApiError::invalid(param, "invalid_image", e.to_string()))?;
+    if w.checked_mul(h).map_or(true, |px| px > policy.max_source_pixels) {
+        return Err(ApiError::invalid(param, "image_too_large", format!("{}: {}x{} is more pixels than the limit of {}", param, w, h, policy.max_source_pixels)));
+    }
+    let c = &policy.preprocess;
+    let factor = c.patch_size * c.merge_size;
+    let (rh, rw) = if c.do_resize { crate::image::smart_resize(h, w, factor, c.min_pixels, c.max_pixels).map_err(|e| ApiError::invalid(param, "invalid_image", format!("{}: {}", param, e)))? } else { (h, w) };
+    Ok((rh / factor) * (rw / factor))
+}
+
+/// A counting semaphore: how many requests may decode and preprocess images at once (each
+/// holds its pixels and patches meanwhile, and competes with the model for the CPU).
+pub struct Slots {
+    free: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// A taken slot, given back when dropped.
+pub struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    pub fn new(n: usize) -> Slots {
+        Slots { free: std::sync::Mutex::new(n.max(1)), freed: std::sync::Condvar::new() }
+    }
+
+    pub fn take(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+        Slot(self)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// Decodes and preprocesses one image's bytes.
+pub fn prepare(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<PreparedImage, ApiError> {
+    let img = decode_image_limited(bytes, param, policy.max_source_pixels).map_err(|e| {
+        let msg = e.to_string();
+        let code = if msg.contains("more pixels than the limit") { "image_too_large" } else { "invalid_image" };
+        ApiError::invalid(param, code, msg)
+    })?;
+    let p = preprocess(&img, &policy.preprocess).map_err(|e| ApiError::invalid(param, "invalid_image", format!("{}: {}", param, e)))?;
+    let tokens = p.num_tokens(policy.preprocess.merge_size);
+    Ok(PreparedImage { row_len: p.row_len, grid: p.grid_thw, tokens, patches: p.patches })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_and_names_bad_bytes() {
+        assert_eq!(decode_base64("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVs\nbG8h").unwrap(), b"hello!");
+        assert_eq!(decode_base64("").unwrap(), b"");
+        assert!(decode_base64("aGV$bG8=").unwrap_err().contains("at byte 3"));
+        assert!(decode_base64("aGVsbG8=x").unwrap_err().contains("after '='"));
+        assert!(decode_base64("aGVsb").unwrap_err().contains("truncated"));
+    }
+
+    #[test]
+    fn urls_other_than_data_and_allowed_files_are_refused() {
+        let policy = ImagePolicy { allowed_dir: None, max_source_pixels: 1 << 20, max_file_bytes: 1 << 20, preprocess: PreprocessConfig::qwen3_vl_default() };
+        let code = |u: &str| fetch(u, "p", &policy).unwrap_err().code;
+        assert_eq!(code("https://example.com/cat.png"), "unsupported_image_url");
+        assert_eq!(code("/etc/passwd"), "unsupported_image_url");
+        assert_eq!(code("data:image/gif;base64,R0lG"), "unsupported_image_type");
+        assert_eq!(code("data:image/png,rawbytes"), "invalid_image_url");
+        assert_eq!(code("data:image/png;base64,@@@@"), "invalid_base64");
+        let dir = std::env::temp_dir().join(format!("qwen3-vl-allowed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.png"), b"x").unwrap();
+        let policy = ImagePolicy { allowed_dir: Some(std::fs::canonicalize(&dir).unwrap()), ..policy };
+        assert_eq!(fetch(&format!("file://{}/a.png", dir.display()), "p", &policy).unwrap(), b"x");
+        assert_eq!(fetch(&format!("{}/../{}/a.png", dir.display(), dir.file_name().unwrap().to_string_lossy()), "p", &policy).unwrap(), b"x");
+        assert_eq!(fetch(&format!("{}/../", dir.display()), "p", &policy).unwrap_err().code, "image_not_allowed");
+        assert_eq!(fetch("/etc/hostname", "p", &policy).unwrap_err().code, "image_not_allowed");
+    }
+}

@@ -1,0 +1,421 @@
+//! The OpenAI chat-completions wire format: request bodies checked field by field (each error
+//! names the parameter and what it must be), errors as `{"error": {message, type, param,
+//! code}}`, and the response and stream-chunk objects.
+
+use serde_json::{json, Map, Value};
+
+/// An error answered to the client: HTTP status and the OpenAI error object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    /// `invalid_request_error`, `rate_limit_error`, `server_error`, ...
+    pub kind: &'static str,
+    /// A stable machine-readable code (`invalid_value`, `context_length_exceeded`, ...).
+    pub code: &'static str,
+    /// The request parameter at fault (`messages[0].content[1].image_url`), when one is.
+    pub param: Option<String>,
+    pub message: String,
+    /// Seconds for a Retry-After header (429, 503).
+    pub retry_after: Option<u64>,
+    /// The methods a 405 allows.
+    pub allow: Option<&'static str>,
+}
+
+impl ApiError {
+    /// An error of `status`; the type follows from it.
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
+        let kind = match status {
+            401 => "authentication_error",
+            429 => "rate_limit_error",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        };
+        ApiError { status, kind, code, param: None, message: message.into(), retry_after: None, allow: None }
+    }
+
+    /// 400 without a parameter.
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(400, "bad_request", message)
+    }
+
+    /// 400 for parameter `param`.
+    pub fn invalid(param: impl Into<String>, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param.into()), ..ApiError::new(400, code, message) }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+/// Who speaks a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Speaker {
+    System,
+    User,
+    Assistant,
+}
+
+/// One content part, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Part {
+    Text(String),
+    /// An `image_url` part: the URL, and the parameter path for errors.
+    Image { url: String, param: String },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatMessage {
+    pub role: Speaker,
+    pub parts: Vec<Part>,
+}
+
+/// A checked chat-completions request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk carries the usage.
+    pub include_usage: bool,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: Option<f32>,
+}
+
+impl ChatRequest {
+    /// The number of image parts over all messages.
+    pub fn image_count(&self) -> usize {
+        self.messages.iter().flat_map(|m| &m.parts).filter(|p| matches!(p, Part::Image { .. })).count()
+    }
+}
+
+/// Limits that parsing enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct ParseLimits {
+    pub max_images: usize,
+    pub max_stop: usize,
+    pub max_stop_len: usize,
+    pub max_messages: usize,
+}
+
+impl Default for ParseLimits {
+    fn default() -> ParseLimits {
+        ParseLimits { max_images: 8, max_stop: 4, max_stop_len: 256, max_messages: 1024 }
+    }
+}
+
+/// The JSON type of a value, for messages.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
+    ApiError::invalid(param, "invalid_type", format!("'{}' must be {}, not {}", param, want, type_name(got)))
+}
+
+/// A number parameter within `lo..=hi` (`None` when absent or null).
+fn number(o: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let x = v.as_f64().ok_or_else(|| wrong_type(key, "a number", v))?;
+            if !(lo..=hi).contains(&x) {
+                return Err(ApiError::invalid(key, "invalid_value", format!("'{}' is {}; it must be between {} and {}", key, x, lo, hi)));
+            }
+            Ok(Some(x as f32))
+        }
+    }
+}
+
+/// An integer parameter within `lo..=hi`.
+fn integer(o: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let x = v.as_i64().or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64)).ok_or_else(|| wrong_type(key, "an integer", v))?;
+            if x < lo || x > hi {
+                return Err(ApiError::invalid(key, "invalid_value", format!("'{}' is {}; it must be between {} and {}", key, x, lo, hi)));
+            }
+            Ok(Some(x))
+        }
+    }
+}
+
+fn boolean(o: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(wrong_type(key, "a boolean", v)),
+    }
+}
+
+/// Parses and checks a chat-completions body.
+pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatRequest, ApiError> {
+    // 1. JSON object (serde_json limits nesting to 128 levels)
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(400, "invalid_json", format!("the body is not valid JSON: {}", e)))?;
+    let o = v.as_object().ok_or_else(|| ApiError::new(400, "invalid_json", format!("the body must be a JSON object, not {}", type_name(&v))))?;
+    // 2. what we cannot do is refused rather than ignored
+    if let Some(n) = integer(o, "n", i64::MIN, i64::MAX)? {
+        if n != 1 {
+            return Err(ApiError::invalid("n", "unsupported_value", format!("'n' is {}; only n = 1 is supported", n)));
+        }
+    }
+    if boolean(o, "logprobs")? {
+        return Err(ApiError::invalid("logprobs", "unsupported_parameter", "logprobs are not supported"));
+    }
+    for key in ["tools", "functions"] {
+        match o.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(a)) if a.is_empty() => {}
+            Some(_) => return Err(ApiError::invalid(key, "unsupported_parameter", format!("'{}' (tool calling) is not supported", key))),
+        }
+    }
+    if let Some(rf) = o.get("response_format").filter(|v| !v.is_null()) {
+        let t = rf.get("type").and_then(|t| t.as_str());
+        if t != Some("text") {
+            return Err(ApiError::invalid("response_format", "unsupported_value", "only response_format {\"type\": \"text\"} is supported"));
+        }
+    }
+    if let Some(m) = o.get("model") {
+        if !m.is_string() && !m.is_null() {
+            return Err(wrong_type("model", "a string", m));
+        }
+    }
+    // 3. messages
+    let messages = parse_messages(o.get("messages"), limits)?;
+    // 4. generation settings
+    let max_new = |key: &str| -> Result<Option<usize>, ApiError> {
+        match integer(o, key, i64::MIN, i64::MAX)? {
+            None => Ok(None),
+            Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+            Some(n) => Err(ApiError::invalid(key, "invalid_value", format!("'{}' is {}; it must be at least 1", key, n))),
+        }
+    };
+    let max_tokens = match max_new("max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => max_new("max_tokens")?,
+    };
+    let stream = boolean(o, "stream")?;
+    let include_usage = match o.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(so)) => boolean(so, "include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?,
+        Some(v) => return Err(wrong_type("stream_options", "an object", v)),
+    };
+    let top_k = integer(o, "top_k", -1, 1 << 30)?.map(|k| k.max(0) as usize);
+    let seed = integer(o, "seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
+    let stop = match o.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a.iter().enumerate().map(|(i, s)| s.as_str().map(String::from).ok_or_else(|| wrong_type(&format!("stop[{}]", i), "a string", s))).collect::<Result<_, _>>()?,
+        Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
+    };
+    if stop.len() > limits.max_stop {
+        return Err(ApiError::invalid("stop", "invalid_value", format!("at most {} stop strings are allowed, got {}", limits.max_stop, stop.len())));
+    }
+    if let Some(i) = stop.iter().position(|s| s.is_empty() || s.len() > limits.max_stop_len) {
+        return Err(ApiError::invalid(format!("stop[{}]", i), "invalid_value", format!("stop strings must have 1 to {} bytes", limits.max_stop_len)));
+    }
+    Ok(ChatRequest {
+        messages,
+        stream,
+        include_usage,
+        max_tokens,
+        temperature: number(o, "temperature", 0.0, 2.0)?,
+        top_p: match number(o, "top_p", 0.0, 1.0)? {
+            Some(p) if p <= 0.0 => return Err(ApiError::invalid("top_p", "invalid_value", "'top_p' must be above 0 (at most 1)")),
+            p => p,
+        },
+        top_k,
+        seed,
+        stop,
+        presence_penalty: number(o, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: number(o, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        repetition_penalty: match number(o, "repetition_penalty", 0.0, 10.0)? {
+            Some(r) if r <= 0.0 => return Err(ApiError::invalid("repetition_penalty", "invalid_value", "'repetition_penalty' must be above 0 (at most 10)")),
+            r => r,
+        },
+    })
+}
+
+fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Err(ApiError::invalid("messages", "missing_required_parameter", "'messages' is required")),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(wrong_type("messages", "an array", other)),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid("messages", "invalid_value", "'messages' must not be empty"));
+    }
+    if list.len() > limits.max_messages {
+        return Err(ApiError::invalid("messages", "invalid_value", format!("at most {} messages are allowed", limits.max_messages)));
+    }
+    let mut images = 0;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let p = format!("messages[{}]", i);
+        let mo = m.as_object().ok_or_else(|| wrong_type(&p, "an object", m))?;
+        let role = match mo.get("role") {
+            Some(Value::String(r)) => match r.as_str() {
+                "system" | "developer" => Speaker::System,
+                "user" => Speaker::User,
+                "assistant" => Speaker::Assistant,
+                "tool" | "function" => return Err(ApiError::invalid(format!("{}.role", p), "unsupported_value", format!("role '{}' (tool calling) is not supported", r))),
+                other => {
+                    return Err(ApiError::invalid(format!("{}.role", p), "invalid_value", format!("unknown role '{}' (expected system, developer, user or assistant)", other.chars().take(40).collect::<String>())))
+                }
+            },
+            Some(other) => return Err(wrong_type(&format!("{}.role", p), "a string", other)),
+            None => return Err(ApiError::invalid(format!("{}.role", p), "missing_required_parameter", format!("{}.role is required", p))),
+        };
+        if mo.get("tool_calls").map_or(false, |t| !t.is_null() && t.as_array().map_or(true, |a| !a.is_empty())) {
+            return Err(ApiError::invalid(format!("{}.tool_calls", p), "unsupported_parameter", "tool calls are not supported"));
+        }
+        let cp = format!("{}.content", p);
+        let parts = match mo.get("content") {
+            Some(Value::String(s)) => vec![Part::Text(s.clone())],
+            Some(Value::Null) | None if role == Speaker::Assistant => Vec::new(),
+            None => return Err(ApiError::invalid(cp.clone(), "missing_required_parameter", format!("{} is required", cp))),
+            Some(Value::Array(items)) => {
+                let mut parts = Vec::with_capacity(items.len());
+                for (j, item) in items.iter().enumerate() {
+                    let pp = format!("{}[{}]", cp, j);
+                    let io = item.as_object().ok_or_else(|| wrong_type(&pp, "an object", item))?;
+                    match io.get("type").and_then(|t| t.as_str()) {
+                        Some("text") => match io.get("text") {
+                            Some(Value::String(t)) => parts.push(Part::Text(t.clone())),
+                            Some(other) => return Err(wrong_type(&format!("{}.text", pp), "a string", other)),
+                            None => return Err(ApiError::invalid(format!("{}.text", pp), "missing_required_parameter", format!("{}.text is required", pp))),
+                        },
+                        Some("image_url") => {
+                            if role != Speaker::User {
+                                return Err(ApiError::invalid(pp, "invalid_value", "images are only accepted in user messages"));
+                            }
+                            let up = format!("{}.image_url", pp);
+                            let url = match io.get("image_url") {
+                                Some(Value::String(u)) => u.clone(),
+                                Some(Value::Object(uo)) => match uo.get("url") {
+                                    Some(Value::String(u)) => u.clone(),
+                                    Some(other) => return Err(wrong_type(&format!("{}.url", up), "a string", other)),
+                                    None => return Err(ApiError::invalid(format!("{}.url", up), "missing_required_parameter", format!("{}.url is required", up))),
+                                },
+                                Some(other) => return Err(wrong_type(&up, "an object with a url", other)),
+                                None => return Err(ApiError::invalid(up.clone(), "missing_required_parameter", format!("{} is required", up))),
+                            };
+                            images += 1;
+                            if images > limits.max_images {
+                                return Err(ApiError::invalid(up, "too_many_images", format!("at most {} images per request are allowed", limits.max_images)));
+                            }
+                            parts.push(Part::Image { url, param: up });
+                        }
+                        Some(other) => {
+                            return Err(ApiError::invalid(
+                                format!("{}.type", pp),
+                                "unsupported_value",
+                                format!("content part type '{}' is not supported (text and image_url are)", other.chars().take(40).collect::<String>()),
+                            ))
+                        }
+                        None => return Err(ApiError::invalid(format!("{}.type", pp), "missing_required_parameter", format!("{}.type is required", pp))),
+                    }
+                }
+                parts
+            }
+            Some(other) => return Err(wrong_type(&cp, "a string or an array of content parts", other)),
+        };
+        out.push(ChatMessage { role, parts });
+    }
+    Ok(out)
+}
+
+/// The usage object.
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// A whole (non-streamed) completion.
+pub fn completion(id: &str, created: u64, model: &str, content: &str, finish_reason: &str, prompt: usize, completion_tokens: usize) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason, "logprobs": null}],
+        "usage": usage(prompt, completion_tokens),
+    })
+}
+
+/// One stream chunk with a delta (`{"role": ...}` or `{"content": ...}`) and an optional
+/// finish reason.
+pub fn chunk(id: &str, created: u64, model: &str, delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": null}],
+    })
+}
+
+/// The last chunk of a stream with `include_usage`: no choices, the usage.
+pub fn usage_chunk(id: &str, created: u64, model: &str, prompt: usize, completion_tokens: usize) -> Value {
+    json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage(prompt, completion_tokens)})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<ChatRequest, ApiError> {
+        parse_chat_request(s.as_bytes(), &ParseLimits::default())
+    }
+
+    #[test]
+    fn parses_text_and_image_parts_in_order() {
+        let r = parse(
+            r#"{"model":"m","messages":[{"role":"system","content":"Be brief."},
+              {"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}},{"type":"text","text":"b"}]}],
+              "max_tokens":5,"max_completion_tokens":7,"temperature":0,"top_k":-1,"seed":-3,"stop":"x","stream":true,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages.len(), 2);
+        assert_eq!(r.messages[1].parts, vec![Part::Text("a".into()), Part::Image { url: "data:x".into(), param: "messages[1].content[1].image_url".into() }, Part::Text("b".into())]);
+        assert_eq!((r.max_tokens, r.temperature, r.top_k, r.seed), (Some(7), Some(0.0), Some(0), Some((-3i64) as u64)));
+        assert!(r.stream && r.include_usage && r.stop == ["x"]);
+    }
+
+    #[test]
+    fn errors_name_the_parameter() {
+        let e = |s: &str| parse(s).unwrap_err();
+        let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+        assert_eq!(e("{nope").code, "invalid_json");
+        assert_eq!(e("[]").code, "invalid_json");
+        assert_eq!(e("{}").param.as_deref(), Some("messages"));
+        assert_eq!(e(r#"{"messages":[]}"#).param.as_deref(), Some("messages"));
+        assert_eq!(e(&format!("{{{},\"temperature\":\"hot\"}}", m)).code, "invalid_type");
+        assert_eq!(e(&format!("{{{},\"temperature\":3}}", m)).param.as_deref(), Some("temperature"));
+        assert_eq!(e(&format!("{{{},\"top_p\":0}}", m)).param.as_deref(), Some("top_p"));
+        assert_eq!(e(&format!("{{{},\"n\":2}}", m)).param.as_deref(), Some("n"));
+        assert_eq!(e(&format!("{{{},\"max_tokens\":0}}", m)).param.as_deref(), Some("max_tokens"));
+        assert_eq!(e(&format!("{{{},\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}}", m)).param.as_deref(), Some("stop"));
+        assert_eq!(e(r#"{"messages":[{"role":"tool","content":"x"}]}"#).param.as_deref(), Some("messages[0].role"));
+        assert_eq!(e(r#"{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}"#).param.as_deref(), Some("messages[0].content[0].type"));
+        assert_eq!(e(r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":5}}]}]}"#).param.as_deref(), Some("messages[0].content[0].image_url.url"));
+        let many: Vec<String> = (0..9).map(|_| r#"{"type":"image_url","image_url":"data:x"}"#.to_string()).collect();
+        let err = e(&format!(r#"{{"messages":[{{"role":"user","content":[{}]}}]}}"#, many.join(",")));
+        assert_eq!((err.status, err.code), (400, "too_many_images"));
+        assert!(err.to_json()["error"]["message"].as_str().unwrap().contains("at most 8"));
+    }
+}

@@ -1,0 +1,113 @@
+//! A checked request to what the model reads: images fetched and preprocessed, messages
+//! rendered with Qwen3-VL's chat template (text and images in their order), the token ids,
+//! and the token budget, each limit answered with a 400 that names it.
+
+use super::images::{self, ImagePolicy, PreparedImage};
+use super::openai::{ApiError, ChatRequest, Part, Speaker};
+use crate::generate::chat::{render_turn_parts, Content, Role, GENERATION_PROMPT};
+use crate::Tokenizer;
+
+/// Token limits of the server.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenLimits {
+    /// Most prompt tokens (image tokens included).
+    pub max_prompt: usize,
+    /// Most tokens to generate; also the default when a request sets none.
+    pub max_output: usize,
+    /// The model's context (max_position_embeddings): prompt + output must fit.
+    pub context: usize,
+}
+
+/// What the model thread needs of one request.
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub images: Vec<PreparedImage>,
+    pub max_tokens: usize,
+}
+
+/// Fetches and preprocesses the images, renders and tokenizes the conversation, and fixes the
+/// output budget. With `slots`, images are decoded only while holding one.
+pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>) -> Result<Prompt, ApiError> {
+    // 1. images, in order of appearance: their token counts from their headers first (a
+    // request that cannot fit is refused before decoding anything), then the pixels
+    let mut encoded = Vec::new();
+    let mut predicted = 0usize;
+    for m in &req.messages {
+        for p in &m.parts {
+            if let Part::Image { url, param } = p {
+                let bytes = images::fetch(url, param, policy)?;
+                predicted = predicted.saturating_add(images::predicted_tokens(&bytes, param, policy)?);
+                if predicted > limits.max_prompt {
+                    return Err(ApiError::invalid(
+                        param.clone(),
+                        "context_length_exceeded",
+                        format!("the images up to {} take {} tokens, more than this server's prompt limit of {}", param, predicted, limits.max_prompt),
+                    ));
+                }
+                encoded.push((bytes, param));
+            }
+        }
+    }
+    let mut prepared = Vec::new();
+    if !encoded.is_empty() {
+        let _slot = slots.map(|s| s.take());
+        for (bytes, param) in &encoded {
+            prepared.push(images::prepare(bytes, param, policy)?);
+        }
+    }
+    drop(encoded);
+    // 2. the template
+    let mut text = String::new();
+    let mut next_image = prepared.iter();
+    for m in &req.messages {
+        let role = match m.role {
+            Speaker::System => Role::System,
+            Speaker::User => Role::User,
+            Speaker::Assistant => Role::Assistant,
+        };
+        let parts: Vec<Content<'_>> = m
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => Content::Text(t),
+                Part::Image { .. } => Content::Image(next_image.next().map_or(0, |i| i.tokens)),
+            })
+            .collect();
+        text.push_str(&render_turn_parts(role, &parts));
+    }
+    text.push_str(GENERATION_PROMPT);
+    // 3. tokens: the image placeholders must be exactly the images'
+    let ids = tok.encode(&text);
+    let placeholders = ids.iter().filter(|&&t| t == image_token).count();
+    let image_tokens: usize = prepared.iter().map(|i| i.tokens).sum();
+    if placeholders != image_tokens {
+        return Err(ApiError::invalid("messages", "invalid_value", "the message text contains <|image_pad|> tokens; images must be sent as image_url parts"));
+    }
+    if ids.len() > limits.max_prompt {
+        return Err(ApiError::invalid(
+            "messages",
+            "context_length_exceeded",
+            format!("the prompt is {} tokens ({} of them for images), more than this server's limit of {}", ids.len(), image_tokens, limits.max_prompt),
+        ));
+    }
+    // 4. the output budget
+    let room = limits.context.saturating_sub(ids.len());
+    let max_tokens = match req.max_tokens {
+        Some(n) if n > limits.max_output => {
+            return Err(ApiError::invalid("max_tokens", "invalid_value", format!("max_tokens is {}; this server generates at most {} tokens per request", n, limits.max_output)));
+        }
+        Some(n) if n > room => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                "context_length_exceeded",
+                format!("the prompt of {} tokens plus max_tokens {} exceeds the model's context of {} tokens", ids.len(), n, limits.context),
+            ));
+        }
+        Some(n) => n,
+        None => limits.max_output.min(room),
+    };
+    if max_tokens == 0 {
+        return Err(ApiError::invalid("messages", "context_length_exceeded", format!("the prompt of {} tokens leaves no room in the model's context of {}", ids.len(), limits.context)));
+    }
+    Ok(Prompt { ids, images: prepared, max_tokens })
+}

@@ -1,0 +1,368 @@
+//! Hostile input for every parser that reads outside data: safetensors headers and shard
+//! indexes, config.json, generation_config.json, preprocessor_config.json, tokenizer.json,
+//! the image decoders, HTTP request framing and chat-completions JSON bodies (images
+//! included), and stop strings.
+//!
+//! Each target mutates real seed files (bit flips, interesting bytes and integers, inserted
+//! tokens, cut and duplicated ranges, and, for JSON, values replaced by hostile ones: huge or
+//! negative numbers, wrong types, deep nesting, long strings) and checks that the parser
+//! returns (Ok or Err) without panicking, within a time limit, and without any single
+//! allocation above `ALLOC_CAP`: this binary's global allocator refuses larger ones, printing
+//! the size and each target's current input number (the process then aborts, so a size taken
+//! from unchecked input cannot pass unnoticed).
+//!
+//! CI runs a bounded number of inputs per target (see `default_inputs`); set
+//! `QWEN3_VL_FUZZ_INPUTS=N` for a longer run and `QWEN3_VL_FUZZ_SEED` for other inputs. A
+//! failing input is written under `target/fuzz-failures/` and the message says how to replay.
+
+mod common;
+
+use qwen3_vl::generation_config::GenerationDefaults;
+use qwen3_vl::image::{decode_image_limited, preprocess, PreprocessConfig};
+use qwen3_vl::model::{Checkpoint, Config};
+use qwen3_vl::server::http::{Connection, Limits};
+use qwen3_vl::server::images::ImagePolicy;
+use qwen3_vl::server::openai::{parse_chat_request, ParseLimits};
+use qwen3_vl::server::prompt::{self, TokenLimits};
+use qwen3_vl::server::stop::StopMatcher;
+use qwen3_vl::Tokenizer;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[path = "fuzz/harness.rs"]
+mod harness;
+use harness::{fuzz, inputs, mutate_bytes, mutate_json};
+
+fn root() -> PathBuf {
+    common::repo_root()
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// A scratch file path for this process and `name`.
+fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("qwen3-vl-fuzz-{}-{}", std::process::id(), name))
+}
+
+// ---------------------------------------------------------------------------------------
+// the targets
+
+#[test]
+fn fuzz_safetensors_headers() {
+    // the tied_gqa checkpoint; mutations mostly hit its header (8-byte length + JSON)
+    let file = std::fs::read(root().join("tests/fixtures/text/tied_gqa/model.safetensors")).unwrap();
+    let header_end = 8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let path = scratch("model.safetensors");
+    let header: Value = serde_json::from_slice(&file[8..header_end]).unwrap();
+    let file = Arc::new(file);
+    let f2 = Arc::clone(&file);
+    fuzz(
+        0,
+        inputs(1500),
+        move |rng| {
+            let data = &f2[header_end..];
+            let head = match rng.below(3) {
+                0 => mutate_bytes(&f2[..header_end], rng),
+                1 => {
+                    let h = mutate_json(&header, rng);
+                    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+                    out.extend_from_slice(&h);
+                    out
+                }
+                _ => return mutate_bytes(&f2, rng), // whole-file changes: truncation mostly
+            };
+            [head, data.to_vec()].concat()
+        },
+        move |bytes| {
+            std::fs::write(&path, bytes).unwrap();
+            if let Ok(ck) = Checkpoint::from_files(&[path.clone()]) {
+                let _ = ck.total_bytes();
+                for name in ck.names().take(3).map(String::from).collect::<Vec<_>>() {
+                    let _ = ck.read_f32(&name, &[4, 4]);
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_shard_index() {
+    let src = root().join("tests/fixtures/text/untied_mha");
+    let dir = scratch("shards");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().map_or(false, |x| x == "safetensors") {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let index = read_json(&src.join("model.safetensors.index.json"));
+    fuzz(
+        1,
+        inputs(1000),
+        move |rng| if rng.chance(3) { mutate_bytes(&serde_json::to_vec(&index).unwrap(), rng) } else { mutate_json(&index, rng) },
+        move |bytes| {
+            std::fs::write(dir.join("model.safetensors.index.json"), bytes).unwrap();
+            let _ = Checkpoint::open(&dir);
+        },
+    );
+}
+
+#[test]
+fn fuzz_config_json() {
+    let seeds: Vec<Value> = ["text/tied_gqa", "text/untied_mha", "text/fullvocab", "vision/tiny"].iter().map(|d| read_json(&root().join("tests/fixtures").join(d).join("config.json"))).collect();
+    fuzz(
+        2,
+        inputs(3000),
+        move |rng| {
+            let s = &seeds[rng.below(seeds.len())];
+            if rng.chance(3) {
+                mutate_bytes(&serde_json::to_vec_pretty(s).unwrap(), rng)
+            } else {
+                mutate_json(s, rng)
+            }
+        },
+        |bytes| {
+            let _ = Config::from_json(&String::from_utf8_lossy(bytes), "config.json");
+        },
+    );
+}
+
+#[test]
+fn fuzz_generation_config_json() {
+    let seed = json!({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643], "pad_token_id": 151643, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.0, "transformers_version": "4.57.0"});
+    fuzz(
+        3,
+        inputs(3000),
+        move |rng| if rng.chance(3) { mutate_bytes(&serde_json::to_vec(&seed).unwrap(), rng) } else { mutate_json(&seed, rng) },
+        |bytes| {
+            if let Ok(g) = GenerationDefaults::from_json(&String::from_utf8_lossy(bytes), "generation_config.json") {
+                assert!(g.params.temperature.is_finite() && g.params.top_p > 0.0 && g.params.top_p <= 1.0 && g.params.repetition_penalty > 0.0, "{:?}", g.params);
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_preprocessor_config_and_preprocessing() {
+    let seed = read_json(&root().join("tests/fixtures/vision/tiny/preprocessor_config.json"));
+    let img = qwen3_vl::image::load_image(&root().join("tests/fixtures/vision/b_50x70.png")).unwrap();
+    fuzz(
+        4,
+        inputs(2000),
+        move |rng| if rng.chance(3) { mutate_bytes(&serde_json::to_vec(&seed).unwrap(), rng) } else { mutate_json(&seed, rng) },
+        move |bytes| {
+            if let Ok(mut cfg) = PreprocessConfig::from_json_str(&String::from_utf8_lossy(bytes), "preprocessor_config.json") {
+                // as the server and --max-pixels cap it
+                cfg.max_pixels = cfg.max_pixels.min(1 << 20);
+                cfg.min_pixels = cfg.min_pixels.min(cfg.max_pixels);
+                let _ = preprocess(&img, &cfg);
+            }
+        },
+    );
+}
+
+/// A small tokenizer.json cut from the real one: the first 1000 vocabulary entries, the
+/// merges among them, and all added tokens.
+fn small_tokenizer_json() -> Value {
+    let mut t = read_json(&common::server::tokenizer());
+    let vocab: serde_json::Map<String, Value> = t["model"]["vocab"].as_object().unwrap().iter().filter(|(_, id)| id.as_u64().unwrap() < 1000).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let merges: Vec<Value> = t["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            let (a, b) = (m[0].as_str().unwrap(), m[1].as_str().unwrap());
+            vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{}{}", a, b))
+        })
+        .cloned()
+        .collect();
+    t["model"]["vocab"] = Value::Object(vocab);
+    t["model"]["merges"] = Value::Array(merges);
+    t
+}
+
+#[test]
+fn fuzz_tokenizer_json() {
+    let seed = small_tokenizer_json();
+    assert!(Tokenizer::from_json_str(&seed.to_string()).is_ok(), "the small seed tokenizer loads");
+    fuzz(
+        5,
+        inputs(1500),
+        move |rng| if rng.chance(3) { mutate_bytes(&serde_json::to_vec(&seed).unwrap(), rng) } else { mutate_json(&seed, rng) },
+        |bytes| {
+            if let Ok(t) = Tokenizer::from_json_str(&String::from_utf8_lossy(bytes)) {
+                for text in ["Hello, world! 你好 🌍", "<|im_start|>user\n<|image_pad|><|im_end|>", " \t\r\n  x", "'s'll'VE 123456"] {
+                    let ids = t.encode(text);
+                    let _ = t.decode(&ids, false);
+                    let mut d = t.stream_decoder(true);
+                    for id in ids.iter().chain([u32::MAX, 5_000_000].iter()) {
+                        let _ = d.push(*id);
+                    }
+                    let _ = d.finish();
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_tokenizer_json_full_size() {
+    // the real 11 MB file, byte-mutated: few inputs (each parse builds 151k entries)
+    let seed = std::fs::read(common::server::tokenizer()).unwrap();
+    fuzz(
+        6,
+        inputs(12).min(200),
+        move |rng| mutate_bytes(&seed, rng),
+        |bytes| {
+            if let Ok(t) = Tokenizer::from_json_str(&String::from_utf8_lossy(bytes)) {
+                let _ = t.decode(&t.encode("Hello <|im_end|> world"), false);
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_image_decoders() {
+    let dir = root().join("tests/fixtures/images");
+    let mut seeds: Vec<Vec<u8>> = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if matches!(p.extension().and_then(|x| x.to_str()), Some("png" | "jpg" | "webp")) && std::fs::metadata(&p).unwrap().len() < 200_000 {
+            seeds.push(std::fs::read(&p).unwrap());
+        }
+    }
+    seeds.sort();
+    assert!(seeds.len() >= 20);
+    let cfg = PreprocessConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..PreprocessConfig::qwen3_vl_default() };
+    fuzz(
+        7,
+        inputs(3000),
+        move |rng| mutate_bytes(&seeds[rng.below(seeds.len())], rng),
+        move |bytes| {
+            if let Ok(img) = decode_image_limited(bytes, "fuzz", 1 << 20) {
+                assert!(img.width * img.height <= 1 << 20 && img.data.len() == img.width * img.height * 3);
+                let _ = preprocess(&img, &cfg);
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_http_requests() {
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).to_string();
+    let seeds: Vec<Vec<u8>> = vec![
+        format!("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}", body.len(), body).into_bytes(),
+        format!("POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n5\r\n{}\r\n{:x};x=y\r\n{}\r\n0\r\nTrailer: 1\r\n\r\n", &body[..5], body.len() - 5, &body[5..]).into_bytes(),
+        b"GET /health HTTP/1.1\r\n\r\nGET /v1/models HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n".to_vec(),
+    ];
+    let limits = Limits { max_head: 4096, max_body: 64 * 1024, max_headers: 32 };
+    fuzz(
+        8,
+        inputs(5000),
+        move |rng| mutate_bytes(&seeds[rng.below(seeds.len())], rng),
+        move |bytes| {
+            let mut c = Connection::new(bytes);
+            for _ in 0..16 {
+                match c.read_request(&limits, &mut |_| true, &mut || Ok(())) {
+                    Ok(r) => assert!(r.body.len() <= limits.max_body),
+                    Err(_) => break,
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_chat_completion_bodies() {
+    let tok = Arc::new(Tokenizer::from_json_str(&small_tokenizer_json().to_string()).unwrap());
+    let image_token = tok.token_to_id("<|image_pad|>").unwrap();
+    let png = common::server::data_url(&root().join("tests/fixtures/images/gray_30x45.png"), "image/png");
+    let seed = json!({
+        "model": "m", "stream": true, "stream_options": {"include_usage": true}, "max_tokens": 5, "max_completion_tokens": 6,
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 3, "stop": ["a", "b"], "presence_penalty": 0.5, "frequency_penalty": 0.1, "n": 1,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "image_url", "image_url": {"url": png, "detail": "auto"}}, {"type": "text", "text": "this?"}]},
+            {"role": "assistant", "content": "A gradient."},
+            {"role": "user", "content": "Sure?"}
+        ]
+    });
+    let policy = ImagePolicy { allowed_dir: None, max_source_pixels: 1 << 16, max_file_bytes: 1 << 20, preprocess: PreprocessConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..PreprocessConfig::qwen3_vl_default() } };
+    let limits = TokenLimits { max_prompt: 4096, max_output: 64, context: 8192 };
+    fuzz(
+        9,
+        inputs(3000),
+        move |rng| if rng.chance(4) { mutate_bytes(&serde_json::to_vec(&seed).unwrap(), rng) } else { mutate_json(&seed, rng) },
+        move |bytes| {
+            if let Ok(req) = parse_chat_request(bytes, &ParseLimits::default()) {
+                if let Ok(p) = prompt::build(&req, &tok, image_token, &policy, &limits, None) {
+                    assert!(p.max_tokens >= 1 && p.max_tokens <= 64 && p.ids.len() <= 4096);
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_stop_strings() {
+    // random stop strings over random text in random pieces: the released text is the input
+    // up to the first stop string, never more
+    fuzz(
+        10,
+        inputs(3000),
+        |rng| {
+            let alphabet = ["a", "b", "é", "🌍", "\n", "ab"];
+            let text: String = (0..rng.below(60)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
+            let stops: Vec<String> = (0..rng.below(4)).map(|_| (0..1 + rng.below(3)).map(|_| alphabet[rng.below(alphabet.len())]).collect()).collect();
+            serde_json::to_vec(&json!({"text": text, "stops": stops, "cuts": (0..8).map(|_| rng.below(64)).collect::<Vec<_>>()})).unwrap()
+        },
+        |bytes| {
+            let v: Value = serde_json::from_slice(bytes).unwrap();
+            let text = v["text"].as_str().unwrap();
+            let stops: Vec<String> = v["stops"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
+            // the pieces, as generation would deliver them
+            let mut pieces = Vec::new();
+            let mut rest = text;
+            for c in v["cuts"].as_array().unwrap() {
+                let mut at = (c.as_u64().unwrap() as usize).min(rest.len());
+                while !rest.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let (piece, r) = rest.split_at(at);
+                pieces.push(piece);
+                rest = r;
+            }
+            pieces.push(rest);
+            // expected: at the first piece after which a stop string appears, the text up to
+            // the earliest one then present; else all of it
+            let mut expected = (text.to_string(), false);
+            let mut upto = 0;
+            for p in &pieces {
+                upto += p.len();
+                if let Some(at) = stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text[..upto].find(s.as_str())).min() {
+                    expected = (text[..at].to_string(), true);
+                    break;
+                }
+            }
+            let mut m = StopMatcher::new(stops.clone());
+            let (mut out, mut stopped) = (String::new(), false);
+            for p in &pieces {
+                let (t, s) = m.push(p);
+                out.push_str(&t);
+                if s {
+                    stopped = true;
+                    break;
+                }
+            }
+            if !stopped {
+                out.push_str(&m.finish());
+            }
+            assert_eq!((out, stopped), expected, "text {:?}, stops {:?}, pieces {:?}", text, stops, pieces);
+        },
+    );
+}

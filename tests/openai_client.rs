@@ -1,0 +1,51 @@
+//! `qwen3-vl serve` driven by the official `openai` Python package (tests/openai_client.py):
+//! models, whole and streamed greedy replies equal to `generate`'s, an image, max_tokens,
+//! stop, seeds, errors as the client's exceptions, and concurrent async requests.
+//!
+//! The Python is `QWEN3_VL_PYTHON` (default `python3`), with `QWEN3_VL_PYTHONPATH` as its
+//! PYTHONPATH when set (CI installs the package there with `pip install --target`). Without
+//! the `openai` package the test is skipped with a note, unless `QWEN3_VL_EXPECT_OPENAI=1`
+//! (set by CI): then it fails.
+
+mod common;
+
+use common::server::{generate_greedy, image, Server};
+use std::process::Command;
+
+#[test]
+fn the_official_openai_client_works() {
+    let python = std::env::var("QWEN3_VL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(false, |v| v == "1");
+    let py = || {
+        let mut c = Command::new(&python);
+        if let Some(p) = std::env::var_os("QWEN3_VL_PYTHONPATH") {
+            c.env("PYTHONPATH", p);
+        }
+        c
+    };
+    let probe = py().args(["-c", "import openai"]).output();
+    if !probe.as_ref().map_or(false, |o| o.status.success()) {
+        let why = probe.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
+        assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import openai: {}", python, why);
+        eprintln!("the_official_openai_client_works: skipped: {} has no openai package (pip install openai)", python);
+        return;
+    }
+    let img = image("a_64x96.png");
+    let expected = serde_json::json!({
+        "text": generate_greedy("Describe a cat in one sentence.", &[], 12),
+        "image": generate_greedy("What is in this picture?", &[img.clone()], 12),
+    });
+    let s = Server::start(&[]);
+    let out = py()
+        .arg(common::repo_root().join("tests/openai_client.py"))
+        .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
+        .env("QWEN3_VL_EXPECTED", expected.to_string())
+        .env("QWEN3_VL_IMAGE", &img)
+        .output()
+        .expect("run the openai client script");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{}", stdout);
+    assert!(out.status.success(), "openai client checks failed:\n{}\n{}\nserver log:\n{}", stdout, stderr, s.log());
+    assert!(stdout.contains("all openai client checks passed"));
+    s.assert_no_panic();
+}

@@ -2,7 +2,9 @@
 //! (tests/fixtures/vision, made by tools/make_vision_fixtures.py). Every stage is compared so a
 //! failure points at its stage: pixel patches → patch+position embeddings → tower output and
 //! DeepStack features → 3-axis positions → logits → greedy continuation. Runs on the CPU, and
-//! on the GPU when there is one. Tolerance: max |diff| under 1e-3 of the reference's std.
+//! on the GPU when there is one (each kernel module in turn). Tolerance: max |diff| under 1e-3
+//! of the reference's std with f32 arithmetic; the tensor-core module's f16 attention operands
+//! take `common::tower_tolerance` and `common::logits_tolerance`.
 
 mod common;
 
@@ -74,11 +76,11 @@ fn vision_tower_stages_match_transformers() {
                 common::assert_close_to_std(&format!("{} patch+position embedding on {}", name, b.describe()), &got, &tensor(input), 1e-4);
             }
             let out = model.vision.forward(&*b, &x, &g).unwrap();
-            common::assert_close_to_std(&format!("{} image embeds on {}", name, b.describe()), &b.download_f32(&out.embeds).unwrap(), &tensor(&c["image_embeds"]), 1e-3);
+            common::assert_close_to_std(&format!("{} image embeds on {}", name, b.describe()), &b.download_f32(&out.embeds).unwrap(), &tensor(&c["image_embeds"]), common::tower_tolerance(&*b));
             let ds = c["deepstack_embeds"].as_array().unwrap();
             assert_eq!(out.deepstack.len(), ds.len());
             for (k, (got, want)) in out.deepstack.iter().zip(ds).enumerate() {
-                common::assert_close_to_std(&format!("{} deepstack {} on {}", name, k, b.describe()), &b.download_f32(got).unwrap(), &tensor(want), 1e-3);
+                common::assert_close_to_std(&format!("{} deepstack {} on {}", name, k, b.describe()), &b.download_f32(got).unwrap(), &tensor(want), common::tower_tolerance(&*b));
             }
         }
     }
@@ -96,7 +98,7 @@ fn image_prompts_logits_and_greedy_continuations_match_transformers() {
             for kv in common::KV_DTYPES {
                 let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + greedy.len(), kv).unwrap();
                 let logits = s.feed_with_images(&ids, Some(&images)).unwrap();
-                common::assert_close_to_std(&format!("{} last logits on {}, {} cache", name, b.describe(), kv), &logits, &tensor(&c["last_logits"]), common::kv_tolerance(kv));
+                common::assert_close_to_std(&format!("{} last logits on {}, {} cache", name, b.describe(), kv), &logits, &tensor(&c["last_logits"]), common::logits_tolerance(&*b, kv));
                 // greedy decoding continues from the multimodal position offset
                 let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + greedy.len(), kv).unwrap();
                 let mut sampler = Sampler::new(SamplingParams::greedy());
@@ -104,6 +106,52 @@ fn image_prompts_logits_and_greedy_continuations_match_transformers() {
                 assert_eq!(out.tokens, greedy, "{} greedy on {}, {} cache", name, b.describe(), kv);
             }
         }
+    }
+}
+
+#[test]
+fn several_images_in_one_batched_pass_match_image_by_image() {
+    use qwen3_vl::model::VisionOutput;
+    for b in common::backends("batched images") {
+        let model = load(&*b);
+        let c = case("two_images");
+        let (ids, px, g) = (u32s(&c["input_ids"]), tensor(&c["pixel_values"]), grids(&c));
+        assert!(g.len() > 1);
+        let row = 1536;
+        // one pass through the tower with a diagonal block per image
+        let all = model.vision.forward(&*b, &b.upload_f32(&[px.len() / row, row], &px).unwrap(), &g).unwrap();
+        // each image alone, the outputs concatenated in image order
+        let mut at = 0;
+        let (mut embeds, mut deepstack) = (Vec::new(), vec![Vec::new(); all.deepstack.len()]);
+        for grid in &g {
+            let n = grid[0] * grid[1] * grid[2];
+            let one = model.vision.forward(&*b, &b.upload_f32(&[n, row], &px[at * row..(at + n) * row]).unwrap(), &[*grid]).unwrap();
+            embeds.extend(b.download_f32(&one.embeds).unwrap());
+            for (k, f) in one.deepstack.iter().enumerate() {
+                deepstack[k].extend(b.download_f32(f).unwrap());
+            }
+            at += n;
+        }
+        // the same function; only the order of f32 sums (and, on tensor cores, where the f16
+        // probabilities are rounded relative to the running maxima) differs
+        let tol = if common::tensor_cores(&*b) { 2e-3 } else { 1e-5 };
+        let what = |x: &str| format!("{} batched vs one by one on {}", x, b.describe());
+        common::assert_close_to_std(&what("embeds"), &b.download_f32(&all.embeds).unwrap(), &embeds, tol);
+        for (k, f) in all.deepstack.iter().enumerate() {
+            common::assert_close_to_std(&what(&format!("deepstack {}", k)), &b.download_f32(f).unwrap(), &deepstack[k], tol);
+        }
+        // and the prompt's logits from either
+        let shape = all.embeds.shape().to_vec();
+        let separate = VisionOutput {
+            embeds: b.upload_f32(&shape, &embeds).unwrap(),
+            deepstack: deepstack.iter().map(|f| b.upload_f32(&shape, f).unwrap()).collect(),
+        };
+        // (an f32 cache: with an f16 one, inputs a rounding apart can round to f16 neighbours)
+        let mut s = Session::with_kv_dtype(&model, &*b, ids.len(), qwen3_vl::DType::F32).unwrap();
+        let want = s.feed_with_images(&ids, Some(&Images { patches: &px, row_len: row, grids: &g })).unwrap();
+        let mut s = Session::with_kv_dtype(&model, &*b, ids.len(), qwen3_vl::DType::F32).unwrap();
+        let got = s.feed_encoded(&ids, &g, Some(&separate)).unwrap();
+        common::assert_close_to_std(&what("last logits"), &got, &want, tol * 10.0);
     }
 }
 

@@ -28,6 +28,10 @@ pub mod attention;
 #[cfg(target_os = "cuda")]
 pub mod embedding;
 #[cfg(target_os = "cuda")]
+pub mod flash;
+#[cfg(all(target_os = "cuda", feature = "sm80"))]
+pub mod flash_mma;
+#[cfg(target_os = "cuda")]
 pub mod gemv;
 #[cfg(target_os = "cuda")]
 pub mod matmul;

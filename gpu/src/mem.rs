@@ -188,3 +188,14 @@ impl KvVec8 for crate::math::F16 {
         [a, b, c, d, e, f, g, h]
     }
 }
+
+/// `2^x` (`ex2.approx.ftz.f32`: relative error about 2^-22; `-inf` gives 0), the exponential of
+/// the flash kernels, whose scores are pre-multiplied by log2(e).
+#[inline(always)]
+pub fn ex2(x: f32) -> f32 {
+    let y: u32;
+    unsafe {
+        core::arch::asm!("ex2.approx.ftz.f32 {}, {};", out(reg32) y, in(reg32) x.to_bits(), options(pure, nomem, nostack));
+    }
+    f32::from_bits(y)
+}

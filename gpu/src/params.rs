@@ -180,6 +180,140 @@ pub mod attention_tile {
     pub const MAX_PER_LANE: usize = 8;
 }
 
+/// Tiled (flash) attention of `q [t, heads, d]` over `k`, `v` `[cap, kv_heads, d]`: the
+/// `flash_attention_*` kernels (SIMT, compute_61) and `flash_attention_mma_*` (tensor cores,
+/// compute_80). A block owns a tile of query vectors of one KV head — the vectors of a row are its
+/// `heads / kv_heads` query heads of that group, so every K/V tile staged in shared memory serves
+/// the whole group — and streams the visible key tiles through shared memory.
+///
+/// Which keys a query row sees: keys below `kv_len` (or, with `cursor`, up to `cap`); when
+/// `causal`, up to its own position (`q_pos0 + row`, or `cursor[row].row`); with `mask`, only the
+/// key blocks its query block may see ([`block_mask`]). A row that sees no key gets zeros.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FlashParams {
+    /// `[t, heads, d]` f32 queries.
+    pub q: u64,
+    /// `[cap, kv_heads, d]` of the kernel's dtype.
+    pub k: u64,
+    pub v: u64,
+    /// `[t, heads, d]` f32.
+    pub out: u64,
+    /// `[t, CURSOR_FIELDS]` u32 decode cursor, or 0: when set, causal row `i` sees keys
+    /// `0 ..= min(cursor[i].row, cap - 1)`, and `kv_len`, `q_pos0` are not read.
+    pub cursor: u64,
+    /// A packed block mask ([`block_mask`]) on the device, or 0 for none.
+    pub mask: u64,
+    /// `[t, d / 2]` f32 rotary tables applied to the queries as they are loaded (rotate-half,
+    /// `crate::math::rope_pair`), or 0 for none.
+    pub cos: u64,
+    pub sin: u64,
+    pub t: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub d: u32,
+    pub kv_len: u32,
+    /// Key position of query row 0 (causal, without a cursor).
+    pub q_pos0: u32,
+    /// 1: causal.
+    pub causal: u32,
+    /// Rows the K/V buffers hold.
+    pub cap: u32,
+    /// Multiplier of the scores (the kernels fold it, times log2(e), into the queries).
+    pub scale: f32,
+    pub _pad: u32,
+}
+
+/// The packed block mask of block-sparse attention, one u32 array: `[nqb, nkb, q_bounds
+/// (nqb + 1), k_bounds (nkb + 1), allowed bits]`. Query rows `q_bounds[i] .. q_bounds[i + 1]`
+/// form query block `i` (cu_seqlens style: `q_bounds` starts at 0, never decreases and ends at
+/// `t`), keys likewise with `k_bounds` (ending at `kv_len`); bit `qb · nkb + kb` of the bit words
+/// (bit `n % 32` of word `n / 32`) says whether query block `qb` sees key block `kb`.
+pub mod block_mask {
+    /// Words before `q_bounds`.
+    pub const HEADER: usize = 2;
+
+    /// Index of the first `k_bounds` word.
+    pub const fn k_bounds_at(nqb: usize) -> usize {
+        HEADER + nqb + 1
+    }
+
+    /// Index of the first word of allowed bits.
+    pub const fn bits_at(nqb: usize, nkb: usize) -> usize {
+        HEADER + nqb + 1 + nkb + 1
+    }
+
+    /// The whole array's length in words.
+    pub const fn words(nqb: usize, nkb: usize) -> usize {
+        bits_at(nqb, nkb) + (nqb * nkb + 31) / 32
+    }
+
+    /// (query block, key block) pairs a kernel checks to classify one tile; a tile that touches
+    /// more is taken as partly visible (checked per element) without looking further.
+    pub const MAX_TILE_PAIRS: usize = 64;
+}
+
+/// Tile shape of the SIMT `flash_attention_d{64,128}_*` kernels. A row group of `TX = D / 8`
+/// lanes holds `ROWS` (4) query vectors; lane `x` of a group holds dims `4x .. 4x + 4` and
+/// `4x + 4 TX .. 4x + 4 TX + 4` of each (8 dims: the queries and the output accumulators stay in
+/// registers). Warps per block: `WARPS`; vectors per block: `WARPS · (32 / TX) · ROWS`.
+pub mod flash_tile {
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Query vectors of one row group.
+    pub const ROWS: usize = 4;
+    /// Keys per tile staged in shared memory (K and V, f32).
+    pub const BN: usize = 32;
+    /// Keys per QK step (scored together, then reduced across the group's lanes).
+    pub const CHUNK: usize = 8;
+    /// Query vectors per block for head-dim class `dc` (64 or 128).
+    pub const fn vectors(dc: usize) -> usize {
+        WARPS as usize * (32 / (dc / 8)) * ROWS
+    }
+    /// Floats of one row group's probability tile: `BN` keys × `ROWS`, padded by 4 so that the
+    /// row groups of a warp read different banks.
+    pub const P_STRIDE: usize = BN * ROWS + 4;
+    /// Dynamic shared memory of a block for head-dim class `dc`: the K and V tiles (`BN × dc`
+    /// f32 each) and the probability tiles of its row groups.
+    pub const fn smem_bytes(dc: usize) -> usize {
+        4 * (2 * BN * dc + vectors(dc) / ROWS * P_STRIDE)
+    }
+}
+
+/// Tile shape of the tensor-core `flash_attention_mma_d{64,128}_*` kernels: each warp owns 16
+/// query vectors (one m16 tile), `WARPS` warps per block, key tiles of `BN` keys staged in shared
+/// memory as f16 (`cp.async` straight from an f16 cache).
+pub mod flash_mma_tile {
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Query vectors per block.
+    pub const BM: usize = 16 * WARPS as usize;
+    /// Keys per tile.
+    pub const BN: usize = 64;
+}
+
+/// The flash kernels take head dims up to this (in two classes: up to 64, up to 128); larger
+/// ones use the one-warp-per-row `attention_*` kernels.
+pub const FLASH_MAX_D: usize = 128;
+
+/// `out[r, h, :] = f16(rope(x[r, h, :]))` (or without rotation when `cos` is 0): keys rotated and
+/// keys and values narrowed for the tensor-core attention.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RopeCastParams {
+    /// `[rows, heads, d]` f32.
+    pub x: u64,
+    /// `[rows, d / 2]` f32 rotary tables, or 0 for none.
+    pub cos: u64,
+    pub sin: u64,
+    /// `[rows, heads, d]` f16 bits.
+    pub out: u64,
+    pub rows: u32,
+    pub heads: u32,
+    pub d: u32,
+    pub _pad: u32,
+}
+
 /// Tile sizes of `matmul_*`, shared with the host launcher.
 pub mod matmul_tile {
     /// Rows of `c` per block.

@@ -16,7 +16,7 @@
 use crate::math::{mrope_axis, rms_scale, rope_pair, F16};
 use crate::mem::KvElem;
 use crate::params::qkv_rope_tile::{MAX_D, WARPS};
-use crate::params::{QkvRopeParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
+use crate::params::{QkvRopeParams, RopeCastParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
 use crate::reduce::warp_sum;
 use cuda_std::{kernel, shared_array, thread, warp, GpuFloat};
 
@@ -36,6 +36,31 @@ pub unsafe fn rope_f32(p: RopeParams) {
         let (a, b) = rope_pair(*x.add(base + i), *x.add(base + i + half), *cos.add(i), *sin.add(i));
         *out.add(base + i) = a;
         *out.add(base + i + half) = b;
+        pair += thread::block_dim_x() as usize;
+    }
+}
+
+/// # `rope_cast_f16` ([`RopeCastParams`])
+/// `out = f16(rope(x))` (rotate-half with the row's `cos`/`sin`, as `rope_f32`), or `f16(x)` when
+/// `cos` is 0: the vision tower's keys rotated and narrowed, and its values narrowed, for the
+/// tensor-core attention, in one pass each. One block of `ROW_THREADS` per row; threads stride
+/// over the row's `heads · d/2` pairs. No barriers.
+#[kernel]
+pub unsafe fn rope_cast_f16(p: RopeCastParams) {
+    let r = thread::block_idx_x() as usize;
+    let (heads, d) = (p.heads as usize, p.d as usize);
+    let half = d / 2;
+    let x = (p.x as *const f32).add(r * heads * d);
+    let out = (p.out as *mut F16).add(r * heads * d);
+    let (cos, sin) = ((p.cos as *const f32).add(r * half), (p.sin as *const f32).add(r * half));
+    let mut pair = thread::thread_idx_x() as usize;
+    while pair < heads * half {
+        let (h, i) = (pair / half, pair % half);
+        let base = h * d;
+        let (x1, x2) = (*x.add(base + i), *x.add(base + i + half));
+        let (a, b) = if p.cos != 0 { rope_pair(x1, x2, *cos.add(i), *sin.add(i)) } else { (x1, x2) };
+        F16::store(out.add(base + i), a);
+        F16::store(out.add(base + i + half), b);
         pair += thread::block_dim_x() as usize;
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::model::rope::{mrope_tables, Pos3};
 use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
-use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
+use gpu::params::{block_mask, CURSOR_FIELDS, CURSOR_ROW};
 
 /// Device memory accounting (all zero on the CPU backend).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,6 +38,164 @@ pub struct AttnParams {
     pub causal: bool,
     /// Multiplier of the scores, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+}
+
+/// A block mask for [`Backend::attention_block_sparse`]: query rows cut into blocks at
+/// `q_bounds` (cu_seqlens style: `0 = b_0 <= b_1 <= ... <= b_n = rows`), keys at `k_bounds`, and
+/// for each (query block, key block) whether the one sees the other. Kernels skip the key tiles
+/// a query tile's blocks may not see instead of masking them after the fact. The mask lives on
+/// the host (for the composite path) and, packed as `gpu::params::block_mask` describes, on the
+/// backend it was made for, so a model builds it once and every layer reuses it.
+#[derive(Clone, Debug)]
+pub struct BlockMask {
+    q_bounds: Vec<usize>,
+    k_bounds: Vec<usize>,
+    allowed: Vec<bool>,
+    packed: Tensor,
+}
+
+impl BlockMask {
+    /// Checks the bounds (start at 0, never decrease, at least one block each, every value a
+    /// u32) and `allowed` (`nqb · nkb` entries, row-major by query block), and uploads the packed
+    /// form to `b`.
+    pub fn new(b: &dyn Backend, q_bounds: &[usize], k_bounds: &[usize], allowed: &[bool]) -> Result<BlockMask> {
+        const OP: &str = "block mask";
+        let bad = |msg: String| Error::Limit { op: OP, msg };
+        for (what, bounds) in [("query", q_bounds), ("key", k_bounds)] {
+            if bounds.len() < 2 || bounds[0] != 0 || bounds.windows(2).any(|w| w[1] < w[0]) || *bounds.last().unwrap_or(&0) > u32::MAX as usize {
+                return Err(bad(format!("{} bounds {:?} must start at 0, never decrease and make at least one block", what, bounds)));
+            }
+        }
+        let (nqb, nkb) = (q_bounds.len() - 1, k_bounds.len() - 1);
+        if allowed.len() != nqb * nkb {
+            return Err(bad(format!("{} allowed flags for {} x {} blocks", allowed.len(), nqb, nkb)));
+        }
+        let mut packed = vec![0u32; block_mask::words(nqb, nkb)];
+        packed[0] = nqb as u32;
+        packed[1] = nkb as u32;
+        for (i, &x) in q_bounds.iter().enumerate() {
+            packed[block_mask::HEADER + i] = x as u32;
+        }
+        for (i, &x) in k_bounds.iter().enumerate() {
+            packed[block_mask::k_bounds_at(nqb) + i] = x as u32;
+        }
+        let bits = block_mask::bits_at(nqb, nkb);
+        for (n, _) in allowed.iter().enumerate().filter(|(_, &a)| a) {
+            packed[bits + n / 32] |= 1 << (n % 32);
+        }
+        let packed = b.upload_u32(&[packed.len()], &packed)?;
+        Ok(BlockMask { q_bounds: q_bounds.to_vec(), k_bounds: k_bounds.to_vec(), allowed: allowed.to_vec(), packed })
+    }
+
+    /// One diagonal block per segment of `lens` rows (images, or frames): rows see the keys of
+    /// their own segment only. Segments may not be empty.
+    pub fn block_diagonal(b: &dyn Backend, lens: &[usize]) -> Result<BlockMask> {
+        if lens.is_empty() || lens.contains(&0) {
+            return Err(Error::Limit { op: "block mask", msg: format!("segments {:?} must be non-empty", lens) });
+        }
+        let bounds: Vec<usize> = std::iter::once(0).chain(lens.iter().scan(0, |s, &l| {
+            *s += l;
+            Some(*s)
+        })).collect();
+        let n = lens.len();
+        let allowed: Vec<bool> = (0..n * n).map(|i| i / n == i % n).collect();
+        BlockMask::new(b, &bounds, &bounds, &allowed)
+    }
+
+    /// Query rows the mask covers.
+    pub fn rows(&self) -> usize {
+        *self.q_bounds.last().unwrap_or(&0)
+    }
+
+    /// Keys the mask covers.
+    pub fn keys(&self) -> usize {
+        *self.k_bounds.last().unwrap_or(&0)
+    }
+
+    pub fn q_bounds(&self) -> &[usize] {
+        &self.q_bounds
+    }
+
+    pub fn k_bounds(&self) -> &[usize] {
+        &self.k_bounds
+    }
+
+    /// Whether query block `qb` sees key block `kb`.
+    pub fn allowed(&self, qb: usize, kb: usize) -> bool {
+        self.allowed[qb * (self.k_bounds.len() - 1) + kb]
+    }
+
+    /// Whether query row `row` sees key `key`.
+    pub fn sees(&self, row: usize, key: usize) -> bool {
+        let block = |bounds: &[usize], x: usize| bounds[1..].iter().position(|&b| x < b);
+        match (block(&self.q_bounds, row), block(&self.k_bounds, key)) {
+            (Some(qb), Some(kb)) => self.allowed(qb, kb),
+            _ => false,
+        }
+    }
+
+    /// The packed mask on the backend it was made for (`[words]` u32).
+    pub fn packed(&self) -> &Tensor {
+        &self.packed
+    }
+}
+
+/// The composite body of [`Backend::attention_block_sparse`] (the CPU path and the test oracle),
+/// for overrides that fall back to it: per query block, the allowed key blocks' rows (gathered
+/// when they are not one run) and one dense [`Backend::attention`]; rows that see no key stay
+/// zero. Rotates q and k first when `rope` is given.
+pub fn attention_block_sparse_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    let (t, heads, kv_heads, d) = ops::block_sparse_dims(q, k, v, mask, rope)?;
+    let (q, k) = match rope {
+        Some((cos, sin)) => (b.rope(q, cos, sin)?, b.rope(k, cos, sin)?),
+        None => (q.clone(), k.clone()),
+    };
+    let full = |kv_len| AttnParams { kv_len, q_pos0: 0, causal: false, scale };
+    let (nqb, nkb) = (mask.q_bounds.len() - 1, mask.k_bounds.len() - 1);
+    if nqb == 1 && nkb == 1 && mask.allowed[0] {
+        return b.attention(&q, &k, v, full(mask.keys()));
+    }
+    // keys and values as f32 rows that can be gathered
+    let widen = |x: &Tensor| -> Result<Tensor> {
+        match x.dtype() {
+            DType::F16 => b.upload_f32(x.shape(), &b.download_half(x)?.iter().map(|&h| gpu::math::f16_to_f32(h)).collect::<Vec<_>>()),
+            _ => Ok(x.clone()),
+        }
+    };
+    let (k, v) = (widen(&k)?, widen(v)?);
+    let mut out = b.zeros(&[t, heads, d])?;
+    for qb in 0..nqb {
+        let (r0, r1) = (mask.q_bounds[qb], mask.q_bounds[qb + 1]);
+        // the allowed key blocks as runs of consecutive keys
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for kb in (0..nkb).filter(|&kb| mask.allowed(qb, kb)) {
+            let (k0, k1) = (mask.k_bounds[kb], mask.k_bounds[kb + 1]);
+            match runs.last_mut() {
+                Some(last) if last.1 == k0 => last.1 = k1,
+                _ if k1 > k0 => runs.push((k0, k1)),
+                _ => {}
+            }
+        }
+        let n: usize = runs.iter().map(|r| r.1 - r.0).sum();
+        if r1 == r0 || n == 0 {
+            continue;
+        }
+        let (ks, vs) = if runs.len() == 1 {
+            (b.take_rows(&k, runs[0].0, n)?, b.take_rows(&v, runs[0].0, n)?)
+        } else {
+            let (mut ks, mut vs) = (b.zeros(&[n, kv_heads, d])?, b.zeros(&[n, kv_heads, d])?);
+            let mut at = 0;
+            for &(k0, k1) in &runs {
+                b.write_rows(&mut ks, at, &b.take_rows(&k, k0, k1 - k0)?)?;
+                b.write_rows(&mut vs, at, &b.take_rows(&v, k0, k1 - k0)?)?;
+                at += k1 - k0;
+            }
+            (ks, vs)
+        };
+        let o = b.attention(&b.take_rows(&q, r0, r1 - r0)?, &ks, &vs, full(n))?;
+        b.write_rows(&mut out, r0, &o)?;
+    }
+    Ok(out)
 }
 
 /// The shape of a decoder layer's fused QKV step ([`Backend::qkv_rope_append`]).
@@ -273,6 +431,17 @@ pub trait Backend: Send + Sync {
         let t = cur.len() / CURSOR_FIELDS;
         let row0 = if t == 0 { 0 } else { cur[CURSOR_ROW] as usize };
         self.attention(q, k_cache, v_cache, AttnParams { kv_len: row0 + t, q_pos0: row0, causal: true, scale })
+    }
+
+    /// Block-sparse attention (non-causal): `q [t, heads, d]` against `k`, `v`
+    /// `[kv_len, kv_heads, d]` (f32 or f16), query row `i` seeing key `j` when `mask` lets the
+    /// block of `i` see the block of `j` (`mask` made for this backend, `mask.rows() == t`,
+    /// `mask.keys() == kv_len`); a row that sees no key gets zeros. With `rope = Some((cos,
+    /// sin))`, `[t, d / 2]` f32 tables, q and k (f32, `t == kv_len`) are rotated first
+    /// (rotate-half, as [`Backend::rope`]): the vision tower's 2-D rotary embedding, which a
+    /// device applies as it loads them. Returns `[t, heads, d]`.
+    fn attention_block_sparse(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+        attention_block_sparse_composite(self, q, k, v, mask, scale, rope)
     }
 
     /// Picks the next token of each row of `logits [rows, vocab]` as `s` says, writes the ids to

@@ -138,6 +138,15 @@ kernel_table! {
     SampleTopkF32 = "sample_topk_f32" @ Compute61,
     SamplePickF32 = "sample_pick_f32" @ Compute61,
     CastF16F32 = "cast_f16_f32" @ Compute61,
+    FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
+    FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
+    FlashAttentionD128F32 = "flash_attention_d128_f32" @ Compute61,
+    FlashAttentionD128F16 = "flash_attention_d128_f16" @ Compute61,
+    RopeCastF16 = "rope_cast_f16" @ Compute61,
+    FlashAttentionMmaD64F32 = "flash_attention_mma_d64_f32" @ Compute80,
+    FlashAttentionMmaD64F16 = "flash_attention_mma_d64_f16" @ Compute80,
+    FlashAttentionMmaD128F32 = "flash_attention_mma_d128_f32" @ Compute80,
+    FlashAttentionMmaD128F16 = "flash_attention_mma_d128_f16" @ Compute80,
 }
 
 impl Kernel {

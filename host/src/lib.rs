@@ -21,7 +21,7 @@ pub mod ops;
 mod tensor;
 pub mod tokenizer;
 
-pub use backend::{AttnParams, Backend, Gelu, Mark, MemoryStats};
+pub use backend::{AttnParams, Backend, BlockMask, Gelu, Mark, MemoryStats};
 /// The kernels crate: launch parameters, tile sizes and the math shared with the kernels.
 pub use gpu;
 pub use device::{select, DeviceRequest, Selection};

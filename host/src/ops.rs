@@ -249,6 +249,32 @@ pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &crate::backend::At
     Ok((t, heads, kvh, d))
 }
 
+/// `(t, heads, kv_heads, d)` of [`crate::Backend::attention_block_sparse`], after checking q
+/// (f32 `[t, heads, d]`), k and v (`[kv_len, kv_heads, d]`, f32 or f16, kv_heads dividing heads),
+/// the mask's extent (`t` rows, `kv_len` keys) and the rotary tables (`[t, d / 2]` f32, d even,
+/// f32 keys and `t == kv_len`).
+pub fn block_sparse_dims(q: &Tensor, k: &Tensor, v: &Tensor, mask: &crate::backend::BlockMask, rope: Option<(&Tensor, &Tensor)>) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "attention_block_sparse";
+    let kv_len = k.shape().first().copied().unwrap_or(0);
+    let p = crate::backend::AttnParams { kv_len, q_pos0: 0, causal: false, scale: 1.0 };
+    let (t, heads, kvh, d) = attention_dims(q, k, v, &p).map_err(|e| match e {
+        Error::Shape { msg, shapes, .. } => Error::Shape { op: OP, msg, shapes },
+        other => other,
+    })?;
+    if mask.rows() != t || mask.keys() != kv_len {
+        return Err(Error::shape(OP, &[q.shape(), k.shape()], format!("the mask covers {} rows and {} keys", mask.rows(), mask.keys())));
+    }
+    if let Some((cos, sin)) = rope {
+        expect_f32(OP, cos)?;
+        expect_f32(OP, sin)?;
+        expect_f32(OP, k)?;
+        if d % 2 != 0 || t != kv_len || cos.shape() != [t, d / 2] || sin.shape() != [t, d / 2] {
+            return Err(Error::shape(OP, &[q.shape(), k.shape(), cos.shape(), sin.shape()], "rotary tables must be [t, d / 2] with as many keys as queries"));
+        }
+    }
+    Ok((t, heads, kvh, d))
+}
+
 /// `(rows, row_len)` of `src` for [`crate::Backend::write_rows`], after checking it fits `dst`
 /// from `row0` on with equal trailing axes and one dtype.
 pub fn write_rows_dims(dst: &Tensor, row0: usize, src: &Tensor) -> Result<(usize, usize)> {

@@ -1,6 +1,7 @@
 //! `qwen3-vl kernels-bench`: the decode kernels one by one on the GPU, on the shapes of a model
 //! config: each GEMV's weight-read bandwidth beside the device's measured copy bandwidth, and
-//! split-KV attention's KV-read bandwidth at several context lengths. Weights are random and
+//! split-KV attention's KV-read bandwidth at several context lengths; flash attention's TFLOP/s
+//! on the prefill and vision-tower shapes. Weights are random and
 //! rotated among enough copies to exceed the L2 cache, so every launch reads device memory.
 //! Times are device events around a recorded graph of many launches (as decode replays its
 //! step), after a warm-up, median of the repetitions.
@@ -158,8 +159,48 @@ mod cuda_bench {
             println!("| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": "attention_split_f16", "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
         }
+        // 4. flash attention: prefill against the cache and the vision tower
+        flash_rows(b, &a, &cfg, &mut rows)?;
         if a.json {
             println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "kernels": rows}));
+        }
+        Ok(())
+    }
+
+    /// Flash attention on the model's shapes: causal prefill of 512 and 4,096 tokens against an
+    /// f16 cache (text heads), and one 1024×1024 image's 4,096 patches through the vision
+    /// tower's block-sparse attention with the rotary embedding applied in the op (vision
+    /// heads, from the model's config). TFLOP/s counts the useful products (4·t·keys·d per
+    /// head, keys halved when causal).
+    fn flash_rows(b: &CudaBackend, a: &KernelsBenchArgs, cfg: &qwen3_vl::model::TextConfig, rows: &mut Vec<serde_json::Value>) -> CliResult<()> {
+        let vcfg = Config::from_dir(&a.model)?.vision;
+        println!("| kernel | shape | us | TFLOP/s |");
+        println!("|---|---|---|---|");
+        let (heads, kvh, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        for &t in &[512usize, 4096] {
+            let kc = b.upload_half(&[t, kvh, d], DType::F16, &random_bits(t * kvh * d, 5))?;
+            let vc = b.upload_half(&[t, kvh, d], DType::F16, &random_bits(t * kvh * d, 6))?;
+            let q = b.upload_f32(&[t, heads, d], &(0..t * heads * d).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect::<Vec<_>>())?;
+            let cur: Vec<u32> = (0..t as u32).flat_map(|i| vec![i, i, i, i]).collect();
+            let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
+            let secs = time(b, a.reps, 5, &mut |_| b.attention_cached(&q, &kc, &vc, &cursor, 1.0 / (d as f32).sqrt()).map(drop))?;
+            let flops = 4.0 * (t * t) as f64 / 2.0 * (d * heads) as f64;
+            println!("| flash attention, causal prefill, f16 cache | t {} heads {}/{} d {} | {:.1} | {:.1} |", t, heads, kvh, d, secs * 1e6, flops / secs / 1e12);
+            rows.push(serde_json::json!({"kernel": "flash_attention prefill", "t": t, "us": secs * 1e6, "tflops": flops / secs / 1e12}));
+        }
+        let (vh, vd) = (vcfg.num_heads, vcfg.hidden_size / vcfg.num_heads);
+        let n = 4096;
+        for images in [1usize, 4] {
+            let x = |seed: usize| b.upload_f32(&[n, vh, vd], &(0..n * vh * vd).map(|i| ((i * 7919 + seed) % 2001) as f32 / 1000.0 - 1.0).collect::<Vec<_>>());
+            let (q, k, v) = (x(1)?, x(2)?, x(3)?);
+            let angles: Vec<f32> = (0..n * vd / 2).map(|i| (i % 977) as f32 * 0.01).collect();
+            let cos = b.upload_f32(&[n, vd / 2], &angles.iter().map(|a| a.cos()).collect::<Vec<_>>())?;
+            let sin = b.upload_f32(&[n, vd / 2], &angles.iter().map(|a| a.sin()).collect::<Vec<_>>())?;
+            let mask = qwen3_vl::BlockMask::block_diagonal(b, &vec![n / images; images])?;
+            let secs = time(b, a.reps, 5, &mut |_| b.attention_block_sparse(&q, &k, &v, &mask, 1.0 / (vd as f32).sqrt(), Some((&cos, &sin))).map(drop))?;
+            let flops = 4.0 * (n * n / images) as f64 * (vd * vh) as f64;
+            println!("| flash attention, vision block-sparse + rotary | {} patches in {} image(s), heads {} d {} | {:.1} | {:.1} |", n, images, vh, vd, secs * 1e6, flops / secs / 1e12);
+            rows.push(serde_json::json!({"kernel": "flash_attention vision", "patches": n, "images": images, "us": secs * 1e6, "tflops": flops / secs / 1e12}));
         }
         Ok(())
     }

@@ -1,14 +1,17 @@
-//! Attention (`gpu/src/attention.rs`): the one-warp-per-(row, head) kernel for prefill and the
-//! vision tower, and split-KV (flash-decoding) attention for a few query rows against the KV
-//! cache, reading the positions from the device cursor (so a recorded decode step replays at
-//! every context length).
+//! Attention: tiled flash attention for prefill and the vision tower (`gpu/src/flash.rs`, SIMT,
+//! and `gpu/src/flash_mma.rs`, tensor cores on compute_80), dense or block-sparse; split-KV
+//! (flash-decoding) attention for a few query rows against the KV cache, reading the positions
+//! from the device cursor (so a recorded decode step replays at every context length); and the
+//! one-warp-per-(row, head) kernel (`gpu/src/attention.rs`) for head dims the flash kernels do
+//! not take.
 
-use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X};
+use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
-use crate::backend::AttnParams;
-use crate::kernels::Kernel;
+use crate::backend::{attention_block_sparse_composite, AttnParams, BlockMask};
+use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{attention_tile, attn_split_tile, AttentionParams, SplitAttnParams, CURSOR_FIELDS};
+use gpu::params::{attention_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D, ROW_THREADS};
+use std::sync::Once;
 
 /// Sizes of an attention launch (validated against each other by `crate::ops`).
 pub struct AttnShape {
@@ -75,6 +78,115 @@ pub fn attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, s: &Att
     l.launch(kernel, [grid_dim(kernel, "x", ceil_div(items, attention_tile::WARPS as usize), MAX_GRID_X)?, 1, 1], attention_tile::THREADS, &params)
 }
 
+/// Whether the flash kernels take head dim `d`: a multiple of 8 (16-byte rows) up to
+/// `FLASH_MAX_D` (128).
+pub fn flash_fits(d: usize) -> bool {
+    d >= 8 && d % 8 == 0 && d <= FLASH_MAX_D
+}
+
+/// What a flash launch adds to [`AttnBuffers`]: a packed block mask with its block counts, and
+/// rotary tables for the queries.
+#[derive(Default)]
+pub struct FlashExtra<'a> {
+    pub mask: Option<(&'a DeviceBuffer, usize, usize)>,
+    pub rope: Option<(&'a DeviceBuffer, &'a DeviceBuffer)>,
+}
+
+/// Flash attention (see `gpu/src/flash.rs`): the tensor-core kernels when the loaded module is
+/// compute_80, the SIMT ones otherwise; head-dim class 64 or 128 by `d`.
+pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x: &FlashExtra<'_>, s: &AttnShape, p: &AttnParams) -> Result<()> {
+    let mma = l.kernels.arch() >= Arch::Compute80;
+    let small = s.d <= 64;
+    let pair = match (mma, small) {
+        (false, true) => [Kernel::FlashAttentionD64F32, Kernel::FlashAttentionD64F16],
+        (false, false) => [Kernel::FlashAttentionD128F32, Kernel::FlashAttentionD128F16],
+        (true, true) => [Kernel::FlashAttentionMmaD64F32, Kernel::FlashAttentionMmaD64F16],
+        (true, false) => [Kernel::FlashAttentionMmaD128F32, Kernel::FlashAttentionMmaD128F16],
+    };
+    let kernel = Kernel::by_kv(kv_dtype, pair)?;
+    if !flash_fits(s.d) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} is not a multiple of 8 in 8..={}", s.d, FLASH_MAX_D) });
+    }
+    check_common(kernel, b, s, kv_dtype)?;
+    if let Some((m, nqb, nkb)) = x.mask {
+        need(kernel, "mask", m, block_mask::words(nqb, nkb) * 4)?;
+    }
+    if let Some((cos, sin)) = x.rope {
+        need(kernel, "cos", cos, s.t * s.d / 2 * 4)?;
+        need(kernel, "sin", sin, s.t * s.d / 2 * 4)?;
+    }
+    let group = s.heads / s.kv_heads;
+    // the kernels index vectors and keys in u32 with room for a tile past the end
+    if s.t * group > i32::MAX as usize || s.cap > i32::MAX as usize {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("{} query vectors or {} cache rows exceed 2^31", s.t * group, s.cap) });
+    }
+    let params = FlashParams {
+        q: b.q.addr(),
+        k: b.k.addr(),
+        v: b.v.addr(),
+        out: b.out.addr(),
+        cursor: b.cursor.map_or(0, |c| c.addr()),
+        mask: x.mask.map_or(0, |m| m.0.addr()),
+        cos: x.rope.map_or(0, |r| r.0.addr()),
+        sin: x.rope.map_or(0, |r| r.1.addr()),
+        t: fits_u32(kernel, "t", s.t)?,
+        heads: fits_u32(kernel, "heads", s.heads)?,
+        kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
+        d: s.d as u32,
+        kv_len: fits_u32(kernel, "kv_len", p.kv_len)?,
+        q_pos0: fits_u32(kernel, "q_pos0", p.q_pos0)?,
+        causal: p.causal as u32,
+        cap: fits_u32(kernel, "cap", s.cap)?,
+        scale: p.scale,
+        _pad: 0,
+    };
+    let vectors = if mma { flash_mma_tile::BM } else { flash_tile::vectors(if small { 64 } else { 128 }) };
+    let tiles = ceil_div(s.t * group, vectors);
+    if tiles == 0 {
+        return Ok(());
+    }
+    let grid = [grid_dim(kernel, "x", tiles, MAX_GRID_X)?, grid_dim(kernel, "y", s.kv_heads, MAX_GRID_Y)?, 1];
+    if mma {
+        l.launch(kernel, grid, flash_mma_tile::THREADS, &params)
+    } else {
+        l.launch_shared(kernel, grid, flash_tile::THREADS, flash_tile::smem_bytes(if small { 64 } else { 128 }) as u32, &params)
+    }
+}
+
+/// `out = f16(rope(x))` (no rotation without `rope`) for `x [rows, heads, d]` f32, `out` f16.
+pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBuffer, &DeviceBuffer)>, out: &DeviceBuffer, rows: usize, heads: usize, d: usize) -> Result<()> {
+    let kernel = Kernel::RopeCastF16;
+    if d % 2 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} is odd", d) });
+    }
+    need(kernel, "x", x, rows * heads * d * 4)?;
+    need(kernel, "out", out, rows * heads * d * 2)?;
+    if let Some((cos, sin)) = rope {
+        need(kernel, "cos", cos, rows * d / 2 * 4)?;
+        need(kernel, "sin", sin, rows * d / 2 * 4)?;
+    }
+    let p = RopeCastParams {
+        x: x.addr(),
+        cos: rope.map_or(0, |r| r.0.addr()),
+        sin: rope.map_or(0, |r| r.1.addr()),
+        out: out.addr(),
+        rows: fits_u32(kernel, "rows", rows)?,
+        heads: fits_u32(kernel, "heads", heads)?,
+        d: fits_u32(kernel, "d", d)?,
+        _pad: 0,
+    };
+    if rows == 0 || heads == 0 || d == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
+/// Logs once per process that head dims the flash kernels do not take use the slower paths.
+fn log_unflashed(d: usize) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| log::warn!("attention: head_dim {} is outside the flash kernels' range (multiples of 8 up to {}); using the one-warp-per-row kernel", d, FLASH_MAX_D));
+}
+
 /// Whether the split kernel takes this shape: few query vectors per KV group and a head dim
 /// of 32, 64, 128 or 256 (a key row in whole 32-element steps, 8 elements per lane in PV).
 pub fn split_fits(s: &AttnShape) -> bool {
@@ -139,7 +251,50 @@ impl CudaBackend {
         let out = self.output(t * heads * d)?;
         let shape = AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
         let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: cursor.map(|c| self.buffer(OP, c)).transpose()? };
-        attention(&l, k.dtype(), &bufs, &shape, &p)?;
+        if flash_fits(d) {
+            flash_attention(&l, k.dtype(), &bufs, &FlashExtra::default(), &shape, &p)?;
+        } else {
+            log_unflashed(d);
+            attention(&l, k.dtype(), &bufs, &shape, &p)?;
+        }
+        Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
+    }
+
+    pub(super) fn attention_block_sparse_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+        const OP: &str = "attention_block_sparse";
+        let (t, heads, kv_heads, d) = ops::block_sparse_dims(q, k, v, mask, rope)?;
+        if !flash_fits(d) {
+            log_unflashed(d);
+            return attention_block_sparse_composite(self, q, k, v, mask, scale, rope);
+        }
+        let kv_len = k.shape()[0];
+        let l = self.enter()?;
+        // keys and values as the kernel reads them: the tensor-core kernels take f16 (keys
+        // rotated and narrowed in one pass, values narrowed); the SIMT ones f32 or f16 as given,
+        // keys rotated
+        let rope_bufs = rope.map(|(c, s)| Ok::<_, Error>((self.buffer(OP, c)?, self.buffer(OP, s)?))).transpose()?;
+        let (mut kv_half, mut k_rot) = (None, None);
+        if self.kernels.arch() >= Arch::Compute80 && k.dtype() == DType::F32 {
+            let (kh, vh) = (self.pool.alloc(kv_len * kv_heads * d * 2)?, self.pool.alloc(kv_len * kv_heads * d * 2)?);
+            rope_cast_f16(&l, self.buffer(OP, k)?, rope_bufs, &kh, kv_len, kv_heads, d)?;
+            rope_cast_f16(&l, self.buffer(OP, v)?, None, &vh, kv_len, kv_heads, d)?;
+            kv_half = Some((kh, vh));
+        } else if let Some((cos, sin)) = rope {
+            k_rot = Some(self.rope_op(k, cos, sin)?);
+        }
+        let kv_dtype = if kv_half.is_some() { DType::F16 } else { k.dtype() };
+        let out = self.output(t * heads * d)?;
+        let shape = AttnShape { t, heads, kv_heads, d, cap: kv_len };
+        let (kb, vb) = match (&kv_half, &k_rot) {
+            (Some((kh, vh)), _) => (kh, vh),
+            (None, Some(kr)) => (self.buffer(OP, kr)?, self.buffer(OP, v)?),
+            (None, None) => (self.buffer(OP, k)?, self.buffer(OP, v)?),
+        };
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: kb, v: vb, out: &out, cursor: None };
+        let nb = (mask.q_bounds().len() - 1, mask.k_bounds().len() - 1);
+        let extra = FlashExtra { mask: Some((self.buffer(OP, mask.packed())?, nb.0, nb.1)), rope: rope_bufs };
+        let p = AttnParams { kv_len, q_pos0: 0, causal: false, scale };
+        flash_attention(&l, kv_dtype, &bufs, &extra, &shape, &p)?;
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
     }
 

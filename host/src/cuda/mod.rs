@@ -19,7 +19,7 @@ mod sample;
 pub use linear::LinearAlgo;
 pub use pool::{bucket, DeviceBuffer, Pool};
 
-use crate::backend::{AttnParams, Backend, DeviceSampling, Gelu, Mark, MemoryStats, QkvRope, Recording};
+use crate::backend::{AttnParams, Backend, BlockMask, DeviceSampling, Gelu, Mark, MemoryStats, QkvRope, Recording};
 use crate::kernels::{Arch, KernelsRequest, Ptx};
 use crate::tensor::Storage;
 use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
@@ -353,6 +353,10 @@ impl Backend for CudaBackend {
 
     fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
         self.attention_cached_op(q, k_cache, v_cache, cursor, scale)
+    }
+
+    fn attention_block_sparse(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+        self.attention_block_sparse_op(q, k, v, mask, scale, rope)
     }
 
     fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {

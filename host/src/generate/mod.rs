@@ -9,6 +9,7 @@ pub use sampling::{Sampler, SamplingParams};
 use crate::backend::{DeviceSampling, Recording};
 use crate::model::positions::multimodal_positions;
 use crate::model::text::{cursor, Deepstack};
+use crate::model::vision::VisionOutput;
 use crate::model::{Images, KvCache, Model};
 use crate::{Backend, DType, Error, Result, Tensor};
 use gpu::params::CURSOR_FIELDS;
@@ -140,37 +141,42 @@ impl<'a> Session<'a> {
     /// Appends tokens whose image placeholders (runs of the image token, one run per image, in
     /// order) are filled by `images`: the vision tower's embeddings replace those rows, its
     /// DeepStack features join them after the first decoder layers, and the rotary positions
-    /// follow the image grids. Returns the logits `[vocab]` after the last token.
+    /// follow the image grids. All the images go through the tower in one pass. Returns the
+    /// logits `[vocab]` after the last token.
     pub fn feed_with_images(&mut self, ids: &[u32], images: Option<&Images<'_>>) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(Error::Tokenizer { msg: "nothing to feed: the token list is empty".into() });
-        }
-        if self.cache.len() + ids.len() > self.cache.capacity() {
-            return Err(Error::Context {
-                tokens: self.cache.len() + ids.len(),
-                limit: self.cache.capacity(),
-                msg: "the prompt does not fit the context".into(),
-            });
-        }
+        let grids: &[[usize; 3]] = images.map_or(&[], |im| im.grids);
+        self.check_feed(ids, grids)?;
+        let (b, m) = (self.backend, self.model);
+        let vis = match images {
+            Some(im) if !im.grids.is_empty() => {
+                let n = im.patches.len() / im.row_len.max(1);
+                Some(m.vision.forward(b, &b.upload_f32(&[n, im.row_len], im.patches)?, im.grids)?)
+            }
+            _ => None,
+        };
+        self.feed_encoded(ids, grids, vis.as_ref())
+    }
+
+    /// [`Session::feed_with_images`] with the images already through the vision tower:
+    /// `vision` holds the embeddings and DeepStack features of the images of patch grids
+    /// `grids`, in order (`None` for a text-only feed).
+    pub fn feed_encoded(&mut self, ids: &[u32], grids: &[[usize; 3]], vision: Option<&VisionOutput>) -> Result<Vec<f32>> {
+        self.check_feed(ids, grids)?;
         let (b, m) = (self.backend, self.model);
         let cfg = &m.config;
-        let grids: &[[usize; 3]] = images.map_or(&[], |im| im.grids);
+        if grids.is_empty() != vision.is_none() {
+            return Err(Error::Limit { op: "feed", msg: format!("{} image grids given with {} vision output", grids.len(), if vision.is_some() { "a" } else { "no" }) });
+        }
         // 1. rotary positions (fails if placeholders and images disagree)
         let (pos, next_pos) = multimodal_positions(ids, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, self.next_pos)?;
         // 2. token embeddings [t, hidden], image rows replaced by the vision tower's output
         let mut x = m.text.embed(b, ids)?;
         let rows: Vec<usize> = ids.iter().enumerate().filter(|(_, &t)| t == cfg.image_token_id).map(|(i, _)| i).collect();
-        let vis = match images {
-            Some(im) if !im.grids.is_empty() => {
-                let n = im.patches.len() / im.row_len.max(1);
-                let out = m.vision.forward(b, &b.upload_f32(&[n, im.row_len], im.patches)?, im.grids)?;
-                x = b.scatter_rows(&x, &rows, &out.embeds, false)?;
-                Some(out)
-            }
-            _ => None,
-        };
+        if let Some(out) = vision {
+            x = b.scatter_rows(&x, &rows, &out.embeds, false)?;
+        }
         // 3. the decoder, with DeepStack features on the image rows
-        let ds = vis.as_ref().map(|v| Deepstack { rows: &rows, features: &v.deepstack });
+        let ds = vision.map(|v| Deepstack { rows: &rows, features: &v.deepstack });
         let cur = cursor(b, &pos, self.cache.len())?; // [t, 4]
         let h = m.text.forward(b, x, &cur, &mut self.cache, ds.as_ref())?; // [t, hidden]
         self.cache.advance(ids.len());
@@ -182,6 +188,23 @@ impl<'a> Session<'a> {
             st.holds = None; // the device state no longer describes the next token
         }
         Ok(logits)
+    }
+
+    /// The checks before a feed: tokens to feed, room in the context, placeholders that match
+    /// the images' grids.
+    fn check_feed(&self, ids: &[u32], grids: &[[usize; 3]]) -> Result<()> {
+        if ids.is_empty() {
+            return Err(Error::Tokenizer { msg: "nothing to feed: the token list is empty".into() });
+        }
+        if self.cache.len() + ids.len() > self.cache.capacity() {
+            return Err(Error::Context {
+                tokens: self.cache.len() + ids.len(),
+                limit: self.cache.capacity(),
+                msg: "the prompt does not fit the context".into(),
+            });
+        }
+        let cfg = &self.model.config;
+        multimodal_positions(ids, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, self.next_pos).map(|_| ())
     }
 
     /// Feeds one generated token through the decode step (recorded and replayed where the

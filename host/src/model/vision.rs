@@ -1,14 +1,15 @@
 //! The Qwen3-VL vision tower: Conv3d patch embedding (as a linear layer), learned position
 //! embeddings bilinearly interpolated to each image's grid, `depth` pre-norm LayerNorm blocks
-//! with 2-D rotary attention (full, within each image only) and a tanh-GELU MLP, the patch
-//! merger, and the DeepStack mergers taken after the configured blocks.
+//! with 2-D rotary attention (full, within each image only: one block-sparse pass over all the
+//! images, a diagonal block per image or frame) and a tanh-GELU MLP, the patch merger, and the
+//! DeepStack mergers taken after the configured blocks.
 //!
 //! Patch rows arrive in merge-window order `(t, h/m, w/m, m, m)` (m = spatial_merge_size),
 //! each row `(C, T, P, P)` values; every position table below is built in that order.
 
 use super::checkpoint::Loader;
 use super::config::VisionConfig;
-use crate::{AttnParams, Backend, Error, Gelu, Result, Tensor};
+use crate::{Backend, BlockMask, Error, Gelu, Result, Tensor};
 
 /// Checkpoint names of the vision tower.
 pub const PREFIX: &str = "model.visual.";
@@ -194,25 +195,21 @@ impl VisionModel {
         // 2. 2-D rotary tables over (row, col): cos, sin [N, d / 2]
         let (cos, sin) = self.rotary_tables(grids);
         let (cos, sin) = (b.upload_f32(&[n, d / 2], &cos)?, b.upload_f32(&[n, d / 2], &sin)?);
-        // attention never crosses images (or frames): one segment per (image, frame)
-        let segments: Vec<(usize, usize)> = grids
-            .iter()
-            .flat_map(|g| std::iter::repeat(g[1] * g[2]).take(g[0]))
-            .scan(0, |start, len| {
-                let s = (*start, len);
-                *start += len;
-                Some(s)
-            })
-            .collect();
+        // attention never crosses images (or frames): a diagonal block per (image, frame), the
+        // mask made once for every block
+        let segments: Vec<usize> = grids.iter().flat_map(|g| std::iter::repeat(g[1] * g[2]).take(g[0])).collect();
+        let mask = BlockMask::block_diagonal(b, &segments)?;
+        let scale = 1.0 / (d as f32).sqrt();
         let group = c.spatial_merge_size * c.spatial_merge_size;
         let mut deepstack = Vec::new();
         for (k, blk) in self.blocks.iter().enumerate() {
-            // 3. attention: x += proj(attn(rope(q), rope(k), v)) within each segment
+            // 3. attention: x += proj(attn(rope(q), rope(k), v)) within each segment, the rotary
+            //    embedding applied by the attention op
             let h = blk.norm1.forward(b, &x)?;
-            let q = b.rope(&blk.q.forward(b, &h)?.reshape(&[n, heads, d])?, &cos, &sin)?;
-            let kk = b.rope(&blk.k.forward(b, &h)?.reshape(&[n, heads, d])?, &cos, &sin)?;
+            let q = blk.q.forward(b, &h)?.reshape(&[n, heads, d])?;
+            let kk = blk.k.forward(b, &h)?.reshape(&[n, heads, d])?;
             let v = blk.v.forward(b, &h)?.reshape(&[n, heads, d])?;
-            let o = segmented_attention(b, &q, &kk, &v, &segments)?.reshape(&[n, hidden])?;
+            let o = b.attention_block_sparse(&q, &kk, &v, &mask, scale, Some((&cos, &sin)))?.reshape(&[n, hidden])?;
             x = b.add(&x, &blk.proj.forward(b, &o)?)?;
             // 4. MLP: x += fc2(gelu_tanh(fc1(norm2(x))))
             let h = blk.norm2.forward(b, &x)?;
@@ -307,22 +304,6 @@ fn for_each_merge_order(h: usize, w: usize, m: usize, mut f: impl FnMut(usize, u
             }
         }
     }
-}
-
-/// Full (non-causal) attention within each `(start, len)` segment of rows.
-fn segmented_attention(b: &dyn Backend, q: &Tensor, k: &Tensor, v: &Tensor, segments: &[(usize, usize)]) -> Result<Tensor> {
-    let d = q.shape()[2];
-    let scale = 1.0 / (d as f32).sqrt();
-    let full = |len| AttnParams { kv_len: len, q_pos0: 0, causal: false, scale };
-    if segments.len() == 1 {
-        return b.attention(q, k, v, full(q.shape()[0]));
-    }
-    let mut out = b.zeros(q.shape())?;
-    for &(start, len) in segments {
-        let (qs, ks, vs) = (b.take_rows(q, start, len)?, b.take_rows(k, start, len)?, b.take_rows(v, start, len)?);
-        b.write_rows(&mut out, start, &b.attention(&qs, &ks, &vs, full(len))?)?;
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -1,0 +1,392 @@
+//! Flash attention on tensor cores (compute_80: Ampere, Ada, Hopper): `flash_attention_mma_*`.
+//! Same parameters, visibility rules, block plan and tile skipping as the SIMT kernels
+//! (`flash.rs`, [`FlashParams`]); QKᵀ and PV run as `mma.sync.m16n8k16` with f16 operands and
+//! f32 accumulation.
+//!
+//! # Precision
+//! Queries (pre-scaled by `scale · log2 e`), keys, values and probabilities are rounded to f16
+//! (11 significant bits, relative error ≤ 2^-11 each; an f16 KV cache is already exact), sums and
+//! the softmax state stay f32. f16 rather than bf16: the attention operands are bounded (keys
+//! and values of the normed model, probabilities in [0, 1]), so the 3 extra mantissa bits are
+//! free accuracy.
+//!
+//! # Tiling ([`flash_mma_tile`])
+//! `WARPS` (4) warps, each owning 16 query vectors (one m16 row tile), `BM` = 64 per block. Key
+//! tiles of `BN` = 64 keys: K and V are staged as f16 `[BN][D]` in shared memory with the 16-byte
+//! chunks of row `r` XOR-swizzled by `r % 8`, so the `ldmatrix` row reads of 8 consecutive keys
+//! hit 8 different bank groups. An f16 cache is copied with `cp.async` (zero-filled past the
+//! valid keys); f32 K/V are loaded, narrowed and stored. The pipeline overlaps each load with a
+//! product: V of tile `j` loads while `S = Q Kⱼᵀ` runs, K of the next visible tile while
+//! `O += P Vⱼ` runs (one buffer each, two barriers per tile).
+//!
+//! # Thread mapping
+//! Lane `l` of a warp holds, in the m16n8k16 fragment layouts, query rows `l / 4` and `l / 4 + 8`
+//! of the warp's tile: the Q fragments (`D / 16` k-steps × 4 registers of f16 pairs, loaded once
+//! from global memory), the score tile `[16 × BN]` (`BN / 8` n-tiles × 4 f32) and the output
+//! `[16 × D]` (`D / 8` × 4 f32). Row maxima reduce over the 4 lanes of a quad; the probability
+//! fragments are the score accumulators converted in place to f16 A fragments. K fragments come
+//! from `ldmatrix.x4`, V fragments from `ldmatrix.x4.trans`.
+//!
+//! # Safety
+//! As for the SIMT kernels: the launcher validates everything; block-uniform control flow around
+//! the barriers; `cp.async` groups are waited for (`wait_group 0`) before the barrier that
+//! publishes a tile.
+
+use crate::flash::{load_q2, Plan, LOG2E};
+use crate::math::F16;
+use crate::mem::{ex2, F32x4, KvVec8};
+use crate::params::flash_mma_tile::{BM, BN, THREADS};
+use crate::params::FlashParams;
+use crate::reduce::shfl_xor;
+use cuda_std::{kernel, shared_array, thread};
+
+/// `body` once for each listed index below `n`, with `$i` a constant: loops over register
+/// arrays written out, so that every index is known at compile time (a loop the compiler
+/// leaves rolled would index the arrays dynamically and move them to local memory).
+macro_rules! unroll {
+    ($i:ident < $n:expr, [$($k:literal),*], $body:block) => {
+        $(
+            #[allow(clippy::identity_op)]
+            if $k < $n {
+                let $i: usize = $k;
+                $body
+            }
+        )*
+    };
+}
+
+/// The 32-bit shared-memory address of a generic pointer into shared memory.
+#[inline(always)]
+fn smem_addr<T>(p: *const T) -> u32 {
+    let a: u32;
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}",
+            p = in(reg64) p, a = out(reg32) a,
+            options(pure, nomem, nostack),
+        );
+    }
+    a
+}
+
+/// Copies 16 bytes from global `src` to shared `dst` asynchronously; bytes past `src_bytes`
+/// (0 or 16) are zero-filled.
+#[inline(always)]
+unsafe fn cp_async16(dst: u32, src: *const u8, src_bytes: u32) {
+    core::arch::asm!("cp.async.cg.shared.global [{}], [{}], 16, {};", in(reg32) dst, in(reg64) src, in(reg32) src_bytes, options(nostack));
+}
+
+#[inline(always)]
+unsafe fn cp_async_commit() {
+    core::arch::asm!("cp.async.commit_group;", options(nostack));
+}
+
+/// Waits until every `cp.async` group this thread committed has landed.
+#[inline(always)]
+unsafe fn cp_async_wait_all() {
+    core::arch::asm!("cp.async.wait_group 0;", options(nostack));
+}
+
+/// Four 8×8 f16 matrices from shared memory at `base + off` (lanes `8i .. 8i + 8` give the row
+/// addresses of matrix `i`); lane `l` gets row `l / 4`, elements `2 (l % 4) ..+2` of each. The
+/// sum is formed inside the asm: with `off` a constant, the compiler then keeps one register per
+/// `base` rather than hoisting every sum out of the tile loop (64 live registers).
+#[inline(always)]
+unsafe fn ldmatrix_x4(base: u32, off: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    core::arch::asm!(
+        "{{ .reg .u32 t; add.u32 t, {}, {}; ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}, {}, {}, {}}}, [t]; }}",
+        in(reg32) base, in(reg32) off, out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+        options(pure, readonly, nostack),
+    );
+    [a, b, c, d]
+}
+
+/// As [`ldmatrix_x4`], transposed: lane `l` gets column `l / 4`, rows `2 (l % 4) ..+2`.
+#[inline(always)]
+unsafe fn ldmatrix_x4_trans(base: u32, off: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    core::arch::asm!(
+        "{{ .reg .u32 t; add.u32 t, {}, {}; ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{}, {}, {}, {}}}, [t]; }}",
+        in(reg32) base, in(reg32) off, out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+        options(pure, readonly, nostack),
+    );
+    [a, b, c, d]
+}
+
+/// `c += a · b` for one m16n8k16 tile: f16 A (row-major fragment), f16 B (column-major), f32 C.
+#[inline(always)]
+fn mma(c: [f32; 4], a: [u32; 4], b0: u32, b1: u32) -> [f32; 4] {
+    let (mut d0, mut d1, mut d2, mut d3) = (c[0].to_bits(), c[1].to_bits(), c[2].to_bits(), c[3].to_bits());
+    unsafe {
+        core::arch::asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+            d0 = inout(reg32) d0, d1 = inout(reg32) d1, d2 = inout(reg32) d2, d3 = inout(reg32) d3,
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+            b0 = in(reg32) b0, b1 = in(reg32) b1,
+            options(pure, nomem, nostack),
+        );
+    }
+    [f32::from_bits(d0), f32::from_bits(d1), f32::from_bits(d2), f32::from_bits(d3)]
+}
+
+/// Two f32 rounded to f16 (nearest even) and packed, `lo` in the low half.
+#[inline(always)]
+fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    unsafe {
+        core::arch::asm!("cvt.rn.f16x2.f32 {}, {}, {};", out(reg32) r, in(reg32) hi.to_bits(), in(reg32) lo.to_bits(), options(pure, nomem, nostack));
+    }
+    r
+}
+
+/// Byte offset of 16-byte chunk `c` of key row `r` in a swizzled `[BN][D]` f16 tile.
+#[inline(always)]
+fn swizzle<const D: usize>(r: usize, c: usize) -> u32 {
+    (r * D * 2 + ((c ^ (r & 7)) << 4)) as u32
+}
+
+/// How one KV dtype reaches a swizzled f16 tile in shared memory.
+trait MmaKv: KvVec8 {
+    /// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of the rows at `src` (row stride
+    /// `row` elements) into the tile at shared address `dst`, dims past `d` zero.
+    unsafe fn stage<const D: usize>(dst: u32, src: *const Self, k0: usize, nk: usize, row: usize, d: usize, tid: usize);
+}
+
+impl MmaKv for F16 {
+    #[inline(always)]
+    unsafe fn stage<const D: usize>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
+        let chunks = D / 8;
+        const MAX_ITEMS: usize = BN * 128 / 8 / THREADS as usize;
+        let items = BN * chunks / THREADS as usize;
+        for u in 0..MAX_ITEMS {
+            if u < items {
+                let it = tid + u * THREADS as usize;
+                let (r, c) = (it / chunks, it % chunks);
+                let ok = r < nk && 8 * c < d;
+                let from = if ok { src.add((k0 + r) * row + 8 * c) } else { src };
+                cp_async16(dst + swizzle::<D>(r, c), from as *const u8, if ok { 16 } else { 0 });
+            }
+        }
+    }
+}
+
+impl MmaKv for f32 {
+    #[inline(always)]
+    unsafe fn stage<const D: usize>(dst: u32, src: *const f32, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
+        let chunks = D / 8;
+        // in rounds of BATCH chunks per thread: loads of a round in flight together, then stores
+        const BATCH: usize = 2;
+        let items = BN * chunks / THREADS as usize;
+        let mut u0 = 0;
+        while u0 < items {
+            let mut vals = [[0.0f32; 8]; BATCH];
+            for b in 0..BATCH {
+                let it = tid + (u0 + b) * THREADS as usize;
+                let (r, c) = (it / chunks, it % chunks);
+                if r < nk && 8 * c < d {
+                    vals[b] = f32::load8(src.add((k0 + r) * row + 8 * c));
+                }
+            }
+            for b in 0..BATCH {
+                let it = tid + (u0 + b) * THREADS as usize;
+                let (r, c) = (it / chunks, it % chunks);
+                let x = &vals[b];
+                core::arch::asm!(
+                    "st.shared.v4.b32 [{}], {{{}, {}, {}, {}}};",
+                    in(reg32) dst + swizzle::<D>(r, c),
+                    in(reg32) pack_f16x2(x[0], x[1]), in(reg32) pack_f16x2(x[2], x[3]),
+                    in(reg32) pack_f16x2(x[4], x[5]), in(reg32) pack_f16x2(x[6], x[7]),
+                    options(nostack),
+                );
+            }
+            u0 += BATCH;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
+    // sized for the largest head-dim class
+    let ks = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
+    let vs = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
+    let tid = thread::thread_idx_x() as usize;
+    let (lane, w) = (tid % 32, tid / 32);
+    let (gq, tq) = (lane / 4, lane % 4);
+    let (heads, d) = (p.heads as usize, p.d as usize);
+    let kv_row = p.kv_heads as usize * d;
+    let plan = Plan::new(&p, BM);
+
+    // 1. this lane's two rows (vectors `16w + l/4` and `+ 8` of the block) and their Q fragments
+    let (ra, ha, oka) = plan.vector(plan.v0 + 16 * w + gq, heads);
+    let (rb, hb, okb) = plan.vector(plan.v0 + 16 * w + gq + 8, heads);
+    let (sta, stb) = (plan.row_state(&p, ra, oka), plan.row_state(&p, rb, okb));
+    let mul = p.scale * LOG2E;
+    let mut qa = [[0u32; 4]; 8];
+    unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+        for h in 0..2 {
+            let e = 16 * kk + 8 * h + 2 * tq;
+            let xa = if oka && e < d { load_q2(&p, ra, ha, e, mul) } else { [0.0; 2] };
+            let xb = if okb && e < d { load_q2(&p, rb, hb, e, mul) } else { [0.0; 2] };
+            qa[kk][2 * h] = pack_f16x2(xa[0], xa[1]);
+            qa[kk][2 * h + 1] = pack_f16x2(xb[0], xb[1]);
+        }
+    });
+
+    // 2. the visible key tiles
+    let mut o = [[0.0f32; 4]; 16];
+    let mut m = [f32::NEG_INFINITY; 2];
+    let mut l = [0.0f32; 2];
+    let (k, v) = ((p.k as *const C).add(plan.g * d), (p.v as *const C).add(plan.g * d));
+    let tiles = plan.tiles(BN);
+    let (mi, ri) = (lane / 8, lane % 8);
+    // ldmatrix row addresses: K rows np·16 + (mi / 2)·8 + ri at chunk 2kk + mi % 2, V rows
+    // kc·16 + (mi % 2)·8 + ri at chunk 2dp + mi / 2; the swizzle XORs the chunk's low 3 bits with
+    // ri, so a lane needs one base per (k-step mod 4), the rest are constant offsets
+    let mut k_lane = [0u32; 4];
+    let mut v_lane = [0u32; 4];
+    for x in 0..4 {
+        k_lane[x] = ks + swizzle::<D>((mi / 2) * 8 + ri, 2 * x + mi % 2);
+        v_lane[x] = vs + swizzle::<D>((mi % 2) * 8 + ri, 2 * x + mi / 2);
+    }
+    let keys = |j: usize| (plan.end_max - j * BN).min(BN);
+    let mut j = plan.next_tile(0, BN);
+    if j < tiles {
+        C::stage::<D>(ks, k, j * BN, keys(j), kv_row, d, tid);
+        cp_async_commit();
+    }
+    while j < tiles {
+        let (_, check) = plan.tile(j, BN);
+        let k0 = j * BN;
+        cp_async_wait_all();
+        thread::sync_threads(); // K_j landed; every warp is done with V of the last tile
+        C::stage::<D>(vs, v, k0, keys(j), kv_row, d, tid);
+        cp_async_commit();
+
+        // 2a. S = Q Kᵀ: per k-step of 16 dims, one ldmatrix.x4 gives the B fragments of two n-tiles
+        let mut s = [[0.0f32; 4]; BN / 8];
+        unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+            unroll!(np < BN / 16, [0, 1, 2, 3], {
+                let b = ldmatrix_x4(k_lane[kk % 4], (np * 16 * D * 2 + (kk / 4) * 128) as u32);
+                s[2 * np] = mma(s[2 * np], qa[kk], b[0], b[1]);
+                s[2 * np + 1] = mma(s[2 * np + 1], qa[kk], b[2], b[3]);
+            });
+        });
+        // 2b. masks, row maxima over the quad, rescaled state, probabilities as A fragments
+        if check {
+            unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+                unroll!(e < 2, [0, 1], {
+                    let key = k0 + 8 * nt + 2 * tq + e;
+                    let kb = if plan.mask.is_some() { plan.key_block(key) } else { 0 };
+                    if !plan.sees(sta, key, kb) {
+                        s[nt][e] = f32::NEG_INFINITY;
+                    }
+                    if !plan.sees(stb, key, kb) {
+                        s[nt][2 + e] = f32::NEG_INFINITY;
+                    }
+                });
+            });
+        }
+        let mut tm = [f32::NEG_INFINITY; 2];
+        unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+            tm[0] = tm[0].max(s[nt][0]).max(s[nt][1]);
+            tm[1] = tm[1].max(s[nt][2]).max(s[nt][3]);
+        });
+        let mut base = [0.0f32; 2];
+        let mut alpha = [1.0f32; 2];
+        for r in 0..2 {
+            tm[r] = tm[r].max(shfl_xor(tm[r], 1));
+            tm[r] = tm[r].max(shfl_xor(tm[r], 2));
+            let mn = m[r].max(tm[r]);
+            if mn != f32::NEG_INFINITY {
+                alpha[r] = ex2(m[r] - mn);
+                base[r] = mn;
+            }
+            m[r] = mn;
+            l[r] *= alpha[r];
+        }
+        unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
+            o[dt][0] *= alpha[0];
+            o[dt][1] *= alpha[0];
+            o[dt][2] *= alpha[1];
+            o[dt][3] *= alpha[1];
+        });
+        unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+            s[nt][0] = ex2(s[nt][0] - base[0]);
+            s[nt][1] = ex2(s[nt][1] - base[0]);
+            s[nt][2] = ex2(s[nt][2] - base[1]);
+            s[nt][3] = ex2(s[nt][3] - base[1]);
+            l[0] += s[nt][0] + s[nt][1];
+            l[1] += s[nt][2] + s[nt][3];
+        });
+        let mut pa = [[0u32; 4]; BN / 16];
+        unroll!(kc < BN / 16, [0, 1, 2, 3], {
+            pa[kc] = [
+                pack_f16x2(s[2 * kc][0], s[2 * kc][1]),
+                pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
+                pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
+            ];
+        });
+        cp_async_wait_all();
+        thread::sync_threads(); // V_j landed; every warp is done with K_j
+        let jn = plan.next_tile(j + 1, BN);
+        if jn < tiles {
+            C::stage::<D>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
+            cp_async_commit();
+        }
+        // 2c. O += P V: per 16 keys, one ldmatrix.x4.trans gives the B fragments of two dim tiles
+        unroll!(kc < BN / 16, [0, 1, 2, 3], {
+            unroll!(dp < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+                let b = ldmatrix_x4_trans(v_lane[dp % 4], (kc * 16 * D * 2 + (dp / 4) * 128) as u32);
+                o[2 * dp] = mma(o[2 * dp], pa[kc], b[0], b[1]);
+                o[2 * dp + 1] = mma(o[2 * dp + 1], pa[kc], b[2], b[3]);
+            });
+        });
+        j = jn;
+    }
+
+    // 3. row sums over the quad, normalized output
+    for r in 0..2 {
+        l[r] += shfl_xor(l[r], 1);
+        l[r] += shfl_xor(l[r], 2);
+    }
+    let out = p.out as *mut f32;
+    unroll!(r < 2, [0, 1], {
+        let (row, head, ok) = if r == 0 { (ra, ha, oka) } else { (rb, hb, okb) };
+        if ok {
+            let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+            let dst = out.add((row * heads + head) * d);
+            unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
+                let e = 8 * dt + 2 * tq;
+                if e < d {
+                    *(dst.add(e) as *mut [f32; 2]) = [o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv];
+                }
+            });
+        }
+    });
+}
+
+/// Flash attention on tensor cores, head dims up to 64, f32 K/V (narrowed as staged).
+#[kernel]
+pub unsafe fn flash_attention_mma_d64_f32(p: FlashParams) {
+    flash_mma::<f32, 64>(p)
+}
+
+/// Flash attention on tensor cores, head dims up to 64, f16 K/V (`cp.async`).
+#[kernel]
+pub unsafe fn flash_attention_mma_d64_f16(p: FlashParams) {
+    flash_mma::<F16, 64>(p)
+}
+
+/// Flash attention on tensor cores, head dims up to 128, f32 K/V (narrowed as staged).
+#[kernel]
+pub unsafe fn flash_attention_mma_d128_f32(p: FlashParams) {
+    flash_mma::<f32, 128>(p)
+}
+
+/// Flash attention on tensor cores, head dims up to 128, f16 K/V (`cp.async`).
+#[kernel]
+pub unsafe fn flash_attention_mma_d128_f16(p: FlashParams) {
+    flash_mma::<F16, 128>(p)
+}

@@ -1,0 +1,209 @@
+//! Flash attention (issue 8) against the CPU on every kernel module the GPU supports, each forced
+//! in turn (compute_61: FP32 SIMT kernels; compute_80: tensor cores): dense attention from 1 to
+//! 4,100 keys, causal and not, GQA ratios 1, 2 and 4, head dims 8 … 128 (and 256, which takes the
+//! one-warp-per-row kernel), positions from the host or from the device cursor; block-sparse
+//! attention with random block masks (the CPU's composite body first checked against a direct
+//! f64 masked reference); the vision tower's block-diagonal mask with the rotary embedding
+//! applied inside the op. Outputs are NaN-poisoned before every launch. Tolerances:
+//! `common::attention_tolerance` (f32: 1e-5 + 1e-4 relative; tensor cores: f16 operands).
+//! Skipped without a GPU (failing instead with QWEN3_VL_EXPECT_GPU=1), except the CPU-only
+//! reference checks.
+
+mod common;
+
+use common::{agree, attention_tolerance, cpu, gpus, random, upload};
+use qwen3_vl::gpu::params::CURSOR_FIELDS;
+use qwen3_vl::{AttnParams, Backend, BlockMask, DType, Result, Tensor};
+
+/// Key counts around the tiles of both kernel families (32 and 64 keys) and long contexts.
+const KEYS: &[usize] = &[1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 4096, 4100];
+
+/// A small deterministic generator for masks (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dense_case(g: &dyn Backend, t: usize, heads: usize, kvh: usize, d: usize, kv_len: usize, causal: bool, kv: DType) {
+    let cap = kv_len + 3;
+    let (q, k, v) = (random(t * heads * d, (t + 7 * kv_len) as u32), random(cap * kvh * d, 3 + d as u32), random(cap * kvh * d, 5 + kv_len as u32));
+    let q_pos0 = if causal { kv_len - t } else { 0 };
+    let p = AttnParams { kv_len, q_pos0, causal, scale: 1.0 / (d as f32).sqrt() };
+    let op = |b: &dyn Backend| -> Result<Tensor> { b.attention(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &k, kv)?, &upload(b, &[cap, kvh, d], &v, kv)?, p) };
+    let (abs, rel) = attention_tolerance(g);
+    agree(&format!("attention t={} h={}/{} d={} keys={} causal={} {} on {}", t, heads, kvh, d, kv_len, causal, kv, g.describe()), g, &op, abs, rel);
+}
+
+#[test]
+fn dense_attention_agrees_from_1_to_4100_keys() {
+    for g in gpus("flash attention, dense") {
+        for &n in KEYS {
+            // causal prefill of the last rows, Qwen3-VL-2B's text shape (GQA 2, d 128)
+            for kv in [DType::F16, DType::F32] {
+                dense_case(&*g, n.min(129), 16, 8, 128, n, true, kv);
+            }
+            // full attention, GQA 1, the vision head dim
+            dense_case(&*g, 17, 4, 4, 64, n, false, DType::F32);
+            // GQA 4, a head dim between the classes
+            dense_case(&*g, n.min(33), 8, 2, 72, n, true, DType::F16);
+        }
+    }
+}
+
+#[test]
+fn dense_attention_agrees_over_query_counts_and_head_dims() {
+    for g in gpus("flash attention, shapes") {
+        for &t in &[1, 15, 16, 17, 127, 128, 129] {
+            dense_case(&*g, t, 4, 2, 128, 300, true, DType::F16);
+            dense_case(&*g, t, 2, 1, 64, 300, false, DType::F32);
+        }
+        // the tiny fixtures' head dim, the smallest the flash kernels take, and one they do not
+        for &d in &[8, 16, 24, 40, 256] {
+            dense_case(&*g, 70, 4, 2, d, 90, true, DType::F32);
+            dense_case(&*g, 33, 2, 2, d, 65, false, DType::F16);
+        }
+        // long: a vision tower's 4,096 patches, a 4,096-token prefill
+        dense_case(&*g, 4096, 2, 2, 64, 4096, false, DType::F32);
+        dense_case(&*g, 4096, 4, 2, 128, 4096, true, DType::F16);
+    }
+}
+
+#[test]
+fn prefill_against_the_cache_reads_positions_from_the_cursor() {
+    for g in gpus("flash attention, cursor") {
+        let (abs, rel) = attention_tolerance(&*g);
+        // (t, heads, kv_heads, d, rows already cached); the cache holds 4,200 rows
+        for &(t, heads, kvh, d, row0) in &[(5, 16, 8, 128, 0), (64, 16, 8, 128, 36), (300, 16, 8, 128, 3800), (129, 4, 1, 64, 1000), (17, 2, 2, 16, 0)] {
+            let cap = 4200;
+            let (q, k, v) = (random(t * heads * d, 61), random(cap * kvh * d, 62), random(cap * kvh * d, 63));
+            let cur: Vec<u32> = (0..t).flat_map(|i| vec![7, 7, 7, (row0 + i) as u32]).collect();
+            for kv in [DType::F32, DType::F16] {
+                let op = |b: &dyn Backend| -> Result<Tensor> {
+                    let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
+                    b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &k, kv)?, &upload(b, &[cap, kvh, d], &v, kv)?, &cursor, 1.0 / (d as f32).sqrt())
+                };
+                agree(&format!("attention_cached t={} h={}/{} d={} row0={} {} on {}", t, heads, kvh, d, row0, kv, g.describe()), &*g, &op, abs, rel);
+            }
+        }
+    }
+}
+
+/// Random block bounds over `n` (blocks of 1 … `max` rows, some empty), and random allowed
+/// flags (density about `dense` / 8, every block pair with some chance).
+fn random_mask(rng: &mut Rng, t: usize, kv: usize, max: usize, dense: usize) -> (Vec<usize>, Vec<usize>, Vec<bool>) {
+    let mut bounds = |n: usize| {
+        let mut b = vec![0];
+        while *b.last().unwrap() < n {
+            let step = if rng.below(10) == 0 { 0 } else { 1 + rng.below(max) };
+            b.push((b.last().unwrap() + step).min(n));
+        }
+        b
+    };
+    let (qb, kb) = (bounds(t), bounds(kv));
+    let allowed = (0..(qb.len() - 1) * (kb.len() - 1)).map(|_| rng.below(8) < dense).collect();
+    (qb, kb, allowed)
+}
+
+/// The block-sparse attention of `q [t, heads, d]` over `k`, `v` `[kv, kv_heads, d]` computed
+/// directly in f64, row by row, from `mask.sees`.
+fn masked_reference(q: &[f32], k: &[f32], v: &[f32], (t, heads, kvh, d, kv): (usize, usize, usize, usize, usize), mask: &BlockMask, scale: f64) -> Vec<f32> {
+    let mut out = vec![0.0f32; t * heads * d];
+    for i in 0..t {
+        for h in 0..heads {
+            let kh = h / (heads / kvh);
+            let qv = &q[(i * heads + h) * d..(i * heads + h + 1) * d];
+            let seen: Vec<usize> = (0..kv).filter(|&j| mask.sees(i, j)).collect();
+            if seen.is_empty() {
+                continue;
+            }
+            let s: Vec<f64> = seen.iter().map(|&j| qv.iter().zip(&k[(j * kvh + kh) * d..(j * kvh + kh + 1) * d]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale).collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = w.iter().sum();
+            for e in 0..d {
+                let o: f64 = seen.iter().zip(&w).map(|(&j, wj)| wj * v[(j * kvh + kh) * d + e] as f64).sum();
+                out[(i * heads + h) * d + e] = (o / z) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_composite_block_sparse_attention_is_masked_attention() {
+    // the CPU path (the oracle of the GPU tests below) against a direct evaluation of the mask
+    let b = cpu();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for &(t, kv, heads, kvh, d, max, dense) in &[(40, 40, 2, 1, 16, 9, 4), (100, 300, 4, 2, 32, 50, 3), (7, 250, 2, 2, 8, 300, 6), (257, 129, 2, 1, 64, 20, 2)] {
+        for kv_dtype in [DType::F32, DType::F16] {
+            let (qb, kb, allowed) = random_mask(&mut rng, t, kv, max, dense);
+            let mask = BlockMask::new(&*b, &qb, &kb, &allowed).unwrap();
+            let (q, k, v) = (random(t * heads * d, 71), random(kv * kvh * d, 72), random(kv * kvh * d, 73));
+            // the reference reads the values the f16 tensors hold
+            let round = |x: &[f32]| -> Vec<f32> { if kv_dtype == DType::F16 { x.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect() } else { x.to_vec() } };
+            let want = masked_reference(&q, &round(&k), &round(&v), (t, heads, kvh, d, kv), &mask, 1.0 / (d as f64).sqrt());
+            let got = b.attention_block_sparse(&b.upload_f32(&[t, heads, d], &q).unwrap(), &upload(&*b, &[kv, kvh, d], &k, kv_dtype).unwrap(), &upload(&*b, &[kv, kvh, d], &v, kv_dtype).unwrap(), &mask, 1.0 / (d as f32).sqrt(), None).unwrap();
+            let got = b.download_f32(&got).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 1e-5 + 1e-4 * w.abs(), "t={} kv={} {}: element {}: {} vs {}", t, kv, kv_dtype, i, g, w);
+            }
+        }
+    }
+    // a mask must cover the operands
+    let mask = BlockMask::block_diagonal(&*b, &[3, 4]).unwrap();
+    let (q, k) = (b.upload_f32(&[8, 1, 8], &[0.5; 64]).unwrap(), b.upload_f32(&[8, 1, 8], &[0.5; 64]).unwrap());
+    assert!(b.attention_block_sparse(&q, &k, &k, &mask, 1.0, None).is_err());
+    assert!(BlockMask::new(&*b, &[0, 5, 3], &[0, 4], &[true, true]).is_err());
+    assert!(BlockMask::new(&*b, &[0, 4], &[0, 4], &[true, true]).is_err());
+}
+
+#[test]
+fn block_sparse_attention_agrees_with_random_masks() {
+    for g in gpus("block-sparse attention") {
+        let (abs, rel) = attention_tolerance(&*g);
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        // (t, keys, heads, kv_heads, d, largest block, density / 8)
+        let cases = [(1, 1, 1, 1, 8, 1, 8), (17, 65, 2, 1, 16, 10, 4), (200, 200, 4, 2, 64, 70, 3), (129, 1000, 4, 4, 128, 300, 5), (1000, 4100, 2, 1, 64, 900, 2), (4096, 4096, 2, 2, 64, 1100, 1), (300, 257, 8, 2, 72, 1, 4)];
+        for &(t, kv, heads, kvh, d, max, dense) in &cases {
+            for kv_dtype in [DType::F32, DType::F16] {
+                let (qb, kb, allowed) = random_mask(&mut rng, t, kv, max, dense);
+                let (q, k, v) = (random(t * heads * d, 81), random(kv * kvh * d, 82), random(kv * kvh * d, 83));
+                let op = |b: &dyn Backend| -> Result<Tensor> {
+                    let mask = BlockMask::new(b, &qb, &kb, &allowed)?;
+                    b.attention_block_sparse(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[kv, kvh, d], &k, kv_dtype)?, &upload(b, &[kv, kvh, d], &v, kv_dtype)?, &mask, 1.0 / (d as f32).sqrt(), None)
+                };
+                let what = format!("block-sparse t={} keys={} h={}/{} d={} blocks {}x{} {} on {}", t, kv, heads, kvh, d, qb.len() - 1, kb.len() - 1, kv_dtype, g.describe());
+                agree(&what, &*g, &op, abs, rel);
+            }
+        }
+    }
+}
+
+#[test]
+fn vision_attention_with_fused_rotary_agrees() {
+    for g in gpus("vision attention") {
+        let (abs, rel) = attention_tolerance(&*g);
+        // images of 864, 1024, 4 and 300 patches (one, and all in one pass), Qwen3-VL-2B's
+        // vision heads; and the tiny fixture tower's shape
+        for (segments, heads, d) in [(vec![1024], 16, 64), (vec![864, 1024, 4, 300], 16, 64), (vec![64, 36], 2, 16)] {
+            let n: usize = segments.iter().sum();
+            let (q, k, v) = (random(n * heads * d, 91), random(n * heads * d, 92), random(n * heads * d, 93));
+            let angles = random(n * d / 2, 94);
+            let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| ((a * 40.0).cos(), (a * 40.0).sin())).unzip();
+            let op = |b: &dyn Backend| -> Result<Tensor> {
+                let mask = BlockMask::block_diagonal(b, &segments)?;
+                let (c, s) = (b.upload_f32(&[n, d / 2], &cos)?, b.upload_f32(&[n, d / 2], &sin)?);
+                let t = |x: &[f32]| b.upload_f32(&[n, heads, d], x);
+                b.attention_block_sparse(&t(&q)?, &t(&k)?, &t(&v)?, &mask, 1.0 / (d as f32).sqrt(), Some((&c, &s)))
+            };
+            agree(&format!("vision attention segments {:?} h={} d={} on {}", segments, heads, d, g.describe()), &*g, &op, abs, rel);
+        }
+    }
+}

@@ -30,6 +30,9 @@
 //! accumulators, writes the probabilities to its slice of shared memory (`[BN][ROWS]`) and
 //! accumulates `P · V` with one 16-byte load of 4 probabilities and two of V per key.
 //!
+//! With a block mask, the block first classifies its key tiles in parallel (a ballot per 32
+//! tiles into shared memory), so the tile loop reads one bit per tile.
+//!
 //! # Thread mapping
 //! `THREADS` (128) per block; lane `l` of warp `w` is lane `l % TX` of row group
 //! `w · 32 / TX + l / TX`, which holds the block's vectors `4 · group ..+4`. Grid =
@@ -45,7 +48,7 @@
 
 use crate::math::F16;
 use crate::mem::{ex2, ld_f32x4, F32x4, KvVec8};
-use crate::params::block_mask::{bits_at, k_bounds_at, HEADER, MAX_TILE_PAIRS};
+use crate::params::block_mask::{bits_at, k_bounds_at, CLASSIFIED_TILES as MASK_TILES, HEADER, MAX_TILE_PAIRS};
 use crate::params::flash_tile::{BN, CHUNK, P_STRIDE, ROWS, THREADS};
 use crate::params::{flash_tile, FlashParams, CURSOR_FIELDS, CURSOR_ROW};
 use crate::reduce::shfl_xor;
@@ -115,6 +118,21 @@ impl Mask {
     }
 }
 
+/// The lanes of the warp for which `x` holds, as a bit mask (`vote.sync.ballot`); every lane
+/// calls it.
+#[inline(always)]
+fn ballot(x: bool) -> u32 {
+    let r: u32;
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
+            x = in(reg32) x as u32, r = out(reg32) r,
+            options(nomem, nostack),
+        );
+    }
+    r
+}
+
 /// The keys query row `row` sees before the block mask: `0 .. end`.
 #[inline(always)]
 unsafe fn row_end(p: &FlashParams, row: u32) -> u32 {
@@ -143,6 +161,9 @@ pub(crate) struct Plan {
     /// The mask's query blocks of the block's first and last rows.
     qb_lo: u32,
     qb_hi: u32,
+    /// With a mask: the first `MASK_TILES` tiles classified once by the whole block, two bit
+    /// words per 32 tiles in shared memory (seen, checked per element); null without a mask.
+    classes: *const u32,
 }
 
 impl Plan {
@@ -168,7 +189,34 @@ impl Plan {
             Some(m) => (m.q_block(r_lo), m.q_block(r_hi)),
             None => (0, 0),
         };
-        Plan { v0: v0 as usize, g: thread::block_idx_y() as usize, group, nvec, end_max: end_max as usize, end_min, mask, qb_lo, qb_hi }
+        Plan { v0: v0 as usize, g: thread::block_idx_y() as usize, group, nvec, end_max: end_max as usize, end_min, mask, qb_lo, qb_hi, classes: core::ptr::null() }
+    }
+
+    /// With a mask, classifies the first `MASK_TILES` key tiles of `bn` keys once, in parallel,
+    /// into `words` (`block_mask::CLASS_WORDS` u32 of shared memory): warp `w` takes tiles
+    /// `32 (w + warps · r) + lane`, and a ballot per 32 tiles writes their bits, so the tile loop
+    /// reads a bit instead of walking the mask in global memory. Every thread of the block calls
+    /// it (it ends with a barrier); a no-op without a mask.
+    #[inline(always)]
+    pub(crate) unsafe fn classify_tiles(&mut self, bn: usize, words: *mut u32) {
+        if self.mask.is_none() {
+            return; // uniform over the block
+        }
+        let (tid, warps) = (thread::thread_idx_x() as usize, thread::block_dim_x() as usize / 32);
+        let n = self.tiles(bn).min(MASK_TILES);
+        let mut w = tid / 32;
+        while 32 * w < n {
+            let j = 32 * w + tid % 32;
+            let (seen, check) = if j < n { self.classify(j, bn) } else { (false, false) };
+            let (a, b) = (ballot(seen), ballot(check));
+            if tid % 32 == 0 {
+                *words.add(2 * w) = a;
+                *words.add(2 * w + 1) = b;
+            }
+            w += warps;
+        }
+        thread::sync_threads();
+        self.classes = words;
     }
 
     /// Key tiles of `bn` keys that may hold visible keys.
@@ -182,6 +230,16 @@ impl Plan {
     /// cuts the tile, or the mask does not allow every pair).
     #[inline(always)]
     pub(crate) unsafe fn tile(&self, j: usize, bn: usize) -> (bool, bool) {
+        if !self.classes.is_null() && j < MASK_TILES {
+            let (a, b) = (*self.classes.add(2 * (j / 32)), *self.classes.add(2 * (j / 32) + 1));
+            return ((a >> (j % 32)) & 1 != 0, (b >> (j % 32)) & 1 != 0);
+        }
+        self.classify(j, bn)
+    }
+
+    /// [`Plan::tile`] worked out from the mask in global memory.
+    #[inline(always)]
+    unsafe fn classify(&self, j: usize, bn: usize) -> (bool, bool) {
         let (k0, k1) = ((j * bn) as u32, (j * bn + bn).min(self.end_max) as u32);
         let cut = j * bn + bn > self.end_min as usize;
         let m = match self.mask {
@@ -209,6 +267,7 @@ impl Plan {
 
     /// The first tile from `j` on that some vector of the block sees (`tiles(bn)` if none).
     #[inline(always)]
+    #[cfg_attr(not(feature = "sm80"), allow(dead_code))]
     pub(crate) unsafe fn next_tile(&self, mut j: usize, bn: usize) -> usize {
         let n = self.tiles(bn);
         while j < n && !self.tile(j, bn).0 {
@@ -275,6 +334,7 @@ pub(crate) unsafe fn load_q4(p: &FlashParams, row: usize, head: usize, e0: usize
 /// Query elements `e, e + 1` (`e` even, `< d`) of query vector (`row`, `head`), rotated like
 /// [`load_q4`], times `mul`.
 #[inline(always)]
+#[cfg_attr(not(feature = "sm80"), allow(dead_code))]
 pub(crate) unsafe fn load_q2(p: &FlashParams, row: usize, head: usize, e: usize, mul: f32) -> [f32; 2] {
     let d = p.d as usize;
     let base = (p.q as *const f32).add((row * p.heads as usize + head) * d);
@@ -378,10 +438,13 @@ unsafe fn flash_simt<C: KvVec8, const D: usize>(p: FlashParams) {
     let rgroup = w * (32 / tx_n) + lane / tx_n;
     let (heads, d) = (p.heads as usize, p.d as usize);
     let kv_row = p.kv_heads as usize * d;
-    let plan = Plan::new(&p, bm);
+    // dynamic shared memory: K, V tiles, the row groups' probability tiles, the tile classes
     let smem = dynamic_shared_mem::<f32>();
     let (ks, vs) = (smem, smem.add(BN * D));
     let ps = smem.add(2 * BN * D + rgroup * P_STRIDE);
+    let classes = smem.add(2 * BN * D + bm / ROWS * P_STRIDE) as *mut u32;
+    let mut plan = Plan::new(&p, bm);
+    plan.classify_tiles(BN, classes);
 
     // 1. this group's 4 query vectors: 8 dims per lane, pre-scaled; each vector's bounds
     let mul = p.scale * LOG2E;

@@ -11,21 +11,25 @@
 //! free accuracy.
 //!
 //! # Tiling ([`flash_mma_tile`])
-//! `WARPS` (4) warps, each owning 16 query vectors (one m16 row tile), `BM` = 64 per block. Key
-//! tiles of `BN` = 64 keys: K and V are staged as f16 `[BN][D]` in shared memory with the 16-byte
-//! chunks of row `r` XOR-swizzled by `r % 8`, so the `ldmatrix` row reads of 8 consecutive keys
-//! hit 8 different bank groups. An f16 cache is copied with `cp.async` (zero-filled past the
-//! valid keys); f32 K/V are loaded, narrowed and stored. The pipeline overlaps each load with a
-//! product: V of tile `j` loads while `S = Q Kⱼᵀ` runs, K of the next visible tile while
-//! `O += P Vⱼ` runs (one buffer each, two barriers per tile).
+//! `WARPS` (4) warps, each owning `MT = m_tiles(D, f16)` tiles of 16 query vectors (two for
+//! head dims up to 64 with f16 K/V — every K/V fragment read from shared memory then feeds two
+//! products — else one): 128 or 64 vectors per block. Key tiles of `BN` = 64 keys: K and V are
+//! staged as f16 `[BN][D]` in shared memory with the 16-byte chunks of row `r` XOR-swizzled by
+//! `r % 8`, so the `ldmatrix` row reads of 8 consecutive keys hit 8 different bank groups. An f16
+//! cache is copied with `cp.async` (zero-filled past the valid keys); f32 K/V are loaded,
+//! narrowed and stored. The pipeline overlaps each load with a product: V of tile `j` loads
+//! while `S = Q Kⱼᵀ` runs, K of the next visible tile while `O += P Vⱼ` runs (one buffer each,
+//! two barriers per tile). With a block mask, the block classifies its key tiles up front
+//! (`Plan::classify_tiles`).
 //!
 //! # Thread mapping
 //! Lane `l` of a warp holds, in the m16n8k16 fragment layouts, query rows `l / 4` and `l / 4 + 8`
-//! of the warp's tile: the Q fragments (`D / 16` k-steps × 4 registers of f16 pairs, loaded once
-//! from global memory), the score tile `[16 × BN]` (`BN / 8` n-tiles × 4 f32) and the output
-//! `[16 × D]` (`D / 8` × 4 f32). Row maxima reduce over the 4 lanes of a quad; the probability
-//! fragments are the score accumulators converted in place to f16 A fragments. K fragments come
-//! from `ldmatrix.x4`, V fragments from `ldmatrix.x4.trans`.
+//! of each of its m-tiles: the Q fragments (`D / 16` k-steps × 4 registers of f16 pairs, loaded
+//! once from global memory), the score tile `[16 × BN]` (`BN / 8` n-tiles × 4 f32) and the
+//! output `[16 × D]` (`D / 8` × 4 f32). Row maxima and sums reduce as trees over the n-tiles and
+//! then over the 4 lanes of a quad; the probabilities are packed into f16 A fragments as they are
+//! made. K fragments come from `ldmatrix.x4`, V fragments from `ldmatrix.x4.trans`; the lane
+//! keeps one shared-memory base per k-step mod 4 and adds constant offsets inside the asm.
 //!
 //! # Safety
 //! As for the SIMT kernels: the launcher validates everything; block-uniform control flow around
@@ -35,7 +39,9 @@
 use crate::flash::{load_q2, Plan, LOG2E};
 use crate::math::F16;
 use crate::mem::{ex2, F32x4, KvVec8};
-use crate::params::flash_mma_tile::{BM, BN, THREADS};
+use crate::params::flash_mma_tile::{BN, THREADS};
+use crate::params::flash_mma_tile;
+use crate::params::block_mask::CLASS_WORDS;
 use crate::params::FlashParams;
 use crate::reduce::shfl_xor;
 use cuda_std::{kernel, shared_array, thread};
@@ -140,6 +146,13 @@ fn pack_f16x2(lo: f32, hi: f32) -> u32 {
     r
 }
 
+/// `f` folded over 8 values as a tree (depth 3 instead of a chain of 7).
+#[inline(always)]
+fn tree8(x: [f32; 8], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let (a, b, c, d) = (f(x[0], x[1]), f(x[2], x[3]), f(x[4], x[5]), f(x[6], x[7]));
+    f(f(a, b), f(c, d))
+}
+
 /// Byte offset of 16-byte chunk `c` of key row `r` in a swizzled `[BN][D]` f16 tile.
 #[inline(always)]
 fn swizzle<const D: usize>(r: usize, c: usize) -> u32 {
@@ -148,12 +161,15 @@ fn swizzle<const D: usize>(r: usize, c: usize) -> u32 {
 
 /// How one KV dtype reaches a swizzled f16 tile in shared memory.
 trait MmaKv: KvVec8 {
+    /// f16 elements (else f32).
+    const HALF: bool;
     /// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of the rows at `src` (row stride
     /// `row` elements) into the tile at shared address `dst`, dims past `d` zero.
     unsafe fn stage<const D: usize>(dst: u32, src: *const Self, k0: usize, nk: usize, row: usize, d: usize, tid: usize);
 }
 
 impl MmaKv for F16 {
+    const HALF: bool = true;
     #[inline(always)]
     unsafe fn stage<const D: usize>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
         let chunks = D / 8;
@@ -172,6 +188,7 @@ impl MmaKv for F16 {
 }
 
 impl MmaKv for f32 {
+    const HALF: bool = false;
     #[inline(always)]
     unsafe fn stage<const D: usize>(dst: u32, src: *const f32, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
         let chunks = D / 8;
@@ -207,6 +224,9 @@ impl MmaKv for f32 {
 
 #[inline(always)]
 unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
+    // m16 row tiles per warp (see `flash_mma_tile::m_tiles`)
+    const MAX_MT: usize = 2;
+    let mt_n = flash_mma_tile::m_tiles(D, C::HALF);
     // sized for the largest head-dim class
     let ks = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
     let vs = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
@@ -215,28 +235,37 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
     let (gq, tq) = (lane / 4, lane % 4);
     let (heads, d) = (p.heads as usize, p.d as usize);
     let kv_row = p.kv_heads as usize * d;
-    let plan = Plan::new(&p, BM);
+    let mut plan = Plan::new(&p, flash_mma_tile::vectors(D, C::HALF));
+    plan.classify_tiles(BN, shared_array![u32; CLASS_WORDS]);
 
-    // 1. this lane's two rows (vectors `16w + l/4` and `+ 8` of the block) and their Q fragments
-    let (ra, ha, oka) = plan.vector(plan.v0 + 16 * w + gq, heads);
-    let (rb, hb, okb) = plan.vector(plan.v0 + 16 * w + gq + 8, heads);
-    let (sta, stb) = (plan.row_state(&p, ra, oka), plan.row_state(&p, rb, okb));
+    // 1. this lane's rows: vectors `16 · (mt_n · w + mt) + l/4 (+ 8)` of the block, row slot
+    //    `2 mt + h`; their bounds and Q fragments
+    // (recomputed where needed rather than held in registers through the loop)
+    let vector = |mt: usize, h: usize| plan.vector(plan.v0 + 16 * (mt_n * w + mt) + gq + 8 * h, heads);
+    let mut st = [(0u32, 0u32); 2 * MAX_MT];
     let mul = p.scale * LOG2E;
-    let mut qa = [[0u32; 4]; 8];
-    unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
-        for h in 0..2 {
-            let e = 16 * kk + 8 * h + 2 * tq;
-            let xa = if oka && e < d { load_q2(&p, ra, ha, e, mul) } else { [0.0; 2] };
-            let xb = if okb && e < d { load_q2(&p, rb, hb, e, mul) } else { [0.0; 2] };
-            qa[kk][2 * h] = pack_f16x2(xa[0], xa[1]);
-            qa[kk][2 * h + 1] = pack_f16x2(xb[0], xb[1]);
-        }
+    let mut qa = [[[0u32; 4]; 8]; MAX_MT];
+    unroll!(mt < mt_n, [0, 1], {
+        unroll!(h < 2, [0, 1], {
+            let (row, _, ok) = vector(mt, h);
+            st[2 * mt + h] = plan.row_state(&p, row, ok);
+        });
+        unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+            for c in 0..2 {
+                let e = 16 * kk + 8 * c + 2 * tq;
+                for h in 0..2 {
+                    let (row, head, ok) = vector(mt, h);
+                    let x = if ok && e < d { load_q2(&p, row, head, e, mul) } else { [0.0; 2] };
+                    qa[mt][kk][2 * c + h] = pack_f16x2(x[0], x[1]);
+                }
+            }
+        });
     });
 
     // 2. the visible key tiles
-    let mut o = [[0.0f32; 4]; 16];
-    let mut m = [f32::NEG_INFINITY; 2];
-    let mut l = [0.0f32; 2];
+    let mut o = [[[0.0f32; 4]; 16]; MAX_MT];
+    let mut m = [f32::NEG_INFINITY; 2 * MAX_MT];
+    let mut l = [0.0f32; 2 * MAX_MT];
     let (k, v) = ((p.k as *const C).add(plan.g * d), (p.v as *const C).add(plan.g * d));
     let tiles = plan.tiles(BN);
     let (mi, ri) = (lane / 8, lane % 8);
@@ -263,13 +292,16 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
         C::stage::<D>(vs, v, k0, keys(j), kv_row, d, tid);
         cp_async_commit();
 
-        // 2a. S = Q Kᵀ: per k-step of 16 dims, one ldmatrix.x4 gives the B fragments of two n-tiles
-        let mut s = [[0.0f32; 4]; BN / 8];
+        // 2a. S = Q Kᵀ: per k-step of 16 dims, one ldmatrix.x4 gives the B fragments of two
+        //     n-tiles, used by every m-tile of the warp
+        let mut s = [[[0.0f32; 4]; BN / 8]; MAX_MT];
         unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
             unroll!(np < BN / 16, [0, 1, 2, 3], {
                 let b = ldmatrix_x4(k_lane[kk % 4], (np * 16 * D * 2 + (kk / 4) * 128) as u32);
-                s[2 * np] = mma(s[2 * np], qa[kk], b[0], b[1]);
-                s[2 * np + 1] = mma(s[2 * np + 1], qa[kk], b[2], b[3]);
+                unroll!(mt < mt_n, [0, 1], {
+                    s[mt][2 * np] = mma(s[mt][2 * np], qa[mt][kk], b[0], b[1]);
+                    s[mt][2 * np + 1] = mma(s[mt][2 * np + 1], qa[mt][kk], b[2], b[3]);
+                });
             });
         });
         // 2b. masks, row maxima over the quad, rescaled state, probabilities as A fragments
@@ -278,55 +310,62 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
                 unroll!(e < 2, [0, 1], {
                     let key = k0 + 8 * nt + 2 * tq + e;
                     let kb = if plan.mask.is_some() { plan.key_block(key) } else { 0 };
-                    if !plan.sees(sta, key, kb) {
-                        s[nt][e] = f32::NEG_INFINITY;
-                    }
-                    if !plan.sees(stb, key, kb) {
-                        s[nt][2 + e] = f32::NEG_INFINITY;
-                    }
+                    unroll!(mt < mt_n, [0, 1], {
+                        unroll!(h < 2, [0, 1], {
+                            if !plan.sees(st[2 * mt + h], key, kb) {
+                                s[mt][nt][2 * h + e] = f32::NEG_INFINITY;
+                            }
+                        });
+                    });
                 });
             });
         }
-        let mut tm = [f32::NEG_INFINITY; 2];
-        unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
-            tm[0] = tm[0].max(s[nt][0]).max(s[nt][1]);
-            tm[1] = tm[1].max(s[nt][2]).max(s[nt][3]);
-        });
-        let mut base = [0.0f32; 2];
-        let mut alpha = [1.0f32; 2];
-        for r in 0..2 {
-            tm[r] = tm[r].max(shfl_xor(tm[r], 1));
-            tm[r] = tm[r].max(shfl_xor(tm[r], 2));
-            let mn = m[r].max(tm[r]);
-            if mn != f32::NEG_INFINITY {
-                alpha[r] = ex2(m[r] - mn);
-                base[r] = mn;
-            }
-            m[r] = mn;
-            l[r] *= alpha[r];
-        }
-        unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
-            o[dt][0] *= alpha[0];
-            o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1];
-            o[dt][3] *= alpha[1];
-        });
-        unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
-            s[nt][0] = ex2(s[nt][0] - base[0]);
-            s[nt][1] = ex2(s[nt][1] - base[0]);
-            s[nt][2] = ex2(s[nt][2] - base[1]);
-            s[nt][3] = ex2(s[nt][3] - base[1]);
-            l[0] += s[nt][0] + s[nt][1];
-            l[1] += s[nt][2] + s[nt][3];
-        });
-        let mut pa = [[0u32; 4]; BN / 16];
-        unroll!(kc < BN / 16, [0, 1, 2, 3], {
-            pa[kc] = [
-                pack_f16x2(s[2 * kc][0], s[2 * kc][1]),
-                pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
-                pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
-            ];
+        let mut pa = [[[0u32; 4]; BN / 16]; MAX_MT];
+        unroll!(mt < mt_n, [0, 1], {
+            // row maxima and sums as trees over the n-tiles (short dependency chains)
+            let mut tm = [f32::NEG_INFINITY; 2];
+            unroll!(h < 2, [0, 1], {
+                let mut x = [0.0f32; BN / 8];
+                unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+                    x[nt] = s[mt][nt][2 * h].max(s[mt][nt][2 * h + 1]);
+                });
+                tm[h] = tree8(x, f32::max);
+            });
+            let mut base = [0.0f32; 2];
+            let mut alpha = [1.0f32; 2];
+            unroll!(h < 2, [0, 1], {
+                tm[h] = tm[h].max(shfl_xor(tm[h], 1));
+                tm[h] = tm[h].max(shfl_xor(tm[h], 2));
+                let r = 2 * mt + h;
+                let mn = m[r].max(tm[h]);
+                if mn != f32::NEG_INFINITY {
+                    alpha[h] = ex2(m[r] - mn);
+                    base[h] = mn;
+                }
+                m[r] = mn;
+                l[r] *= alpha[h];
+            });
+            unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
+                o[mt][dt][0] *= alpha[0];
+                o[mt][dt][1] *= alpha[0];
+                o[mt][dt][2] *= alpha[1];
+                o[mt][dt][3] *= alpha[1];
+            });
+            // probabilities, packed into A fragments as they are made; row sums in two chains
+            let mut rs = [[0.0f32; 2]; 2];
+            unroll!(kc < BN / 16, [0, 1, 2, 3], {
+                let mut p4 = [[0.0f32; 4]; 2];
+                unroll!(u < 2, [0, 1], {
+                    unroll!(e < 4, [0, 1, 2, 3], {
+                        p4[u][e] = ex2(s[mt][2 * kc + u][e] - base[e / 2]);
+                    });
+                    rs[0][u] += p4[u][0] + p4[u][1];
+                    rs[1][u] += p4[u][2] + p4[u][3];
+                });
+                pa[mt][kc] = [pack_f16x2(p4[0][0], p4[0][1]), pack_f16x2(p4[0][2], p4[0][3]), pack_f16x2(p4[1][0], p4[1][1]), pack_f16x2(p4[1][2], p4[1][3])];
+            });
+            l[2 * mt] += rs[0][0] + rs[0][1];
+            l[2 * mt + 1] += rs[1][0] + rs[1][1];
         });
         cp_async_wait_all();
         thread::sync_threads(); // V_j landed; every warp is done with K_j
@@ -335,35 +374,39 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
             C::stage::<D>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
             cp_async_commit();
         }
-        // 2c. O += P V: per 16 keys, one ldmatrix.x4.trans gives the B fragments of two dim tiles
+        // 2c. O += P V: per 16 keys, one ldmatrix.x4.trans gives the B fragments of two dim
+        //     tiles, used by every m-tile of the warp
         unroll!(kc < BN / 16, [0, 1, 2, 3], {
             unroll!(dp < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
                 let b = ldmatrix_x4_trans(v_lane[dp % 4], (kc * 16 * D * 2 + (dp / 4) * 128) as u32);
-                o[2 * dp] = mma(o[2 * dp], pa[kc], b[0], b[1]);
-                o[2 * dp + 1] = mma(o[2 * dp + 1], pa[kc], b[2], b[3]);
+                unroll!(mt < mt_n, [0, 1], {
+                    o[mt][2 * dp] = mma(o[mt][2 * dp], pa[mt][kc], b[0], b[1]);
+                    o[mt][2 * dp + 1] = mma(o[mt][2 * dp + 1], pa[mt][kc], b[2], b[3]);
+                });
             });
         });
         j = jn;
     }
 
     // 3. row sums over the quad, normalized output
-    for r in 0..2 {
-        l[r] += shfl_xor(l[r], 1);
-        l[r] += shfl_xor(l[r], 2);
-    }
     let out = p.out as *mut f32;
-    unroll!(r < 2, [0, 1], {
-        let (row, head, ok) = if r == 0 { (ra, ha, oka) } else { (rb, hb, okb) };
-        if ok {
-            let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-            let dst = out.add((row * heads + head) * d);
-            unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
-                let e = 8 * dt + 2 * tq;
-                if e < d {
-                    *(dst.add(e) as *mut [f32; 2]) = [o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv];
-                }
-            });
-        }
+    unroll!(mt < mt_n, [0, 1], {
+        unroll!(h < 2, [0, 1], {
+            let r = 2 * mt + h;
+            l[r] += shfl_xor(l[r], 1);
+            l[r] += shfl_xor(l[r], 2);
+            let (row, head, ok) = vector(mt, h);
+            if ok {
+                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+                let dst = out.add((row * heads + head) * d);
+                unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
+                    let e = 8 * dt + 2 * tq;
+                    if e < d {
+                        *(dst.add(e) as *mut [f32; 2]) = [o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv];
+                    }
+                });
+            }
+        });
     });
 }
 

@@ -251,6 +251,11 @@ pub mod block_mask {
     /// (query block, key block) pairs a kernel checks to classify one tile; a tile that touches
     /// more is taken as partly visible (checked per element) without looking further.
     pub const MAX_TILE_PAIRS: usize = 64;
+
+    /// Key tiles a block classifies up front (into `CLASS_WORDS` words of shared memory) when a
+    /// mask is given; later tiles are classified one by one.
+    pub const CLASSIFIED_TILES: usize = 1024;
+    pub const CLASS_WORDS: usize = 2 * CLASSIFIED_TILES / 32;
 }
 
 /// Tile shape of the SIMT `flash_attention_d{64,128}_*` kernels. A row group of `TX = D / 8`
@@ -274,22 +279,37 @@ pub mod flash_tile {
     /// row groups of a warp read different banks.
     pub const P_STRIDE: usize = BN * ROWS + 4;
     /// Dynamic shared memory of a block for head-dim class `dc`: the K and V tiles (`BN × dc`
-    /// f32 each) and the probability tiles of its row groups.
+    /// f32 each), the probability tiles of its row groups and the mask's tile classes. (The
+    /// kernels declare no static shared memory: `cuda_std` declares the dynamic array with a
+    /// size, so ptxas lays it out among the static ones and writes past it would reach them.)
     pub const fn smem_bytes(dc: usize) -> usize {
-        4 * (2 * BN * dc + vectors(dc) / ROWS * P_STRIDE)
+        4 * (2 * BN * dc + vectors(dc) / ROWS * P_STRIDE + super::block_mask::CLASS_WORDS)
     }
 }
 
-/// Tile shape of the tensor-core `flash_attention_mma_d{64,128}_*` kernels: each warp owns 16
-/// query vectors (one m16 tile), `WARPS` warps per block, key tiles of `BN` keys staged in shared
-/// memory as f16 (`cp.async` straight from an f16 cache).
+/// Tile shape of the tensor-core `flash_attention_mma_d{64,128}_*` kernels: each warp owns
+/// `m_tiles(D)` tiles of 16 query vectors, `WARPS` warps per block, key tiles of `BN` keys staged
+/// in shared memory as f16 (`cp.async` straight from an f16 cache).
 pub mod flash_mma_tile {
     pub const WARPS: u32 = 4;
     pub const THREADS: u32 = WARPS * 32;
-    /// Query vectors per block.
-    pub const BM: usize = 16 * WARPS as usize;
     /// Keys per tile.
     pub const BN: usize = 64;
+    /// m16 row tiles per warp for head-dim class `dc` and K/V of f16 (else f32): two for 64
+    /// with f16 K/V (each K/V fragment read from shared memory feeds twice the products), else
+    /// one (the 128 class's wider accumulators, or the registers f32 K/V pass through as they are
+    /// narrowed, fill the register file).
+    pub const fn m_tiles(dc: usize, f16_kv: bool) -> usize {
+        if dc <= 64 && f16_kv {
+            2
+        } else {
+            1
+        }
+    }
+    /// Query vectors per block.
+    pub const fn vectors(dc: usize, f16_kv: bool) -> usize {
+        16 * m_tiles(dc, f16_kv) * WARPS as usize
+    }
 }
 
 /// The flash kernels take head dims up to this (in two classes: up to 64, up to 128); larger

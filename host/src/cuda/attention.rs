@@ -140,7 +140,8 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
         scale: p.scale,
         _pad: 0,
     };
-    let vectors = if mma { flash_mma_tile::BM } else { flash_tile::vectors(if small { 64 } else { 128 }) };
+    let dc = if small { 64 } else { 128 };
+    let vectors = if mma { flash_mma_tile::vectors(dc, kv_dtype == DType::F16) } else { flash_tile::vectors(dc) };
     let tiles = ceil_div(s.t * group, vectors);
     if tiles == 0 {
         return Ok(());

@@ -34,10 +34,6 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn assert_logits_close(what: &str, got: &[f32], want: &[f32]) {
-    common::assert_close_to_std(what, got, want, 1e-3);
-}
-
 fn load(case: &str, b: &dyn Backend) -> Model {
     Model::load(&case_dir(case), b, &mut |_, _| {}).unwrap_or_else(|e| panic!("{}: {}", case, e))
 }
@@ -73,7 +69,7 @@ fn every_position_matches_transformers() {
                 let h = model.text.forward(&*b, x, &cur, &mut cache, None).unwrap();
                 let got = b.download_f32(&model.text.logits(&*b, &h).unwrap()).unwrap();
                 let want = read_f32(case, p["all_logits_file"].as_str().unwrap());
-                assert_logits_close(&format!("{} all positions on {}", case, b.describe()), &got, &want);
+                common::assert_close_to_std(&format!("{} all positions on {}", case, b.describe()), &got, &want, 1e-3);
             }
         }
     }
@@ -139,7 +135,7 @@ fn a_prompt_fed_in_pieces_gives_the_same_logits_as_in_one_go() {
         parts.feed(&prompt[..7]).unwrap();
         parts.feed(&prompt[7..19]).unwrap();
         let got = parts.feed(&prompt[19..]).unwrap();
-        assert_logits_close(&format!("pieces on {}", b.describe()), &got, &want);
+        common::assert_close_to_std(&format!("pieces on {}", b.describe()), &got, &want, 1e-3);
     }
 }
 

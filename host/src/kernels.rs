@@ -138,6 +138,11 @@ kernel_table! {
     SampleTopkF32 = "sample_topk_f32" @ Compute61,
     SamplePickF32 = "sample_pick_f32" @ Compute61,
     CastF16F32 = "cast_f16_f32" @ Compute61,
+    MatmulBigF32 = "matmul_big_f32" @ Compute61,
+    MatmulBigF16 = "matmul_big_f16" @ Compute61,
+    MatmulBigBf16 = "matmul_big_bf16" @ Compute61,
+    MatmulMmaF16 = "matmul_mma_f16" @ Compute80,
+    MatmulMmaBf16 = "matmul_mma_bf16" @ Compute80,
 }
 
 impl Kernel {
@@ -149,6 +154,20 @@ impl Kernel {
     /// The tiled matmul for weights of `dtype`.
     pub fn matmul(dtype: DType) -> Result<Kernel> {
         by_weight(dtype, [Kernel::MatmulF32, Kernel::MatmulF16, Kernel::MatmulBf16])
+    }
+
+    /// The 128 × 128-tile SIMT matmul for weights of `dtype`.
+    pub fn matmul_big(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::MatmulBigF32, Kernel::MatmulBigF16, Kernel::MatmulBigBf16])
+    }
+
+    /// The tensor-core matmul for 16-bit weights of `dtype` (compute_80 module).
+    pub fn matmul_mma(dtype: DType) -> Result<Kernel> {
+        match dtype {
+            DType::F16 => Ok(Kernel::MatmulMmaF16),
+            DType::BF16 => Ok(Kernel::MatmulMmaBf16),
+            other => Err(Error::DType { op: "matmul_mma", expected: "f16 or bf16 weights", got: other }),
+        }
     }
 
     /// The embedding lookup for a table of `dtype`.

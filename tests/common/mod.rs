@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use approx::assert_relative_eq;
-use qwen3_vl::{select_device, Backend, DType, DeviceKind, DeviceRequest, Result, Tensor};
+use qwen3_vl::kernels::{Arch, KernelsRequest};
+use qwen3_vl::{select_device, select_device_with, Backend, DType, DeviceKind, DeviceRequest, Result, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -52,11 +53,18 @@ pub fn cpu() -> Arc<dyn Backend> {
     select_device(DeviceRequest::Cpu, None).expect("the CPU backend always starts").backend
 }
 
-/// The CPU backend, plus the CUDA one when this machine has a GPU: model tests run on each.
+/// The CPU backend, plus the CUDA one when this machine has a GPU (the best module for the
+/// device) and, where that is not compute_61, CUDA forced to the compute_61 module too: model
+/// tests run on each.
 pub fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
     let mut v = vec![cpu()];
     if let Some(g) = gpu(test) {
+        let best_is_61 = g.describe().contains(Arch::Compute61.name());
         v.push(g);
+        if !best_is_61 {
+            let forced = select_device_with(DeviceRequest::Cuda, KernelsRequest::Force(Arch::Compute61), None).expect("the compute_61 module loads wherever a newer one does");
+            v.push(forced.backend);
+        }
     }
     v
 }

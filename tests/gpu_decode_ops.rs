@@ -44,7 +44,7 @@ fn linear_agrees_for_every_kernel_with_bias_residual_and_gelu() {
                 algos.push(LinearAlgo::GemvVec);
             }
             if tensor_cores && dtype != DType::F32 && LinearAlgo::vector_rows(k, dtype) {
-                algos.push(LinearAlgo::Mma);
+                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().map(|&(tm, tn)| LinearAlgo::Mma(tm, tn)));
             }
             for &algo in &algos {
                 if matches!(algo, LinearAlgo::Gemv | LinearAlgo::GemvVec) && m > 4 {
@@ -66,8 +66,8 @@ fn linear_agrees_for_every_kernel_with_bias_residual_and_gelu() {
                     // the tensor-core kernel splits each activation into two 16-bit parts (error
                     // ~2^-16 relative) and accumulates in the tensor cores' f32: allowed 4x the
                     // f32 kernels' reassociation error
-                    let abs = 1e-5 * (k as f32).sqrt() * if algo == LinearAlgo::Mma { 16.0 } else { 4.0 };
-                    agree(&name, &*g, &op, abs, if algo == LinearAlgo::Mma { 4e-4 } else { 1e-4 });
+                    let abs = 1e-5 * (k as f32).sqrt() * if matches!(algo, LinearAlgo::Mma(..)) { 16.0 } else { 4.0 };
+                    agree(&name, &*g, &op, abs, if matches!(algo, LinearAlgo::Mma(..)) { 4e-4 } else { 1e-4 });
                 }
             }
         }

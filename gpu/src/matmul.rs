@@ -26,7 +26,7 @@
 //! grid matches; barriers sit only in code that all threads of the block execute.
 
 use crate::math::{gelu_erf, gelu_tanh, Bf16, WeightElem, F16};
-use crate::mem::{ld_f32x4, F32x4};
+use crate::mem::{ld_shared_f32x4, shared_addr, st_shared_f32, F32x4};
 use crate::params::matmul_tile::{BK, BM, BN};
 use crate::params::{matmul_big_tile, LinearParams, ACT_GELU_ERF, ACT_GELU_TANH};
 use cuda_std::{kernel, shared_array, thread};
@@ -154,8 +154,9 @@ const GBK: usize = matmul_big_tile::BK as usize;
 /// Safety: the launcher checks sizes; every thread reaches every barrier.
 #[inline(always)]
 unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
-    let a_s = shared_array![F32x4; 2 * GBK * GBM / 4] as *mut f32;
-    let w_s = shared_array![F32x4; 2 * GBK * GBN / 4] as *mut f32;
+    // shared-space byte addresses of the two staged operands (explicit ld/st.shared)
+    let a_s = shared_addr(shared_array![F32x4; 2 * GBK * GBM / 4]);
+    let w_s = shared_addr(shared_array![F32x4; 2 * GBK * GBN / 4]);
     let stage = GBK * GBM;
     let tid = thread::thread_idx_x() as usize;
     let (tx, ty) = (tid % 16, tid / 16);
@@ -180,10 +181,11 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
         }
         (av, wv)
     };
+    // (the four scalar loads of a row are consecutive: the compiler merges what it can)
     let store = |buf: usize, (av, wv): ([f32; 4], [f32; 4])| {
         for j in 0..4 {
-            *a_s.add(buf * stage + (lk + j) * GBM + lr) = av[j];
-            *w_s.add(buf * stage + (lk + j) * GBN + lr) = wv[j];
+            st_shared_f32(a_s + 4 * (buf * stage + (lk + j) * GBM + lr) as u64, av[j]);
+            st_shared_f32(w_s + 4 * (buf * stage + (lk + j) * GBN + lr) as u64, wv[j]);
         }
     };
     let mut acc = [[0.0f32; 8]; 8];
@@ -195,10 +197,10 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
         let more = s + 1 < stages;
         let next = if more { load((s + 1) * GBK) } else { ([0.0; 4], [0.0; 4]) };
         for kk in 0..GBK {
-            let ar = a_s.add(cur * stage + kk * GBM);
-            let wr = w_s.add(cur * stage + kk * GBN);
-            let (a0, a1) = (ld_f32x4(ar.add(4 * ty)), ld_f32x4(ar.add(64 + 4 * ty)));
-            let (w0, w1) = (ld_f32x4(wr.add(4 * tx)), ld_f32x4(wr.add(64 + 4 * tx)));
+            let ar = a_s + 4 * (cur * stage + kk * GBM) as u64;
+            let wr = w_s + 4 * (cur * stage + kk * GBN) as u64;
+            let (a0, a1) = (ld_shared_f32x4(ar + 16 * ty as u64), ld_shared_f32x4(ar + 4 * (64 + 4 * ty) as u64));
+            let (w0, w1) = (ld_shared_f32x4(wr + 16 * tx as u64), ld_shared_f32x4(wr + 4 * (64 + 4 * tx) as u64));
             let av = [a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]];
             let wv = [w0[0], w0[1], w0[2], w0[3], w1[0], w1[1], w1[2], w1[3]];
             for i in 0..8 {

@@ -13,7 +13,8 @@
 //! `c` `[m, n]` f32. `k` a multiple of 8 (16-byte weight rows); the launcher checks.
 //!
 //! # Tiling
-//! A block computes a `BM × BN` (128 × 128) tile of `c`, walking `k` in steps of `BK` (32). Each
+//! A block computes a `TM × TN` tile of `c` (128 × 128; 64 × 128 and 64 × 64 variants give
+//! more blocks for smaller `m`), walking `k` in steps of `BK` (32). Each
 //! step stages `a[128 rows, 32]` (f32 loads, split into high and low parts, 16-byte shared
 //! stores) and `w[128 rows, 32]` (`cp.async` 16-byte copies, zero-filled past `n` and `k`) in
 //! shared memory (48 KiB in all), two buffers:
@@ -22,11 +23,12 @@
 //! rows an `ldmatrix` reads at one logical chunk fall in eight different bank groups.
 //!
 //! # Thread mapping
-//! 256 threads = 8 warps as 2 (m) × 4 (n); a warp owns a 64 × 32 tile: 4 × 4 mma tiles of
-//! 16 × 8, accumulators in registers (64 f32 per thread). Per 16-wide k step a warp loads its
+//! 256 threads = 8 warps as 2 (m) × 4 (n); a warp owns a `TM/2 × TN/4` tile (64 × 32 for the
+//! largest: 4 × 4 mma tiles of 16 × 8, 64 f32 accumulators per thread). Per 16-wide k step a warp loads its
 //! A fragments with `ldmatrix.x4` (one per 16 rows, high and low) and its B fragments with
-//! `ldmatrix.x4` (two n-tiles each), then issues 32 `mma`s. Staging: thread `t` converts 16 floats of row
-//! `t / 2` of `a` and copies 32 bytes of row `t / 2` of `w`.
+//! `ldmatrix.x4` (two n-tiles each), then issues two `mma`s per tile. Staging: thread `t` takes
+//! the 16-byte chunks `t, t + 256, ...` of each tile (8 activations converted and split, or 8
+//! weights copied asynchronously).
 //!
 //! # Safety
 //! The launcher checks sizes, `k % 8 == 0`, and that the compute_80 module is loaded. Every
@@ -35,7 +37,7 @@
 
 use crate::math::{Bf16, F16};
 use crate::matmul::finish;
-use crate::mem::ld_f32x4;
+use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
 use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
 use crate::params::LinearParams;
 use cuda_std::{kernel, shared_array, thread};
@@ -45,7 +47,8 @@ const TBN: usize = BN as usize;
 const TBK: usize = BK as usize;
 /// 16-byte chunks per staged row.
 const CHUNKS: usize = TBK / 8;
-/// Warp tile: 64 rows × 32 columns as 4 × 4 mma tiles.
+/// The largest warp tile: 64 rows × 32 columns as 4 × 4 mma tiles (register arrays are this
+/// size; smaller tiles use part of them).
 const MT: usize = 4;
 const NT: usize = 4;
 
@@ -123,14 +126,6 @@ impl MmaElem for F16 {
     }
 }
 
-/// The shared-state-space address of a generic pointer into shared memory.
-#[inline(always)]
-unsafe fn shared_addr<T>(p: *const T) -> u64 {
-    let s: u64;
-    core::arch::asm!("cvta.to.shared.u64 {}, {};", out(reg64) s, in(reg64) p, options(pure, nomem, nostack));
-    s
-}
-
 /// Four 8 × 8 b16 matrices from shared memory, lane `l` giving the address of row `l % 8` of
 /// matrix `l / 8`.
 #[inline(always)]
@@ -173,58 +168,65 @@ fn chunk_offset(row: usize, c: usize) -> usize {
 }
 
 #[inline(always)]
-unsafe fn mma_linear<W: MmaElem>(p: LinearParams) {
-    // 16-byte aligned staging buffers: [2 buffers][128 rows][32 elements] of 16 bits each, for
-    // the activations' high parts, their low parts, and the weights
+unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearParams) {
+    // 16-byte aligned staging buffers for the largest tile: [2 buffers][rows][32 elements] of
+    // 16 bits each, for the activations' high parts, their low parts, and the weights
     let a_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
     let l_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
     let w_s = shared_array![crate::mem::F32x4; 2 * TBN * TBK / 8] as *mut u8;
-    let buf_bytes = TBM * TBK * 2;
+    let (a_buf, w_buf) = (TM * TBK * 2, TN * TBK * 2);
+    // the warp tile: (TM / 2) × (TN / 4) as mt × nt mma tiles (at most 4 × 4)
+    let (mts, nts) = (TM / 32, TN / 32);
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
     let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
-    let (row0, col0) = (thread::block_idx_y() as usize * TBM, thread::block_idx_x() as usize * TBN);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
     let a = p.a as *const f32;
     let w = p.w as *const u8;
     let (a_sh, l_sh, w_sh) = (shared_addr(a_s), shared_addr(l_s), shared_addr(w_s));
-    // staging coordinates: row `sr` of both tiles, 16 elements from `sk`
-    let (sr, sk) = (tid / 2, (tid % 2) * 16);
-    let load_a = |k0: usize| -> [f32; 16] {
-        let mut v = [0.0f32; 16];
-        let (r, kk) = (row0 + sr, k0 + sk);
-        if r < m {
-            for q in 0..4 {
-                if kk + 4 * q < k {
-                    let x = ld_f32x4(a.add(r * lda + kk + 4 * q));
-                    for e in 0..4 {
-                        v[4 * q + e] = x[e];
+    // staging: thread t takes 16-byte chunks t, t + 256, ... of each tile (4 chunks per row)
+    let (a_chunks, w_chunks) = (TM * CHUNKS / 256, TN * CHUNKS / 256);
+    let load_a = |k0: usize| -> [[f32; 8]; 2] {
+        let mut v = [[0.0f32; 8]; 2];
+        for i in 0..a_chunks {
+            let ch = tid + 256 * i;
+            let (r, kk) = (row0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            if r < m {
+                for q in 0..2 {
+                    if kk + 4 * q < k {
+                        let x = ld_f32x4(a.add(r * lda + kk + 4 * q));
+                        for e in 0..4 {
+                            v[i][4 * q + e] = x[e];
+                        }
                     }
                 }
             }
         }
         v
     };
-    let store_a = |buf: usize, v: &[f32; 16]| {
-        for h in 0..2 {
+    let store_a = |buf: usize, v: &[[f32; 8]; 2]| {
+        for i in 0..a_chunks {
+            let ch = tid + 256 * i;
             let mut hi = [0u32; 4];
             let mut lo = [0u32; 4];
             for q in 0..4 {
-                let (x0, x1) = (v[8 * h + 2 * q], v[8 * h + 2 * q + 1]);
+                let (x0, x1) = (v[i][2 * q], v[i][2 * q + 1]);
                 hi[q] = W::pack(x0, x1);
                 lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
             }
-            let at = buf * buf_bytes + chunk_offset(sr, sk / 8 + h);
-            *(a_s.add(at) as *mut [u32; 4]) = hi;
-            *(l_s.add(at) as *mut [u32; 4]) = lo;
+            let at = (buf * a_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64;
+            st_shared_v4(a_sh + at, hi);
+            st_shared_v4(l_sh + at, lo);
         }
     };
     let load_w = |buf: usize, k0: usize| {
-        let (r, kk) = (col0 + sr, k0 + sk);
-        for h in 0..2 {
-            let ok = r < n && kk + 8 * h < k;
-            let src = if ok { w.add((r * k + kk + 8 * h) * 2) } else { w };
-            cp_async_16(w_sh + (buf * buf_bytes + chunk_offset(sr, sk / 8 + h)) as u64, src, if ok { 16 } else { 0 });
+        for i in 0..w_chunks {
+            let ch = tid + 256 * i;
+            let (r, kk) = (col0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            let ok = r < n && kk < k;
+            let src = if ok { w.add((r * k + kk) * 2) } else { w };
+            cp_async_16(w_sh + (buf * w_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64, src, if ok { 16 } else { 0 });
         }
     };
 
@@ -246,25 +248,25 @@ unsafe fn mma_linear<W: MmaElem>(p: LinearParams) {
             cp_async_commit();
             next_a = load_a((step + 1) * TBK);
         }
-        // 3. two 16-wide k steps of mma over the warp's 64 × 32 tile
+        // 3. two 16-wide k steps of mma over the warp's tile (high and low activation parts)
         for ks in 0..TBK / 16 {
             let mut af = [[0u32; 4]; MT];
             let mut lf = [[0u32; 4]; MT];
-            for mt in 0..MT {
-                let r = wm * 64 + mt * 16 + (lane & 15);
-                let at = (cur * buf_bytes + chunk_offset(r, ks * 2 + (lane >> 4))) as u64;
+            for mt in 0..mts {
+                let r = wm * (TM / 2) + mt * 16 + (lane & 15);
+                let at = (cur * a_buf + chunk_offset(r, ks * 2 + (lane >> 4))) as u64;
                 af[mt] = ldmatrix_x4(a_sh + at);
                 lf[mt] = ldmatrix_x4(l_sh + at);
             }
             let mut bf = [[0u32; 2]; NT];
-            for np in 0..NT / 2 {
-                let r = wn * 32 + np * 16 + (lane & 7) + 8 * (lane >> 4);
-                let x = ldmatrix_x4(w_sh + (cur * buf_bytes + chunk_offset(r, ks * 2 + ((lane >> 3) & 1))) as u64);
+            for np in 0..nts / 2 {
+                let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
+                let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset(r, ks * 2 + ((lane >> 3) & 1))) as u64);
                 bf[2 * np] = [x[0], x[1]];
                 bf[2 * np + 1] = [x[2], x[3]];
             }
-            for mt in 0..MT {
-                for nt in 0..NT {
+            for mt in 0..mts {
+                for nt in 0..nts {
                     W::mma(&mut acc[mt][nt], &lf[mt], &bf[nt]);
                     W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
                 }
@@ -279,10 +281,10 @@ unsafe fn mma_linear<W: MmaElem>(p: LinearParams) {
     }
 
     // 5. epilogue (bias, activation, residual), one mma tile at a time
-    for mt in 0..MT {
-        for nt in 0..NT {
-            let r = row0 + wm * 64 + mt * 16 + lane / 4;
-            let col = col0 + wn * 32 + nt * 8 + 2 * (lane % 4);
+    for mt in 0..mts {
+        for nt in 0..nts {
+            let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
             store_tile(&p, acc[mt][nt], r, col);
         }
     }
@@ -312,14 +314,39 @@ unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     }
 }
 
-/// `c = act(a · wᵀ + bias) + residual` on tensor cores, bf16 weights. See the module docs.
+/// `c = act(a · wᵀ + bias) + residual` on tensor cores, bf16 weights, 128 × 128 tiles. See the
+/// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_bf16(p: LinearParams) {
-    mma_linear::<Bf16>(p)
+    mma_linear::<Bf16, 128, 128>(p)
 }
 
-/// `c = act(a · wᵀ + bias) + residual` on tensor cores, f16 weights. See the module docs.
+/// As [`matmul_mma_bf16`], f16 weights.
 #[kernel]
 pub unsafe fn matmul_mma_f16(p: LinearParams) {
-    mma_linear::<F16>(p)
+    mma_linear::<F16, 128, 128>(p)
+}
+
+/// As [`matmul_mma_bf16`], 64 × 128 tiles (twice the blocks for medium `m`).
+#[kernel]
+pub unsafe fn matmul_mma_64x128_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 128>(p)
+}
+
+/// As [`matmul_mma_f16`], 64 × 128 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_64x128_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 128>(p)
+}
+
+/// As [`matmul_mma_bf16`], 64 × 64 tiles (small `m`: four times the blocks).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 64>(p)
+}
+
+/// As [`matmul_mma_f16`], 64 × 64 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 64>(p)
 }

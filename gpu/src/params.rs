@@ -217,10 +217,13 @@ pub mod matmul_big_tile {
 
 /// Tile sizes of `matmul_mma_*` (compute_80 tensor-core GEMM).
 pub mod mma_tile {
-    /// Rows of `c` per block.
+    /// Rows of `c` per block of the largest tile (`matmul_mma_*`); the variants are named by
+    /// their tile (`matmul_mma_64x128_*`, `matmul_mma_64x64_*`).
     pub const BM: u32 = 128;
-    /// Columns of `c` per block.
+    /// Columns of `c` per block of the largest tile.
     pub const BN: u32 = 128;
+    /// The tiles the kernels come in: (rows, columns), largest first.
+    pub const TILES: [(u32, u32); 3] = [(128, 128), (64, 128), (64, 64)];
     /// Depth of one shared-memory stage (two mma k-steps).
     pub const BK: u32 = 32;
     /// Warps along n (2 along m): a warp owns a 64 × 32 tile.

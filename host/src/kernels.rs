@@ -143,6 +143,10 @@ kernel_table! {
     MatmulBigBf16 = "matmul_big_bf16" @ Compute61,
     MatmulMmaF16 = "matmul_mma_f16" @ Compute80,
     MatmulMmaBf16 = "matmul_mma_bf16" @ Compute80,
+    MatmulMma64x128F16 = "matmul_mma_64x128_f16" @ Compute80,
+    MatmulMma64x128Bf16 = "matmul_mma_64x128_bf16" @ Compute80,
+    MatmulMma64x64F16 = "matmul_mma_64x64_f16" @ Compute80,
+    MatmulMma64x64Bf16 = "matmul_mma_64x64_bf16" @ Compute80,
 }
 
 impl Kernel {
@@ -161,12 +165,19 @@ impl Kernel {
         by_weight(dtype, [Kernel::MatmulBigF32, Kernel::MatmulBigF16, Kernel::MatmulBigBf16])
     }
 
-    /// The tensor-core matmul for 16-bit weights of `dtype` (compute_80 module).
-    pub fn matmul_mma(dtype: DType) -> Result<Kernel> {
-        match dtype {
-            DType::F16 => Ok(Kernel::MatmulMmaF16),
-            DType::BF16 => Ok(Kernel::MatmulMmaBf16),
+    /// The tensor-core matmul with `(rows, columns)` tiles (one of `gpu::params::mma_tile::TILES`)
+    /// for 16-bit weights of `dtype` (compute_80 module).
+    pub fn matmul_mma(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
+        let pick = |f16: Kernel, bf16: Kernel| match dtype {
+            DType::F16 => Ok(f16),
+            DType::BF16 => Ok(bf16),
             other => Err(Error::DType { op: "matmul_mma", expected: "f16 or bf16 weights", got: other }),
+        };
+        match tile {
+            (128, 128) => pick(Kernel::MatmulMmaF16, Kernel::MatmulMmaBf16),
+            (64, 128) => pick(Kernel::MatmulMma64x128F16, Kernel::MatmulMma64x128Bf16),
+            (64, 64) => pick(Kernel::MatmulMma64x64F16, Kernel::MatmulMma64x64Bf16),
+            other => Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
         }
     }
 

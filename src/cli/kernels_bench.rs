@@ -166,7 +166,7 @@ mod cuda_bench {
         let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
         for &m in &[64usize, 512, 4096] {
             for &(name, k, nout) in &gemms {
-                let algo = b.pick_linear(m, k, wd);
+                let algo = b.pick_linear(m, nout, k, wd);
                 let w = b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))?;
                 let x = b.upload_f32(&[m, k], &vec![0.01; m * k])?;
                 let t = time(b, a.reps.min(5), 5, &mut |_| b.linear_with(algo, &x, &w, None, None).map(drop))?;

@@ -31,8 +31,9 @@ pub enum LinearAlgo {
     GemvVec,
     /// `matmul_big_*`: 128 × 128 SIMT tiles, 8 × 8 per thread.
     Big,
-    /// `matmul_mma_*`: tensor cores (compute_80 module, f16/bf16 weights, `k % 8 == 0`).
-    Mma,
+    /// `matmul_mma_*`: tensor cores (compute_80 module, f16/bf16 weights, `k % 8 == 0`), with
+    /// `(rows, columns)` block tiles (one of `mma_tile::TILES`).
+    Mma(u32, u32),
 }
 
 impl LinearAlgo {
@@ -42,12 +43,16 @@ impl LinearAlgo {
         (k * dtype.size_of()) % 16 == 0
     }
 
-    /// The kernel the backend uses for `m` rows of `k` inputs with weights of `dtype` when the
-    /// module of `arch` is loaded.
-    pub fn pick(m: usize, k: usize, dtype: DType, arch: Arch) -> LinearAlgo {
+    /// The kernel the backend uses for `m` rows, `n` outputs and `k` inputs with weights of
+    /// `dtype` when the module of `arch` is loaded on a device of `sms` multiprocessors. The
+    /// tensor-core tile is the largest that still gives every multiprocessor a block.
+    pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
         if m > GEMV_MAX_ROWS {
             if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
-                LinearAlgo::Mma
+                let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
+                let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
+                let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= sms as usize).unwrap_or(last);
+                LinearAlgo::Mma(tm, tn)
             } else if m >= BIG_MIN_ROWS {
                 LinearAlgo::Big
             } else {
@@ -118,7 +123,7 @@ pub fn linear(
         LinearAlgo::Gemv => Kernel::gemv(wdtype)?,
         LinearAlgo::GemvVec => Kernel::gemv_vec(wdtype)?,
         LinearAlgo::Big => Kernel::matmul_big(wdtype)?,
-        LinearAlgo::Mma => Kernel::matmul_mma(wdtype)?,
+        LinearAlgo::Mma(tm, tn) => Kernel::matmul_mma(wdtype, (tm, tn))?,
     };
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
@@ -135,11 +140,11 @@ pub fn linear(
     if norm.is_some() && algo != LinearAlgo::GemvVec {
         return Err(Error::Limit { op: kernel.name(), msg: "only the vector GEMV fuses an RMSNorm".into() });
     }
-    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma);
+    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..));
     if act != ACT_NONE && !tiled {
         return Err(Error::Limit { op: kernel.name(), msg: "only the tiled kernels fuse an activation".into() });
     }
-    if algo == LinearAlgo::Mma && !LinearAlgo::vector_rows(k, wdtype) {
+    if matches!(algo, LinearAlgo::Mma(..)) && !LinearAlgo::vector_rows(k, wdtype) {
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte weight rows (k = {} of {})", k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
@@ -179,8 +184,8 @@ pub fn linear(
             [grid_dim(kernel, "x", ceil_div(n, matmul_big_tile::BN as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, matmul_big_tile::BM as usize), MAX_GRID_Y)?, 1],
             matmul_big_tile::THREADS,
         ),
-        LinearAlgo::Mma => (
-            [grid_dim(kernel, "x", ceil_div(n, mma_tile::BN as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, mma_tile::BM as usize), MAX_GRID_Y)?, 1],
+        LinearAlgo::Mma(tm, tn) => (
+            [grid_dim(kernel, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, 1],
             mma_tile::THREADS,
         ),
     };
@@ -225,8 +230,8 @@ impl CudaBackend {
     }
 
     /// The kernel [`crate::Backend::linear`] uses for these shapes on this device's module.
-    pub fn pick_linear(&self, m: usize, k: usize, dtype: DType) -> LinearAlgo {
-        LinearAlgo::pick(m, k, dtype, self.kernels.arch())
+    pub fn pick_linear(&self, m: usize, n: usize, k: usize, dtype: DType) -> LinearAlgo {
+        LinearAlgo::pick(m, n, k, dtype, self.kernels.arch(), self.sms)
     }
 
     /// [`CudaBackend::linear_with`] with an optional RMSNorm `(weight [k] f32, eps)` of the
@@ -265,8 +270,8 @@ impl CudaBackend {
     }
 
     pub(super) fn rms_norm_linear_op(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        let (m, _, k) = ops::linear_dims(x, w, bias)?;
-        match self.pick_linear(m, k, w.dtype()) {
+        let (m, n, k) = ops::linear_dims(x, w, bias)?;
+        match self.pick_linear(m, n, k, w.dtype()) {
             LinearAlgo::GemvVec if norm_fits(m, k) => self.linear_normed(LinearAlgo::GemvVec, x, Some((norm, eps)), w, bias, None),
             // prefill-sized inputs (or rows the stage cannot hold): the norm, then the product
             _ => self.linear_op(&self.rms_norm_op(x, norm, eps)?, w, bias, None),
@@ -274,14 +279,14 @@ impl CudaBackend {
     }
 
     pub(super) fn linear_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
-        let (m, _, k) = ops::linear_dims(a, w, bias)?;
-        self.linear_with(self.pick_linear(m, k, w.dtype()), a, w, bias, residual)
+        let (m, n, k) = ops::linear_dims(a, w, bias)?;
+        self.linear_with(self.pick_linear(m, n, k, w.dtype()), a, w, bias, residual)
     }
 
     pub(super) fn linear_gelu_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: crate::backend::Gelu) -> Result<Tensor> {
-        let (m, _, k) = ops::linear_dims(a, w, bias)?;
-        let algo = self.pick_linear(m, k, w.dtype());
-        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma) {
+        let (m, n, k) = ops::linear_dims(a, w, bias)?;
+        let algo = self.pick_linear(m, n, k, w.dtype());
+        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..)) {
             // decode-sized inputs: the product, then the activation
             return self.gelu_op(&self.linear_op(a, w, bias, None)?, kind);
         }
@@ -299,7 +304,7 @@ impl CudaBackend {
         if up.shape() != gate.shape() || up.dtype() != gate.dtype() {
             return Err(Error::shape(OP, &[gate.shape(), up.shape()], "gate and up weights must have one shape and dtype"));
         }
-        let fused = self.pick_linear(m, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
+        let fused = self.pick_linear(m, n, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
             // prefill-sized (or odd-k) inputs: the norm, two products and the elementwise gate
             let normed;

@@ -2,7 +2,7 @@
 //! architecture (tests/fixtures/text, made by tools/make_fixtures.py) with the logits and greedy
 //! continuations transformers computed. Runs on the CPU, and on the GPU when there is one.
 //! Tolerance: max |diff| of logits under 1e-3 of the reference logits' std with an f32 KV cache
-//! (every backend's arithmetic is f32), 2e-2 with an f16 cache (see `common::kv_tolerance`);
+//! (every backend's arithmetic is f32), 1e-2 with an f16 cache (see `common::kv_tolerance`);
 //! both cache types run on every backend, and greedy continuations must match with either.
 
 mod common;

@@ -296,20 +296,10 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
 unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     let c = p.c as *mut f32;
     let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
-    if r < m {
-        if col < n {
-            *c.add(r * ldc + col) = finish(p, d[0], r, col);
-        }
-        if col + 1 < n {
-            *c.add(r * ldc + col + 1) = finish(p, d[1], r, col + 1);
-        }
-    }
-    if r + 8 < m {
-        if col < n {
-            *c.add((r + 8) * ldc + col) = finish(p, d[2], r + 8, col);
-        }
-        if col + 1 < n {
-            *c.add((r + 8) * ldc + col + 1) = finish(p, d[3], r + 8, col + 1);
+    for i in 0..4 {
+        let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
+        if rr < m && cc < n {
+            *c.add(rr * ldc + cc) = finish(p, d[i], rr, cc);
         }
     }
 }

@@ -25,20 +25,31 @@ fn cursor_rows(t: usize, row0: usize, pos0: u32) -> Vec<u32> {
 }
 
 #[test]
-fn linear_agrees_for_every_kernel_with_bias_and_residual() {
+fn linear_agrees_for_every_kernel_with_bias_residual_and_gelu() {
     let g = match gpu("linear kernels") {
         Some(g) => g,
         None => return,
     };
     use qwen3_vl::cuda::LinearAlgo;
-    // (m, n, k): the vector GEMV needs one row and k·size a multiple of 16 bytes
-    let shapes = [(1, 1, 8), (1, 65, 24), (1, 257, 136), (2, 257, 136), (3, 64, 1000), (4, 33, 2048), (1, 4096, 2048), (1, 1024, 6144), (4, 2048, 6144)];
+    let cuda = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>().expect("the GPU backend is CUDA");
+    let tensor_cores = cuda.kernels_module().0 >= qwen3_vl::kernels::Arch::Compute80;
+    // (m, n, k): the vector GEMV needs one row and k·size a multiple of 16 bytes; the tiled
+    // kernels take any shape (tails of 64 / 128 / 32 around the model's sizes)
+    let shapes = [(1, 1, 8), (1, 65, 24), (1, 257, 136), (2, 257, 136), (3, 64, 1000), (4, 33, 2048), (1, 4096, 2048), (1, 1024, 6144), (4, 2048, 6144), (5, 7, 8), (63, 129, 40), (128, 128, 32), (129, 257, 1000), (200, 1024, 2048)];
     for (i, &(m, n, k)) in shapes.iter().enumerate() {
         let (a, w, bias, res) = (random(m * k, 30 + i as u32), random(n * k, 40 + i as u32), random(n, 50 + i as u32), random(m * n, 60 + i as u32));
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            // the vector GEMV takes one row with 16-byte weight rows
-            let algos: &[LinearAlgo] = if m == 1 && LinearAlgo::vector_rows(k, dtype) { &[LinearAlgo::GemvVec, LinearAlgo::Gemv, LinearAlgo::Tiled] } else { &[LinearAlgo::Gemv, LinearAlgo::Tiled] };
-            for &algo in algos {
+            let mut algos = vec![LinearAlgo::Gemv, LinearAlgo::Tiled, LinearAlgo::Big];
+            if m == 1 && LinearAlgo::vector_rows(k, dtype) {
+                algos.push(LinearAlgo::GemvVec);
+            }
+            if tensor_cores && dtype != DType::F32 && LinearAlgo::vector_rows(k, dtype) {
+                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().map(|&(tm, tn)| LinearAlgo::Mma(tm, tn)));
+            }
+            for &algo in &algos {
+                if matches!(algo, LinearAlgo::Gemv | LinearAlgo::GemvVec) && m > 4 {
+                    continue;
+                }
                 for (with_bias, with_res) in [(false, false), (true, false), (false, true), (true, true)] {
                     let op = |b: &dyn Backend| -> Result<Tensor> {
                         let at = b.upload_f32(&[m, k], &a)?;
@@ -52,8 +63,24 @@ fn linear_agrees_for_every_kernel_with_bias_and_residual() {
                         }
                     };
                     let name = format!("{:?} m={} n={} k={} w={} bias={} residual={}", algo, m, n, k, dtype, with_bias, with_res);
-                    agree(&name, &*g, &op, 1e-5 * (k as f32).sqrt() * 4.0, 1e-4);
+                    // the tensor-core kernel splits each activation into two 16-bit parts (error
+                    // ~2^-16 relative) and accumulates in the tensor cores' f32: allowed 4x the
+                    // f32 kernels' reassociation error
+                    let abs = 1e-5 * (k as f32).sqrt() * if matches!(algo, LinearAlgo::Mma(..)) { 16.0 } else { 4.0 };
+                    agree(&name, &*g, &op, abs, if matches!(algo, LinearAlgo::Mma(..)) { 4e-4 } else { 1e-4 });
                 }
+            }
+        }
+    }
+    // the GELU epilogue of the tiled kernels (and the composite path for decode-sized inputs)
+    for &(m, n, k) in &[(1, 40, 64), (7, 300, 136), (200, 512, 1024)] {
+        let (a, w, bias) = (random(m * k, 90), random(n * k, 91), random(n, 92));
+        for kind in [qwen3_vl::Gelu::Tanh, qwen3_vl::Gelu::Erf] {
+            for dtype in [DType::F32, DType::BF16] {
+                let op = |b: &dyn Backend| -> Result<Tensor> { b.linear_gelu(&b.upload_f32(&[m, k], &a)?, &upload(b, &[n, k], &w, dtype)?, Some(&b.upload_f32(&[n], &bias)?), kind) };
+                let tc = tensor_cores && dtype != DType::F32 && m > 4;
+                let abs = 1e-5 * (k as f32).sqrt() * if tc { 16.0 } else { 4.0 };
+                agree(&format!("linear_gelu {:?} m={} n={} k={} {}", kind, m, n, k, dtype), &*g, &op, abs, if tc { 4e-4 } else { 1e-4 });
             }
         }
     }

@@ -2,8 +2,8 @@
 //! architecture (tests/fixtures/text, made by tools/make_fixtures.py) with the logits and greedy
 //! continuations transformers computed. Runs on the CPU, and on the GPU when there is one.
 //! Tolerance: max |diff| of logits under 1e-3 of the reference logits' std with an f32 KV cache
-//! (f32 arithmetic: the CPU and the compute_61 kernels), 2e-2 with an f16 cache or on tensor
-//! cores (the compute_80 kernels round the attention operands to f16; see
+//! (f32 arithmetic: the CPU and both kernel modules' GEMMs), 1e-2 with an f16 cache or on the
+//! compute_80 module, whose tensor-core attention rounds its operands to f16 (see
 //! `common::logits_tolerance`); both cache types run on every backend and kernel module, and
 //! greedy continuations (the top-1 token at every step) must match with either.
 

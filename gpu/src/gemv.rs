@@ -175,15 +175,25 @@ unsafe fn activations(a: *const f32, k: usize, norm: u64, eps: f32) -> *const f3
     stage
 }
 
+/// The warp's output feature and lane, and the activations (normed when `norm` is set), for the
+/// vector GEMVs; `None` for warps past `n` (uniform per warp, after the block's barriers).
+#[inline(always)]
+unsafe fn warp_feature(a: u64, k: u32, n: u32, norm: u64, eps: f32) -> Option<(usize, usize, *const f32)> {
+    let tid = thread::thread_idx_x() as usize;
+    let col = thread::block_idx_x() as usize * (thread::block_dim_x() as usize / 32) + tid / 32;
+    let act = activations(a as *const f32, k as usize, norm, eps);
+    if col >= n as usize {
+        return None;
+    }
+    Some((col, tid % 32, act))
+}
+
 #[inline(always)]
 unsafe fn gemv_vec<W: VecElem>(p: LinearParams) {
-    let tid = thread::thread_idx_x() as usize;
-    let lane = tid % 32;
-    let col = thread::block_idx_x() as usize * (thread::block_dim_x() as usize / 32) + tid / 32;
-    let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
-    if col >= p.n as usize {
-        return; // uniform per warp, after the block's barriers
-    }
+    let (col, lane, a) = match warp_feature(p.a, p.k, p.n, p.norm, p.eps) {
+        Some(f) => f,
+        None => return,
+    };
     let vecs = p.k as usize / W::PER_VEC;
     let total = warp_sum(row_dots::<W>((p.w as *const u32).add(col * vecs * 4), vecs, a, lane));
     if lane == 0 {
@@ -236,13 +246,10 @@ unsafe fn row_dots2<W: VecElem>(w: [*const u32; 2], vecs: usize, a: *const f32, 
 
 #[inline(always)]
 unsafe fn gemv_gate_up<W: VecElem>(p: GateUpParams) {
-    let tid = thread::thread_idx_x() as usize;
-    let lane = tid % 32;
-    let col = thread::block_idx_x() as usize * (thread::block_dim_x() as usize / 32) + tid / 32;
-    let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
-    if col >= p.n as usize {
-        return; // uniform per warp, after the block's barriers
-    }
+    let (col, lane, a) = match warp_feature(p.a, p.k, p.n, p.norm, p.eps) {
+        Some(f) => f,
+        None => return,
+    };
     let vecs = p.k as usize / W::PER_VEC;
     let rows = [(p.gate as *const u32).add(col * vecs * 4), (p.up as *const u32).add(col * vecs * 4)];
     let (g, u) = row_dots2::<W>(rows, vecs, a, lane);

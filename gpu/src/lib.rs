@@ -35,6 +35,8 @@ pub mod flash_mma;
 pub mod gemv;
 #[cfg(target_os = "cuda")]
 pub mod matmul;
+#[cfg(all(target_os = "cuda", feature = "sm80"))]
+pub mod mma;
 #[cfg(target_os = "cuda")]
 pub mod norm;
 #[cfg(target_os = "cuda")]

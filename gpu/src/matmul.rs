@@ -1,4 +1,5 @@
-//! Tiled matmul for linear layers: `c = a · wᵀ (+ bias) (+ residual)`.
+//! Tiled matmuls for linear layers (SIMT, FP32 math, every GPU): `c = act(a · wᵀ + bias) +
+//! residual`. `matmul_*` (64 × 64 tiles) for small `m`, `matmul_big_*` (128 × 128) for prefill-sized `m`.
 //!
 //! # Parameters ([`LinearParams`])
 //! - `a`: `[m, k]` f32 activations, row stride `lda`.
@@ -24,10 +25,31 @@
 //! The host launcher checks that every pointer covers the sizes in the params and that the
 //! grid matches; barriers sit only in code that all threads of the block execute.
 
-use crate::math::{Bf16, WeightElem, F16};
+use crate::math::{gelu_erf, gelu_tanh, Bf16, WeightElem, F16};
+use crate::mem::{ld_shared_f32x4, shared_addr, st_shared_f32, F32x4};
 use crate::params::matmul_tile::{BK, BM, BN};
-use crate::params::LinearParams;
+use crate::params::{matmul_big_tile, LinearParams, ACT_GELU_ERF, ACT_GELU_TANH};
 use cuda_std::{kernel, shared_array, thread};
+
+/// The epilogue of every tiled kernel: `act(acc + bias[col]) + residual[r, col]`.
+#[inline(always)]
+pub(crate) unsafe fn finish(p: &LinearParams, acc: f32, r: usize, col: usize) -> f32 {
+    let bias = p.bias as *const f32;
+    let res = p.residual as *const f32;
+    let mut v = acc;
+    if !bias.is_null() {
+        v += *bias.add(col);
+    }
+    v = match p.act {
+        ACT_GELU_TANH => gelu_tanh(v),
+        ACT_GELU_ERF => gelu_erf(v),
+        _ => v,
+    };
+    if !res.is_null() {
+        v += *res.add(r * p.ldc as usize + col);
+    }
+    v
+}
 
 const TBM: usize = BM as usize;
 const TBN: usize = BN as usize;
@@ -81,17 +103,13 @@ unsafe fn matmul<W: WeightElem>(p: LinearParams) {
     }
 
     let c = p.c as *mut f32;
-    let bias = p.bias as *const f32;
-    let res = p.residual as *const f32;
     for i in 0..4 {
         let r = row0 + ty + 16 * i;
         if r < m {
             for j in 0..4 {
                 let col = col0 + tx + 16 * j;
                 if col < n {
-                    let b = if bias.is_null() { 0.0 } else { *bias.add(col) };
-                    let x = if res.is_null() { 0.0 } else { *res.add(r * ldc + col) };
-                    *c.add(r * ldc + col) = acc[i][j] + b + x;
+                    *c.add(r * ldc + col) = finish(&p, acc[i][j], r, col);
                 }
             }
         }
@@ -114,4 +132,116 @@ pub unsafe fn matmul_f16(p: LinearParams) {
 #[kernel]
 pub unsafe fn matmul_bf16(p: LinearParams) {
     matmul::<Bf16>(p)
+}
+
+const GBM: usize = matmul_big_tile::BM as usize;
+const GBN: usize = matmul_big_tile::BN as usize;
+const GBK: usize = matmul_big_tile::BK as usize;
+
+/// # `matmul_big_*`: register-blocked SIMT GEMM
+/// Parameters as for `matmul_*` ([`LinearParams`]).
+///
+/// Tiling: a block computes a 128 × 128 tile of `c`, walking `k` in stages of 8. A stage holds
+/// `a[128 rows, 8]` and `w[128 rows, 8]` transposed in shared memory (`[k][row]`, weights widened
+/// to f32), two buffers: the next stage is loaded into registers while the current one is used,
+/// then stored into the other buffer (one barrier per stage). Loads past `m`, `n`, `k` are zeros.
+///
+/// Thread mapping: 256 threads as 16 × 16 (`tx = tid % 16`, `ty = tid / 16`); thread (tx, ty)
+/// owns rows `4ty .. 4ty + 4` and `64 + 4ty ..`, columns `4tx .. 4tx + 4` and `64 + 4tx ..`:
+/// an 8 × 8 register block fed by four 16-byte shared loads per `k`. For staging, thread `t`
+/// loads 4 consecutive `k` of row `t / 2` of each operand.
+///
+/// Safety: the launcher checks sizes; every thread reaches every barrier.
+#[inline(always)]
+unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
+    // shared-space byte addresses of the two staged operands (explicit ld/st.shared)
+    let a_s = shared_addr(shared_array![F32x4; 2 * GBK * GBM / 4]);
+    let w_s = shared_addr(shared_array![F32x4; 2 * GBK * GBN / 4]);
+    let stage = GBK * GBM;
+    let tid = thread::thread_idx_x() as usize;
+    let (tx, ty) = (tid % 16, tid / 16);
+    let row0 = thread::block_idx_y() as usize * GBM;
+    let col0 = thread::block_idx_x() as usize * GBN;
+    let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
+    let (a, w) = (p.a as *const f32, p.w as *const W);
+    let (lr, lk) = (tid / 2, (tid % 2) * 4);
+    let load = |k0: usize| -> ([f32; 4], [f32; 4]) {
+        let (mut av, mut wv) = ([0.0f32; 4], [0.0f32; 4]);
+        let (ga, gw) = (row0 + lr, col0 + lr);
+        for j in 0..4 {
+            let gk = k0 + lk + j;
+            if gk < k {
+                if ga < m {
+                    av[j] = *a.add(ga * lda + gk);
+                }
+                if gw < n {
+                    wv[j] = (*w.add(gw * k + gk)).to_f32();
+                }
+            }
+        }
+        (av, wv)
+    };
+    // (the four scalar loads of a row are consecutive: the compiler merges what it can)
+    let store = |buf: usize, (av, wv): ([f32; 4], [f32; 4])| {
+        for j in 0..4 {
+            st_shared_f32(a_s + 4 * (buf * stage + (lk + j) * GBM + lr) as u64, av[j]);
+            st_shared_f32(w_s + 4 * (buf * stage + (lk + j) * GBN + lr) as u64, wv[j]);
+        }
+    };
+    let mut acc = [[0.0f32; 8]; 8];
+    let stages = (k + GBK - 1) / GBK;
+    store(0, load(0));
+    thread::sync_threads();
+    for s in 0..stages {
+        let (cur, nxt) = (s % 2, (s + 1) % 2);
+        let more = s + 1 < stages;
+        let next = if more { load((s + 1) * GBK) } else { ([0.0; 4], [0.0; 4]) };
+        for kk in 0..GBK {
+            let ar = a_s + 4 * (cur * stage + kk * GBM) as u64;
+            let wr = w_s + 4 * (cur * stage + kk * GBN) as u64;
+            let (a0, a1) = (ld_shared_f32x4(ar + 16 * ty as u64), ld_shared_f32x4(ar + 4 * (64 + 4 * ty) as u64));
+            let (w0, w1) = (ld_shared_f32x4(wr + 16 * tx as u64), ld_shared_f32x4(wr + 4 * (64 + 4 * tx) as u64));
+            let av = [a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]];
+            let wv = [w0[0], w0[1], w0[2], w0[3], w1[0], w1[1], w1[2], w1[3]];
+            for i in 0..8 {
+                for j in 0..8 {
+                    acc[i][j] += av[i] * wv[j];
+                }
+            }
+        }
+        if more {
+            store(nxt, next);
+        }
+        thread::sync_threads();
+    }
+    let c = p.c as *mut f32;
+    for i in 0..8 {
+        let r = row0 + 4 * ty + (i % 4) + 64 * (i / 4);
+        if r < m {
+            for j in 0..8 {
+                let col = col0 + 4 * tx + (j % 4) + 64 * (j / 4);
+                if col < n {
+                    *c.add(r * p.ldc as usize + col) = finish(&p, acc[i][j], r, col);
+                }
+            }
+        }
+    }
+}
+
+/// `c = act(a · wᵀ + bias) + residual`, f32 weights, 128 × 128 tiles. See [`matmul_big`].
+#[kernel]
+pub unsafe fn matmul_big_f32(p: LinearParams) {
+    matmul_big::<f32>(p)
+}
+
+/// `c = act(a · wᵀ + bias) + residual`, f16 weights, 128 × 128 tiles. See [`matmul_big`].
+#[kernel]
+pub unsafe fn matmul_big_f16(p: LinearParams) {
+    matmul_big::<F16>(p)
+}
+
+/// `c = act(a · wᵀ + bias) + residual`, bf16 weights, 128 × 128 tiles. See [`matmul_big`].
+#[kernel]
+pub unsafe fn matmul_big_bf16(p: LinearParams) {
+    matmul_big::<Bf16>(p)
 }

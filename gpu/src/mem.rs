@@ -29,6 +29,35 @@ pub unsafe fn ld_cg(p: *const f32) -> f32 {
     f32::from_bits(v)
 }
 
+/// The shared-state-space address of a generic pointer into shared memory.
+#[inline(always)]
+pub unsafe fn shared_addr<T>(p: *const T) -> u64 {
+    let s: u64;
+    core::arch::asm!("cvta.to.shared.u64 {}, {};", out(reg64) s, in(reg64) p, options(pure, nomem, nostack));
+    s
+}
+
+/// Four f32 from shared memory at shared-space address `a` (16-byte aligned). Not `pure`: the
+/// data may have been written by other threads before a barrier, and the load must stay after it.
+#[inline(always)]
+pub unsafe fn ld_shared_f32x4(a: u64) -> [f32; 4] {
+    let (x, y, z, w): (f32, f32, f32, f32);
+    core::arch::asm!("ld.shared.v4.f32 {{{}, {}, {}, {}}}, [{}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg64) a, options(readonly, nostack));
+    [x, y, z, w]
+}
+
+/// Stores four 32-bit words to shared memory at shared-space address `a` (16-byte aligned).
+#[inline(always)]
+pub unsafe fn st_shared_v4(a: u64, v: [u32; 4]) {
+    core::arch::asm!("st.shared.v4.b32 [{}], {{{}, {}, {}, {}}};", in(reg64) a, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack));
+}
+
+/// Stores one f32 to shared memory at shared-space address `a`.
+#[inline(always)]
+pub unsafe fn st_shared_f32(a: u64, v: f32) {
+    core::arch::asm!("st.shared.f32 [{}], {};", in(reg64) a, in(reg32) v, options(nostack));
+}
+
 /// A device-wide memory fence (`membar.gl`): this thread's earlier writes are visible to every
 /// thread of the grid before its later ones.
 #[inline(always)]

@@ -29,7 +29,18 @@ pub struct LinearParams {
     pub ldc: u32,
     /// The RMSNorm epsilon (with `norm`).
     pub eps: f32,
+    /// Activation applied before the residual by the tiled kernels: 0 none, 1 tanh GELU,
+    /// 2 erf GELU (see `ACT_*`).
+    pub act: u32,
+    pub _pad: u32,
 }
+
+/// [`LinearParams::act`]: no activation.
+pub const ACT_NONE: u32 = 0;
+/// [`LinearParams::act`]: GELU, tanh approximation.
+pub const ACT_GELU_TANH: u32 = 1;
+/// [`LinearParams::act`]: GELU, erf form.
+pub const ACT_GELU_ERF: u32 = 2;
 
 /// `y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w` for each of `rows` rows.
 #[repr(C)]
@@ -343,6 +354,34 @@ pub mod matmul_tile {
     /// Depth of one shared-memory stage.
     pub const BK: u32 = 16;
     /// Threads per block (16 x 16; each computes a 4 x 4 register block).
+    pub const THREADS: u32 = 256;
+}
+
+/// Tile sizes of `matmul_big_*` (compute_61 SIMT GEMM for prefill-sized `m`).
+pub mod matmul_big_tile {
+    /// Rows of `c` per block.
+    pub const BM: u32 = 128;
+    /// Columns of `c` per block.
+    pub const BN: u32 = 128;
+    /// Depth of one shared-memory stage.
+    pub const BK: u32 = 8;
+    /// 16 × 16 threads, each an 8 × 8 register block.
+    pub const THREADS: u32 = 256;
+}
+
+/// Tile sizes of `matmul_mma_*` (compute_80 tensor-core GEMM).
+pub mod mma_tile {
+    /// Rows of `c` per block of the largest tile (`matmul_mma_*`); the variants are named by
+    /// their tile (`matmul_mma_64x128_*`, `matmul_mma_64x64_*`).
+    pub const BM: u32 = 128;
+    /// Columns of `c` per block of the largest tile.
+    pub const BN: u32 = 128;
+    /// The tiles the kernels come in: (rows, columns), largest first.
+    pub const TILES: [(u32, u32); 3] = [(128, 128), (64, 128), (64, 64)];
+    /// Depth of one shared-memory stage (two mma k-steps).
+    pub const BK: u32 = 32;
+    /// Warps along n (2 along m): a warp owns a 64 × 32 tile.
+    pub const WARPS_N: u32 = 4;
     pub const THREADS: u32 = 256;
 }
 

@@ -379,6 +379,11 @@ pub trait Backend: Send + Sync {
         self.add(residual, &self.linear(a, w, bias)?)
     }
 
+    /// `gelu(a · wᵀ + bias)`: a linear layer with the GELU in its epilogue (the vision MLP).
+    fn linear_gelu(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: Gelu) -> Result<Tensor> {
+        self.gelu(&self.linear(a, w, bias)?, kind)
+    }
+
     /// `silu(x · gateᵀ) ⊙ (x · upᵀ)`: the SwiGLU MLP's first half.
     fn gate_up_silu(&self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         self.silu_mul(&self.linear(x, gate, None)?, &self.linear(x, up, None)?)

@@ -138,6 +138,15 @@ kernel_table! {
     SampleTopkF32 = "sample_topk_f32" @ Compute61,
     SamplePickF32 = "sample_pick_f32" @ Compute61,
     CastF16F32 = "cast_f16_f32" @ Compute61,
+    MatmulBigF32 = "matmul_big_f32" @ Compute61,
+    MatmulBigF16 = "matmul_big_f16" @ Compute61,
+    MatmulBigBf16 = "matmul_big_bf16" @ Compute61,
+    MatmulMmaF16 = "matmul_mma_f16" @ Compute80,
+    MatmulMmaBf16 = "matmul_mma_bf16" @ Compute80,
+    MatmulMma64x128F16 = "matmul_mma_64x128_f16" @ Compute80,
+    MatmulMma64x128Bf16 = "matmul_mma_64x128_bf16" @ Compute80,
+    MatmulMma64x64F16 = "matmul_mma_64x64_f16" @ Compute80,
+    MatmulMma64x64Bf16 = "matmul_mma_64x64_bf16" @ Compute80,
     FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
     FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
     FlashAttentionD128F32 = "flash_attention_d128_f32" @ Compute61,
@@ -158,6 +167,27 @@ impl Kernel {
     /// The tiled matmul for weights of `dtype`.
     pub fn matmul(dtype: DType) -> Result<Kernel> {
         by_weight(dtype, [Kernel::MatmulF32, Kernel::MatmulF16, Kernel::MatmulBf16])
+    }
+
+    /// The 128 × 128-tile SIMT matmul for weights of `dtype`.
+    pub fn matmul_big(dtype: DType) -> Result<Kernel> {
+        by_weight(dtype, [Kernel::MatmulBigF32, Kernel::MatmulBigF16, Kernel::MatmulBigBf16])
+    }
+
+    /// The tensor-core matmul with `(rows, columns)` tiles (one of `gpu::params::mma_tile::TILES`)
+    /// for 16-bit weights of `dtype` (compute_80 module).
+    pub fn matmul_mma(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
+        let pick = |f16: Kernel, bf16: Kernel| match dtype {
+            DType::F16 => Ok(f16),
+            DType::BF16 => Ok(bf16),
+            other => Err(Error::DType { op: "matmul_mma", expected: "f16 or bf16 weights", got: other }),
+        };
+        match tile {
+            (128, 128) => pick(Kernel::MatmulMmaF16, Kernel::MatmulMmaBf16),
+            (64, 128) => pick(Kernel::MatmulMma64x128F16, Kernel::MatmulMma64x128Bf16),
+            (64, 64) => pick(Kernel::MatmulMma64x64F16, Kernel::MatmulMma64x64Bf16),
+            other => Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
+        }
     }
 
     /// The embedding lookup for a table of `dtype`.

@@ -78,26 +78,26 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let context = a.context.unwrap_or(a.prompt_tokens).max(1);
     let capacity = context.max(a.prompt_tokens) + a.gen_tokens;
     let kv = a.device.kv_dtype(b);
-    let mut s = Session::with_kv_dtype(&model, b, capacity, kv)?;
-    s.set_recording(!a.no_graphs);
+    let mut sess = Session::with_kv_dtype(&model, b, capacity, kv)?;
+    sess.set_recording(!a.no_graphs);
     let mut greedy = Sampler::new(SamplingParams::greedy());
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     // 1. prefill of the prompt, then decode after `context` tokens, warm-up run first
     for run in 0..=a.runs {
         progress("prefill + decode run", run, a.runs);
-        s.reset();
+        sess.reset();
         let t0 = b.mark()?;
-        s.feed(&prompt(a.prompt_tokens, vocab, 0))?;
+        sess.feed(&prompt(a.prompt_tokens, vocab, 0))?;
         let t1 = b.mark()?;
         let t_prefill = seconds(b, &t0, &t1)?;
         if context != a.prompt_tokens {
-            s.reset();
-            s.feed(&prompt(context, vocab, 7))?;
+            sess.reset();
+            sess.feed(&prompt(context, vocab, 7))?;
         }
         let mut next = 1000u32;
         let t2 = b.mark()?;
         for _ in 0..a.gen_tokens {
-            next = s.decode(next, &mut greedy)?;
+            next = sess.decode(next, &mut greedy)?;
         }
         let t3 = b.mark()?;
         if run > 0 {
@@ -106,8 +106,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         }
     }
     eprintln!();
-    // 2. the vision tower on one synthetic image
-    let mut vision_ms = None;
+    // 2. the vision tower on one synthetic image, and the time to the first token of a prompt
+    //    holding that image (tower, prefill of image + text tokens, first logits)
+    let (mut vision_ms, mut ttft_ms) = (None, None);
     if let Some(side) = a.image_side {
         let v = &model.config.vision;
         let unit = v.patch_size * v.spatial_merge_size;
@@ -130,10 +131,40 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             }
         }
         eprintln!();
+        let cfg = &model.config;
+        let mut ids = vec![cfg.vision_start_token_id];
+        ids.extend(std::iter::repeat(cfg.image_token_id).take(n / (v.spatial_merge_size * v.spatial_merge_size)));
+        ids.push(cfg.vision_end_token_id);
+        ids.extend(prompt(a.prompt_tokens, vocab, 3));
+        let images = qwen3_vl::model::Images { patches: &patches, row_len, grids: &[grid] };
+        let mut s = Session::with_kv_dtype(&model, b, ids.len() + 1, kv)?;
+        let mut first = Vec::new();
+        for run in 0..=a.runs {
+            progress("image + prompt, first token", run, a.runs);
+            s.reset();
+            let t0 = b.mark()?;
+            s.feed_with_images(&ids, Some(&images))?;
+            let t1 = b.mark()?;
+            if run > 0 {
+                first.push(seconds(b, &t0, &t1)? * 1e3);
+            }
+        }
+        eprintln!();
         vision_ms = Some(median(times.clone()));
-        println!("| backend | image | patches | tokens | vision tower ms |");
-        println!("|---|---|---|---|---|");
-        println!("| {} | {}x{} | {} | {} | {:.1} (median of {}) |", b.describe(), cells * v.patch_size, cells * v.patch_size, n, n / 4, vision_ms.unwrap_or(f64::NAN), times.len());
+        ttft_ms = Some(median(first));
+        println!("| backend | image | patches | tokens | vision tower ms | first token ms (image + {} text tokens) |", a.prompt_tokens);
+        println!("|---|---|---|---|---|---|");
+        println!(
+            "| {} | {}x{} | {} | {} | {:.1} (median of {}) | {:.1} |",
+            b.describe(),
+            cells * v.patch_size,
+            cells * v.patch_size,
+            n,
+            n / 4,
+            vision_ms.unwrap_or(f64::NAN),
+            times.len(),
+            ttft_ms.unwrap_or(f64::NAN)
+        );
     }
     let (p, d) = (median(prefill), median(decode));
     let peak = b.memory_stats().peak;
@@ -164,6 +195,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "prefill_tokens_per_s": p,
             "decode_tokens_per_s": d,
             "vision_encode_ms": vision_ms,
+            "image_time_to_first_token_ms": ttft_ms,
             "peak_device_bytes": peak,
             "weights_dtype": model.text.weights_dtype().name(),
             "kv_cache": kv.name(),

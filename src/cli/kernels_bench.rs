@@ -159,10 +159,27 @@ mod cuda_bench {
             println!("| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": "attention_split_f16", "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
         }
-        // 4. flash attention: prefill against the cache and the vision tower
+        // 4. prefill / vision matmuls (m = 64, 512, 4096) on the kernel the backend picks
+        let peak = b.fp32_peak_tflops();
+        println!("| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);
+        println!("|---|---|---|---|");
+        let (vh, vi) = (1024usize, 4096usize);
+        let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
+        for &m in &[64usize, 512, 4096] {
+            for &(name, k, nout) in &gemms {
+                let algo = b.pick_linear(m, nout, k, wd);
+                let w = b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))?;
+                let x = b.upload_f32(&[m, k], &vec![0.01; m * k])?;
+                let t = time(b, a.reps.min(5), 5, &mut |_| b.linear_with(algo, &x, &w, None, None).map(drop))?;
+                let tflops = 2.0 * (m * k * nout) as f64 / t / 1e12;
+                println!("| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
+                rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "shape": name, "m": m, "k": k, "n": nout, "us": t * 1e6, "tflops": tflops}));
+            }
+        }
+        // 5. flash attention: prefill against the cache and the vision tower
         flash_rows(b, &a, &cfg, &mut rows)?;
         if a.json {
-            println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "kernels": rows}));
+            println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "fp32_peak_tflops": peak, "kernels": rows}));
         }
         Ok(())
     }

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use approx::assert_relative_eq;
-use qwen3_vl::{select_device, Backend, DType, DeviceKind, DeviceRequest, Result, Tensor};
+use qwen3_vl::kernels::{Arch, KernelsRequest};
+use qwen3_vl::{select_device, select_device_with, Backend, DType, DeviceKind, DeviceRequest, Result, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -56,13 +57,12 @@ pub fn cpu() -> Arc<dyn Backend> {
 /// (`--kernels compute_61`, `compute_80`): the portable FP32 kernels and the tensor-core ones
 /// are tested in turn on one GPU. Empty (with a note) without a GPU.
 pub fn gpus(test: &str) -> Vec<Arc<dyn Backend>> {
-    use qwen3_vl::kernels::{Arch, KernelsRequest};
     if gpu(test).is_none() {
         return Vec::new();
     }
     let mut v = Vec::new();
     for arch in Arch::ALL {
-        match qwen3_vl::select_device_with(DeviceRequest::Cuda, KernelsRequest::Force(arch), None) {
+        match select_device_with(DeviceRequest::Cuda, KernelsRequest::Force(arch), None) {
             Ok(sel) => v.push(sel.backend),
             // an older device than the module needs: not an error
             Err(e) if e.to_string().contains("needs compute capability") => eprintln!("{}: {} skipped: {}", test, arch, e),
@@ -81,7 +81,7 @@ pub fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
 }
 
 /// The kernel module a backend runs (`None` on the CPU).
-pub fn kernels_arch(b: &dyn Backend) -> Option<qwen3_vl::kernels::Arch> {
+pub fn kernels_arch(b: &dyn Backend) -> Option<Arch> {
     #[cfg(feature = "cuda")]
     {
         b.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>().map(|c| c.kernels_module().0)
@@ -95,7 +95,7 @@ pub fn kernels_arch(b: &dyn Backend) -> Option<qwen3_vl::kernels::Arch> {
 
 /// Whether a backend runs attention on tensor cores (the compute_80 module).
 pub fn tensor_cores(b: &dyn Backend) -> bool {
-    kernels_arch(b) == Some(qwen3_vl::kernels::Arch::Compute80)
+    kernels_arch(b) == Some(Arch::Compute80)
 }
 
 /// Per-element tolerance `(absolute, relative)` of attention outputs against the CPU, for
@@ -153,12 +153,12 @@ pub fn assert_close_to_std(what: &str, got: &[f32], want: &[f32], rel: f64) {
 
 /// The tolerance (times the reference std) of logits computed through a KV cache of `kv`: f32
 /// arithmetic agrees to 1e-3; an f16 cache rounds keys and values to 11 significant bits
-/// (relative error up to 2^-11 ≈ 4.9e-4 each) before attention reads them, which moves the
-/// random-weight fixtures' logits by up to ~1e-2 of their std (measured on the CPU and the
-/// H100 alike; the two round identically), so 2e-2 is allowed there.
+/// (relative error up to 2^-11 ≈ 4.9e-4 each) before attention reads them, which moved the
+/// fixtures' logits by at most 3.2e-3 of their std (measured on the CPU and the H100 alike: the
+/// two round identically), so 1e-2 is allowed there.
 pub fn kv_tolerance(kv: DType) -> f64 {
     if kv == DType::F16 {
-        2e-2
+        1e-2
     } else {
         1e-3
     }

@@ -1,18 +1,24 @@
 //! Linear layers on the GPU (`gpu/src/matmul.rs`, `gpu/src/gemv.rs`): the checked launchers and
 //! the backend ops `linear`, `linear_residual` and `gate_up_silu`.
 //!
-//! Kernel choice, by shape: up to [`GEMV_MAX_ROWS`] activation rows take a GEMV (decode) —
-//! the 16-byte-vector `gemv_vec_*` when a weight row is a whole number of 16-byte vectors,
-//! else the scalar `gemv_*`; more rows take the tiled `matmul_*` (prefill, vision).
+//! Kernel choice, by shape and module: up to [`GEMV_MAX_ROWS`] activation rows take a GEMV
+//! (decode) — the 16-byte-vector `gemv_vec_*` for one row whose weight rows are whole 16-byte
+//! vectors, else the scalar `gemv_*`. More rows (prefill, the vision tower) take, with the
+//! compute_80 module and 16-bit weights in 16-byte rows, the tensor-core `matmul_mma_*`; else
+//! the SIMT `matmul_big_*` (128 × 128 tiles) from [`BIG_MIN_ROWS`] rows on, and `matmul_*`
+//! (64 × 64) below.
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{gemv_tile, gemv_vec_tile, matmul_tile, GateUpParams, LinearParams};
+use crate::kernels::Arch;
+use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, GateUpParams, LinearParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
+/// From this many rows the SIMT path takes the 128 × 128-tile matmul.
+pub const BIG_MIN_ROWS: usize = 128;
 
 /// Which kernel computes a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +29,11 @@ pub enum LinearAlgo {
     Gemv,
     /// `gemv_vec_*`: one warp per output, 16-byte weight vectors, one row (decode).
     GemvVec,
+    /// `matmul_big_*`: 128 × 128 SIMT tiles, 8 × 8 per thread.
+    Big,
+    /// `matmul_mma_*`: tensor cores (compute_80 module, f16/bf16 weights, `k % 8 == 0`), with
+    /// `(rows, columns)` block tiles (one of `mma_tile::TILES`).
+    Mma(u32, u32),
 }
 
 impl LinearAlgo {
@@ -32,10 +43,21 @@ impl LinearAlgo {
         (k * dtype.size_of()) % 16 == 0
     }
 
-    /// The kernel the backend uses for `m` rows of `k` inputs with weights of `dtype`.
-    pub fn pick(m: usize, k: usize, dtype: DType) -> LinearAlgo {
+    /// The kernel the backend uses for `m` rows, `n` outputs and `k` inputs with weights of
+    /// `dtype` when the module of `arch` is loaded on a device of `sms` multiprocessors. The
+    /// tensor-core tile is the largest that still gives every multiprocessor a block.
+    pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
         if m > GEMV_MAX_ROWS {
-            LinearAlgo::Tiled
+            if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
+                let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
+                let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
+                let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= sms as usize).unwrap_or(last);
+                LinearAlgo::Mma(tm, tn)
+            } else if m >= BIG_MIN_ROWS {
+                LinearAlgo::Big
+            } else {
+                LinearAlgo::Tiled
+            }
         } else if m == 1 && Self::vector_rows(k, dtype) {
             LinearAlgo::GemvVec
         } else {
@@ -92,6 +114,7 @@ pub fn linear(
     bias: Option<&DeviceBuffer>,
     residual: Option<&DeviceBuffer>,
     norm: Option<FusedNorm<'_>>,
+    act: u32,
     c: &DeviceBuffer,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
@@ -99,6 +122,8 @@ pub fn linear(
         LinearAlgo::Tiled => Kernel::matmul(wdtype)?,
         LinearAlgo::Gemv => Kernel::gemv(wdtype)?,
         LinearAlgo::GemvVec => Kernel::gemv_vec(wdtype)?,
+        LinearAlgo::Big => Kernel::matmul_big(wdtype)?,
+        LinearAlgo::Mma(tm, tn) => Kernel::matmul_mma(wdtype, (tm, tn))?,
     };
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
@@ -115,6 +140,13 @@ pub fn linear(
     if norm.is_some() && algo != LinearAlgo::GemvVec {
         return Err(Error::Limit { op: kernel.name(), msg: "only the vector GEMV fuses an RMSNorm".into() });
     }
+    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..));
+    if act != ACT_NONE && !tiled {
+        return Err(Error::Limit { op: kernel.name(), msg: "only the tiled kernels fuse an activation".into() });
+    }
+    if matches!(algo, LinearAlgo::Mma(..)) && !LinearAlgo::vector_rows(k, wdtype) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte weight rows (k = {} of {})", k, wdtype) });
+    }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
     let p = LinearParams {
         a: a.addr(),
@@ -129,6 +161,8 @@ pub fn linear(
         lda: fits_u32(kernel, "k", k)?,
         ldc: fits_u32(kernel, "n", n)?,
         eps,
+        act,
+        _pad: 0,
     };
     if m == 0 || n == 0 {
         return Ok(());
@@ -146,6 +180,14 @@ pub fn linear(
             let warps = vec_warps(n);
             ([grid_dim(kernel, "x", ceil_div(n, warps as usize), MAX_GRID_X)?, 1, 1], warps * 32)
         }
+        LinearAlgo::Big => (
+            [grid_dim(kernel, "x", ceil_div(n, matmul_big_tile::BN as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, matmul_big_tile::BM as usize), MAX_GRID_Y)?, 1],
+            matmul_big_tile::THREADS,
+        ),
+        LinearAlgo::Mma(tm, tn) => (
+            [grid_dim(kernel, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, 1],
+            mma_tile::THREADS,
+        ),
     };
     l.launch_shared(kernel, grid, block, shared, &p)
 }
@@ -184,12 +226,24 @@ impl CudaBackend {
     /// A linear layer with an explicit kernel choice (tests and benchmarks use this to cover
     /// every kernel; [`crate::Backend::linear`] picks with [`LinearAlgo::pick`]).
     pub fn linear_with(&self, algo: LinearAlgo, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
-        self.linear_normed(algo, a, None, w, bias, residual)
+        self.linear_full(algo, a, None, w, bias, ACT_NONE, residual)
+    }
+
+    /// The kernel [`crate::Backend::linear`] uses for these shapes on this device's module.
+    pub fn pick_linear(&self, m: usize, n: usize, k: usize, dtype: DType) -> LinearAlgo {
+        LinearAlgo::pick(m, n, k, dtype, self.kernels.arch(), self.sms)
     }
 
     /// [`CudaBackend::linear_with`] with an optional RMSNorm `(weight [k] f32, eps)` of the
     /// input rows fused in (vector GEMV only).
     pub fn linear_normed(&self, algo: LinearAlgo, a: &Tensor, norm: Option<(&Tensor, f32)>, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+        self.linear_full(algo, a, norm, w, bias, ACT_NONE, residual)
+    }
+
+    /// Every option of a linear launch: an RMSNorm of the input (vector GEMV), an activation
+    /// (`ACT_*`, tiled kernels) and a residual.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_full(&self, algo: LinearAlgo, a: &Tensor, norm: Option<(&Tensor, f32)>, w: &Tensor, bias: Option<&Tensor>, act: u32, residual: Option<&Tensor>) -> Result<Tensor> {
         const OP: &str = "linear";
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let out_shape = ops::linear_out_shape(a, n);
@@ -211,13 +265,13 @@ impl CudaBackend {
             None => None,
         };
         let out = self.output(m * n)?;
-        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, &out, (m, n, k))?;
+        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, (m, n, k))?;
         Ok(Self::wrap(out_shape, DType::F32, out))
     }
 
     pub(super) fn rms_norm_linear_op(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        let (m, _, k) = ops::linear_dims(x, w, bias)?;
-        match LinearAlgo::pick(m, k, w.dtype()) {
+        let (m, n, k) = ops::linear_dims(x, w, bias)?;
+        match self.pick_linear(m, n, k, w.dtype()) {
             LinearAlgo::GemvVec if norm_fits(m, k) => self.linear_normed(LinearAlgo::GemvVec, x, Some((norm, eps)), w, bias, None),
             // prefill-sized inputs (or rows the stage cannot hold): the norm, then the product
             _ => self.linear_op(&self.rms_norm_op(x, norm, eps)?, w, bias, None),
@@ -225,8 +279,22 @@ impl CudaBackend {
     }
 
     pub(super) fn linear_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
-        let (m, _, k) = ops::linear_dims(a, w, bias)?;
-        self.linear_with(LinearAlgo::pick(m, k, w.dtype()), a, w, bias, residual)
+        let (m, n, k) = ops::linear_dims(a, w, bias)?;
+        self.linear_with(self.pick_linear(m, n, k, w.dtype()), a, w, bias, residual)
+    }
+
+    pub(super) fn linear_gelu_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: crate::backend::Gelu) -> Result<Tensor> {
+        let (m, n, k) = ops::linear_dims(a, w, bias)?;
+        let algo = self.pick_linear(m, n, k, w.dtype());
+        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..)) {
+            // decode-sized inputs: the product, then the activation
+            return self.gelu_op(&self.linear_op(a, w, bias, None)?, kind);
+        }
+        let act = match kind {
+            crate::backend::Gelu::Tanh => ACT_GELU_TANH,
+            crate::backend::Gelu::Erf => ACT_GELU_ERF,
+        };
+        self.linear_full(algo, a, None, w, bias, act, None)
     }
 
     /// `silu(x' · gateᵀ) ⊙ (x' · upᵀ)` with `x' = rms_norm(x)` when `norm` is given, else `x`.
@@ -236,7 +304,7 @@ impl CudaBackend {
         if up.shape() != gate.shape() || up.dtype() != gate.dtype() {
             return Err(Error::shape(OP, &[gate.shape(), up.shape()], "gate and up weights must have one shape and dtype"));
         }
-        let fused = LinearAlgo::pick(m, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
+        let fused = self.pick_linear(m, n, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
             // prefill-sized (or odd-k) inputs: the norm, two products and the elementwise gate
             let normed;

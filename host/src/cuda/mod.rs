@@ -41,9 +41,10 @@ pub struct CudaBackend {
     pool: Arc<Pool>,
     ctx: Context,
     name: String,
-    /// Compute capability and multiprocessor count of the device.
+    /// Compute capability, multiprocessor count and SM clock (kHz) of the device.
     cc: (u32, u32),
     sms: u32,
+    clock_khz: u32,
     /// Why this kernel module was loaded.
     kernels_reason: String,
     poison: AtomicBool,
@@ -68,12 +69,13 @@ impl CudaBackend {
         let attr = |a| device.get_attribute(a).map(|v| v as u32).map_err(|e| Error::Unavailable(format!("cannot query {}: {}", name, e)));
         let cc = (attr(DeviceAttribute::ComputeCapabilityMajor)?, attr(DeviceAttribute::ComputeCapabilityMinor)?);
         let sms = attr(DeviceAttribute::MultiprocessorCount)?;
+        let clock_khz = attr(DeviceAttribute::ClockRate)?;
         let (kernels, kernels_reason) = Kernels::load(ptx, kernels, cc, &name)?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| Error::Unavailable(format!("cannot create a stream: {}", e)))?;
         let pool = Pool::new(ctx.clone());
         let counters = pool.alloc(ATTENTION_COUNTERS * 4)?;
         unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ATTENTION_COUNTERS) }.ok_or_cuda("cuMemsetD32 (attention counters)")?;
-        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, kernels_reason, counters, poison: AtomicBool::new(false) })
+        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, poison: AtomicBool::new(false) })
     }
 
     /// The loaded module's architecture and why it was chosen.
@@ -84,6 +86,16 @@ impl CudaBackend {
     /// Compute capability and multiprocessor count.
     pub fn device_shape(&self) -> ((u32, u32), u32) {
         (self.cc, self.sms)
+    }
+
+    /// The device's FP32 peak in TFLOP/s (FMA lanes per multiprocessor by compute capability,
+    /// times multiprocessors, times the boost clock the driver reports).
+    pub fn fp32_peak_tflops(&self) -> f64 {
+        let lanes = match self.cc {
+            (7, _) | (8, 0) => 64.0,
+            _ => 128.0,
+        };
+        2.0 * lanes * self.sms as f64 * self.clock_khz as f64 * 1e3 / 1e12
     }
 
     fn enter(&self) -> Result<Launcher<'_>> {
@@ -333,6 +345,10 @@ impl Backend for CudaBackend {
 
     fn linear_residual(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
         self.linear_op(a, w, bias, Some(residual))
+    }
+
+    fn linear_gelu(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: Gelu) -> Result<Tensor> {
+        self.linear_gelu_op(a, w, bias, kind)
     }
 
     fn gate_up_silu(&self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {

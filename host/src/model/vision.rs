@@ -28,6 +28,14 @@ impl Linear {
     fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
         b.linear(x, &self.w, Some(&self.b))
     }
+    /// `gelu(x · wᵀ + b)`, the activation fused where the backend can.
+    fn forward_gelu(&self, b: &dyn Backend, x: &Tensor, kind: Gelu) -> Result<Tensor> {
+        b.linear_gelu(x, &self.w, Some(&self.b), kind)
+    }
+    /// `residual + x · wᵀ + b`, the add fused where the backend can.
+    fn forward_residual(&self, b: &dyn Backend, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        b.linear_residual(x, &self.w, Some(&self.b), residual)
+    }
 }
 
 struct Norm {
@@ -84,7 +92,7 @@ impl Merger {
         } else {
             self.norm.forward(b, x)?.reshape(&[n / group, group * hidden])?
         };
-        let h = b.gelu(&self.fc1.forward(b, &x)?, Gelu::Erf)?;
+        let h = self.fc1.forward_gelu(b, &x, Gelu::Erf)?;
         self.fc2.forward(b, &h)
     }
 }
@@ -210,10 +218,10 @@ impl VisionModel {
             let kk = blk.k.forward(b, &h)?.reshape(&[n, heads, d])?;
             let v = blk.v.forward(b, &h)?.reshape(&[n, heads, d])?;
             let o = b.attention_block_sparse(&q, &kk, &v, &mask, scale, Some((&cos, &sin)))?.reshape(&[n, hidden])?;
-            x = b.add(&x, &blk.proj.forward(b, &o)?)?;
+            x = blk.proj.forward_residual(b, &o, &x)?;
             // 4. MLP: x += fc2(gelu_tanh(fc1(norm2(x))))
             let h = blk.norm2.forward(b, &x)?;
-            x = b.add(&x, &blk.fc2.forward(b, &b.gelu(&blk.fc1.forward(b, &h)?, Gelu::Tanh)?)?)?;
+            x = blk.fc2.forward_residual(b, &blk.fc1.forward_gelu(b, &h, Gelu::Tanh)?, &x)?;
             // 5. DeepStack features from the configured blocks
             if let Some(j) = c.deepstack_visual_indexes.iter().position(|&i| i == k) {
                 deepstack.push(self.deepstack[j].forward(b, &x, group)?);

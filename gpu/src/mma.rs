@@ -1,0 +1,342 @@
+//! Tensor-core linear layers for the compute_80 module (Ampere, Ada, Hopper):
+//! `c = act(a · wᵀ + bias) + residual` with `mma.sync.m16n8k16` on bf16 or f16 operands and f32
+//! accumulation, written as inline PTX.
+//!
+//! # Parameters ([`LinearParams`])
+//! `a` `[m, k]` f32 activations (row stride `lda`), split as they are staged into a high part in
+//! the weights' 16-bit type and the low remainder `a - hi` in the same type, each multiplied
+//! with the weights by its own mma (the products with 16-bit weights are exact in the f32
+//! accumulator, so the result is as precise as f32 activations to about 2^-16 relative, not the
+//! 2^-9 of bf16 activations: the fixtures' logits stay within 1e-3 of f32); `w` `[n, k]` bf16/f16
+//! weights as stored; `bias` `[n]` f32 or 0; `residual` `[m, n]`
+//! f32 or 0 (may be `c`); `act` 0 none, 1 tanh GELU, 2 erf GELU (applied before the residual);
+//! `c` `[m, n]` f32. `k` a multiple of 8 (16-byte weight rows); the launcher checks.
+//!
+//! # Tiling
+//! A block computes a `TM × TN` tile of `c` (128 × 128; 64 × 128 and 64 × 64 variants give
+//! more blocks for smaller `m`), walking `k` in steps of `BK` (32). Each
+//! step stages `a[128 rows, 32]` (f32 loads, split into high and low parts, 16-byte shared
+//! stores) and `w[128 rows, 32]` (`cp.async` 16-byte copies, zero-filled past `n` and `k`) in
+//! shared memory (48 KiB in all), two buffers:
+//! the next step's loads are issued before the current step's math. Rows of 32 elements are
+//! 4 chunks of 16 bytes, stored at chunk `c ^ ((row >> 1) & 3)` (an XOR swizzle), so the eight
+//! rows an `ldmatrix` reads at one logical chunk fall in eight different bank groups.
+//!
+//! # Thread mapping
+//! 256 threads = 8 warps as 2 (m) × 4 (n); a warp owns a `TM/2 × TN/4` tile (64 × 32 for the
+//! largest: 4 × 4 mma tiles of 16 × 8, 64 f32 accumulators per thread). Per 16-wide k step a warp loads its
+//! A fragments with `ldmatrix.x4` (one per 16 rows, high and low) and its B fragments with
+//! `ldmatrix.x4` (two n-tiles each), then issues two `mma`s per tile. Staging: thread `t` takes
+//! the 16-byte chunks `t, t + 256, ...` of each tile (8 activations converted and split, or 8
+//! weights copied asynchronously).
+//!
+//! # Safety
+//! The launcher checks sizes, `k % 8 == 0`, and that the compute_80 module is loaded. Every
+//! thread reaches every barrier (loop counts are uniform); out-of-range rows and columns are
+//! zero-filled on load and skipped on store.
+
+use crate::math::{Bf16, F16};
+use crate::matmul::finish;
+use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
+use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
+use crate::params::LinearParams;
+use cuda_std::{kernel, shared_array, thread};
+
+const TBM: usize = BM as usize;
+const TBN: usize = BN as usize;
+const TBK: usize = BK as usize;
+/// 16-byte chunks per staged row.
+const CHUNKS: usize = TBK / 8;
+/// The largest warp tile: 64 rows × 32 columns as 4 × 4 mma tiles (register arrays are this
+/// size; smaller tiles use part of them).
+const MT: usize = 4;
+const NT: usize = 4;
+
+/// A 16-bit operand type of `mma`: its PTX name and the f32 → pair conversion.
+pub trait MmaElem {
+    /// Packs two f32 into one 32-bit register, `lo` in the low half (round to nearest even).
+    fn pack(lo: f32, hi: f32) -> u32;
+    /// The f32 value of the low 16 bits of a packed register.
+    fn low(v: u32) -> f32;
+    /// The f32 value of the high 16 bits of a packed register.
+    fn high(v: u32) -> f32;
+    /// `d += a · b` for one m16n8k16 tile.
+    unsafe fn mma(d: &mut [f32; 4], a: &[u32; 4], b: &[u32; 2]);
+}
+
+impl MmaElem for Bf16 {
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        let d: u32;
+        unsafe { core::arch::asm!("cvt.rn.bf16x2.f32 {}, {}, {};", out(reg32) d, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack)) };
+        d
+    }
+
+    #[inline(always)]
+    fn low(v: u32) -> f32 {
+        f32::from_bits(v << 16)
+    }
+
+    #[inline(always)]
+    fn high(v: u32) -> f32 {
+        f32::from_bits(v & 0xffff_0000)
+    }
+
+    #[inline(always)]
+    unsafe fn mma(d: &mut [f32; 4], a: &[u32; 4], b: &[u32; 2]) {
+        core::arch::asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}};",
+            lateout(reg32) d[0], lateout(reg32) d[1], lateout(reg32) d[2], lateout(reg32) d[3],
+            in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3],
+            in(reg32) b[0], in(reg32) b[1],
+            in(reg32) d[0], in(reg32) d[1], in(reg32) d[2], in(reg32) d[3],
+            options(pure, nomem, nostack),
+        );
+    }
+}
+
+impl MmaElem for F16 {
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        let d: u32;
+        unsafe { core::arch::asm!("cvt.rn.f16x2.f32 {}, {}, {};", out(reg32) d, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack)) };
+        d
+    }
+
+    #[inline(always)]
+    fn low(v: u32) -> f32 {
+        crate::mem::f16x2_to_f32(v).0
+    }
+
+    #[inline(always)]
+    fn high(v: u32) -> f32 {
+        crate::mem::f16x2_to_f32(v).1
+    }
+
+    #[inline(always)]
+    unsafe fn mma(d: &mut [f32; 4], a: &[u32; 4], b: &[u32; 2]) {
+        core::arch::asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}};",
+            lateout(reg32) d[0], lateout(reg32) d[1], lateout(reg32) d[2], lateout(reg32) d[3],
+            in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3],
+            in(reg32) b[0], in(reg32) b[1],
+            in(reg32) d[0], in(reg32) d[1], in(reg32) d[2], in(reg32) d[3],
+            options(pure, nomem, nostack),
+        );
+    }
+}
+
+/// Four 8 × 8 b16 matrices from shared memory, lane `l` giving the address of row `l % 8` of
+/// matrix `l / 8`.
+#[inline(always)]
+unsafe fn ldmatrix_x4(addr: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    core::arch::asm!(
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}, {}, {}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+        in(reg64) addr,
+        options(readonly, nostack),
+    );
+    [a, b, c, d]
+}
+
+/// An asynchronous 16-byte copy from global memory to shared memory; `bytes` (0 or 16) are
+/// read, the rest of the 16 zero-filled.
+#[inline(always)]
+unsafe fn cp_async_16(dst_shared: u64, src: *const u8, bytes: u32) {
+    core::arch::asm!(
+        "{{ .reg .u64 g; cvta.to.global.u64 g, {}; cp.async.cg.shared.global [{}], [g], 16, {}; }}",
+        in(reg64) src, in(reg64) dst_shared, in(reg32) bytes,
+        options(nostack),
+    );
+}
+
+#[inline(always)]
+unsafe fn cp_async_commit() {
+    core::arch::asm!("cp.async.commit_group;", options(nostack));
+}
+
+#[inline(always)]
+unsafe fn cp_async_wait_all() {
+    core::arch::asm!("cp.async.wait_all;", options(nostack));
+}
+
+/// Byte offset of 16-byte chunk `c` of staged row `row` (XOR swizzle, see the module docs).
+#[inline(always)]
+fn chunk_offset(row: usize, c: usize) -> usize {
+    16 * (row * CHUNKS + (c ^ ((row >> 1) & 3)))
+}
+
+#[inline(always)]
+unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearParams) {
+    // 16-byte aligned staging buffers for the largest tile: [2 buffers][rows][32 elements] of
+    // 16 bits each, for the activations' high parts, their low parts, and the weights
+    let a_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
+    let l_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
+    let w_s = shared_array![crate::mem::F32x4; 2 * TBN * TBK / 8] as *mut u8;
+    let (a_buf, w_buf) = (TM * TBK * 2, TN * TBK * 2);
+    // the warp tile: (TM / 2) × (TN / 4) as mt × nt mma tiles (at most 4 × 4)
+    let (mts, nts) = (TM / 32, TN / 32);
+    let tid = thread::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
+    let a = p.a as *const f32;
+    let w = p.w as *const u8;
+    let (a_sh, l_sh, w_sh) = (shared_addr(a_s), shared_addr(l_s), shared_addr(w_s));
+    // staging: thread t takes 16-byte chunks t, t + 256, ... of each tile (4 chunks per row)
+    let (a_chunks, w_chunks) = (TM * CHUNKS / 256, TN * CHUNKS / 256);
+    let load_a = |k0: usize| -> [[f32; 8]; 2] {
+        let mut v = [[0.0f32; 8]; 2];
+        for i in 0..a_chunks {
+            let ch = tid + 256 * i;
+            let (r, kk) = (row0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            if r < m {
+                for q in 0..2 {
+                    if kk + 4 * q < k {
+                        let x = ld_f32x4(a.add(r * lda + kk + 4 * q));
+                        for e in 0..4 {
+                            v[i][4 * q + e] = x[e];
+                        }
+                    }
+                }
+            }
+        }
+        v
+    };
+    let store_a = |buf: usize, v: &[[f32; 8]; 2]| {
+        for i in 0..a_chunks {
+            let ch = tid + 256 * i;
+            let mut hi = [0u32; 4];
+            let mut lo = [0u32; 4];
+            for q in 0..4 {
+                let (x0, x1) = (v[i][2 * q], v[i][2 * q + 1]);
+                hi[q] = W::pack(x0, x1);
+                lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
+            }
+            let at = (buf * a_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64;
+            st_shared_v4(a_sh + at, hi);
+            st_shared_v4(l_sh + at, lo);
+        }
+    };
+    let load_w = |buf: usize, k0: usize| {
+        for i in 0..w_chunks {
+            let ch = tid + 256 * i;
+            let (r, kk) = (col0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            let ok = r < n && kk < k;
+            let src = if ok { w.add((r * k + kk) * 2) } else { w };
+            cp_async_16(w_sh + (buf * w_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64, src, if ok { 16 } else { 0 });
+        }
+    };
+
+    let mut acc = [[[0.0f32; 4]; NT]; MT];
+    let steps = (k + TBK - 1) / TBK;
+    // 1. the first tile
+    let mut next_a = load_a(0);
+    load_w(0, 0);
+    cp_async_commit();
+    store_a(0, &next_a);
+    cp_async_wait_all();
+    thread::sync_threads();
+    for step in 0..steps {
+        let (cur, nxt) = (step % 2, (step + 1) % 2);
+        let more = step + 1 < steps;
+        // 2. the next tile's loads go out before this tile's math
+        if more {
+            load_w(nxt, (step + 1) * TBK);
+            cp_async_commit();
+            next_a = load_a((step + 1) * TBK);
+        }
+        // 3. two 16-wide k steps of mma over the warp's tile (high and low activation parts)
+        for ks in 0..TBK / 16 {
+            let mut af = [[0u32; 4]; MT];
+            let mut lf = [[0u32; 4]; MT];
+            for mt in 0..mts {
+                let r = wm * (TM / 2) + mt * 16 + (lane & 15);
+                let at = (cur * a_buf + chunk_offset(r, ks * 2 + (lane >> 4))) as u64;
+                af[mt] = ldmatrix_x4(a_sh + at);
+                lf[mt] = ldmatrix_x4(l_sh + at);
+            }
+            let mut bf = [[0u32; 2]; NT];
+            for np in 0..nts / 2 {
+                let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
+                let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset(r, ks * 2 + ((lane >> 3) & 1))) as u64);
+                bf[2 * np] = [x[0], x[1]];
+                bf[2 * np + 1] = [x[2], x[3]];
+            }
+            for mt in 0..mts {
+                for nt in 0..nts {
+                    W::mma(&mut acc[mt][nt], &lf[mt], &bf[nt]);
+                    W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
+                }
+            }
+        }
+        // 4. the next tile into the other buffer (last read before the previous barrier)
+        if more {
+            store_a(nxt, &next_a);
+            cp_async_wait_all();
+        }
+        thread::sync_threads();
+    }
+
+    // 5. epilogue (bias, activation, residual), one mma tile at a time
+    for mt in 0..mts {
+        for nt in 0..nts {
+            let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
+            store_tile(&p, acc[mt][nt], r, col);
+        }
+    }
+}
+
+/// Writes one thread's share of an m16n8 accumulator tile: `d[0..2]` at row `r`, columns
+/// `col, col + 1`; `d[2..4]` at row `r + 8` (the mma C layout), through the tiled epilogue.
+#[inline(always)]
+unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
+    let c = p.c as *mut f32;
+    let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+    for i in 0..4 {
+        let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
+        if rr < m && cc < n {
+            *c.add(rr * ldc + cc) = finish(p, d[i], rr, cc);
+        }
+    }
+}
+
+/// `c = act(a · wᵀ + bias) + residual` on tensor cores, bf16 weights, 128 × 128 tiles. See the
+/// module docs.
+#[kernel]
+pub unsafe fn matmul_mma_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 128, 128>(p)
+}
+
+/// As [`matmul_mma_bf16`], f16 weights.
+#[kernel]
+pub unsafe fn matmul_mma_f16(p: LinearParams) {
+    mma_linear::<F16, 128, 128>(p)
+}
+
+/// As [`matmul_mma_bf16`], 64 × 128 tiles (twice the blocks for medium `m`).
+#[kernel]
+pub unsafe fn matmul_mma_64x128_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 128>(p)
+}
+
+/// As [`matmul_mma_f16`], 64 × 128 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_64x128_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 128>(p)
+}
+
+/// As [`matmul_mma_bf16`], 64 × 64 tiles (small `m`: four times the blocks).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 64>(p)
+}
+
+/// As [`matmul_mma_f16`], 64 × 64 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 64>(p)
+}

@@ -105,8 +105,8 @@ pub fn tensor_cores(b: &dyn Backend) -> bool {
 /// combination of value rows, |v| ≤ 1) by at most 2u ≈ 1e-3; rounding q and k moves each score
 /// by at most 2u · Σ|q_i k_i| · scale (≈ 3.7e-3 at d = 128 for these inputs), which moves the
 /// weights, and so the output, by about twice that at worst: 4e-3 absolute covers the sum with
-/// the worst cases far out in the tails (QWEN3_VL_REPORT-style measurements on the H100 stay
-/// several times under it).
+/// the worst cases far out in the tails. Measured on the H100 (QWEN3_VL_REPORT=1, every case of
+/// tests/gpu_attention.rs): at most 4.2e-4 on tensor cores, 2.4e-7 with the FP32 kernels.
 pub fn attention_tolerance(b: &dyn Backend) -> (f32, f32) {
     if tensor_cores(b) {
         (4e-3, 1e-2)
@@ -118,7 +118,8 @@ pub fn attention_tolerance(b: &dyn Backend) -> (f32, f32) {
 /// Tolerance (times the reference std) of a model's logits through a KV cache of `kv` on `b`:
 /// [`kv_tolerance`], and on tensor cores the f16-cache bound whatever the cache type, since
 /// their attention rounds keys and values to f16 as an f16 cache does (and queries and
-/// probabilities likewise, well inside the same bound on the fixtures).
+/// probabilities likewise): measured at most 4.0e-3 of the std on the H100 over the text and
+/// image fixtures, either cache type, with every greedy continuation unchanged.
 pub fn logits_tolerance(b: &dyn Backend, kv: DType) -> f64 {
     if tensor_cores(b) {
         kv_tolerance(DType::F16)
@@ -129,10 +130,11 @@ pub fn logits_tolerance(b: &dyn Backend, kv: DType) -> f64 {
 
 /// Tolerance (times the reference std) of the vision tower's outputs on `b`: 1e-3 for f32
 /// arithmetic; on tensor cores the attention's f16 operands (relative 2^-11 ≈ 4.9e-4 each,
-/// through 3 blocks of the tiny tower) give 1e-2.
+/// through the 3 blocks of the tiny tower) moved embeddings and DeepStack features by at most
+/// 9.1e-4 of their std on the H100, so 5e-3.
 pub fn tower_tolerance(b: &dyn Backend) -> f64 {
     if tensor_cores(b) {
-        1e-2
+        5e-3
     } else {
         1e-3
     }

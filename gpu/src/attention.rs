@@ -9,7 +9,9 @@
 //! holds elements `l, l + 32, ...` of the query and of the output accumulator in registers;
 //! for each visible key the warp forms the score with a shuffle reduction and applies the
 //! streaming update `gpu::math::OnlineSoftmax::push_weighted` (the CPU backend uses the same
-//! update), so nothing of size `kv_len` is materialized. Used for prefill and the vision tower.
+//! update), so nothing of size `kv_len` is materialized. Prefill and the vision tower use the
+//! tiled flash kernels (`flash.rs`, `flash_mma.rs`); this one serves the head dims those do not
+//! take (not a multiple of 8, or over 128), with a log line saying so.
 //!
 //! # `attention_split_*`: flash-decoding ([`SplitAttnParams`])
 //! For a few query rows (decode). Grid = `(splits, kv_heads, ceil(qvs / MAX_QV))`: block

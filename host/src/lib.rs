@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod generate;
+pub mod gguf;
 pub mod image;
 mod dtype;
 mod error;

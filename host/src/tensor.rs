@@ -40,6 +40,14 @@ impl MappedBytes {
     pub fn bytes(&self) -> &[u8] {
         &self.map[self.offset..self.offset + self.len]
     }
+
+    /// The sub-window `offset .. offset + len` of this window, or `None` when out of range.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<MappedBytes> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        MappedBytes::new(Arc::clone(&self.map), self.offset + offset, len)
+    }
 }
 
 impl std::fmt::Debug for MappedBytes {

@@ -91,6 +91,23 @@ pub fn quantize_vec(dtype: DType, src: &[f32]) -> Option<Vec<u8>> {
     }
 }
 
+/// [`quantize_vec`] of `rows` rows in parallel (on the current rayon pool).
+pub fn quantize_vec_par(dtype: DType, src: &[f32], rows: usize) -> Option<Vec<u8>> {
+    use rayon::prelude::*;
+    let cols = if rows == 0 { 0 } else { src.len() / rows };
+    let rb = dtype.row_bytes(cols)?;
+    if rows * cols != src.len() {
+        return None;
+    }
+    let mut out = vec![0u8; rb * rows];
+    if rb > 0 {
+        out.par_chunks_mut(rb).zip(src.par_chunks(cols.max(1))).for_each(|(o, x)| {
+            quantize(dtype, x, o);
+        });
+    }
+    Some(out)
+}
+
 /// `src` (whole blocks of `dtype`) dequantized to a new f32 vector of `elems` values.
 pub fn dequantize_vec(dtype: DType, src: &[u8], elems: usize) -> Option<Vec<f32>> {
     let mut out = vec![0.0f32; elems];

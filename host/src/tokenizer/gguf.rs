@@ -51,9 +51,12 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
     if types.len() != tokens.len() {
         return Err(err(g, format!("{} token types for {} tokens", types.len(), tokens.len())));
     }
-    let merges = match arr("tokenizer.ggml.merges")? {
-        Array::String(m) => m,
-        _ => return Err(err(g, "tokenizer.ggml.merges must be an array of strings".into())),
+    // absent: no merges (writers leave an empty list out)
+    let no_merges = Vec::new();
+    let merges = match g.get_array("tokenizer.ggml.merges").map_err(|e| err(g, e.to_string()))? {
+        Some(Array::String(m)) => m,
+        None => &no_merges,
+        Some(_) => return Err(err(g, "tokenizer.ggml.merges must be an array of strings".into())),
     };
     let mut vocab = HashMap::new();
     let mut added = Vec::new();

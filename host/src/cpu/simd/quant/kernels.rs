@@ -23,140 +23,200 @@ macro_rules! kernels {
                 _mm_cvtss_f32(s)
             }
 
-            /// See `super::super::dots`.
+            /// Weight rows per tile, activation rows per tile.
+            const NR: usize = 4;
+            const MR: usize = 2;
+            /// Software prefetch distance along each weight row, in bytes: far enough ahead to
+            /// cover the memory latency of four interleaved row streams per thread.
+            const PF: usize = 2048;
+
+            /// See `super::super::dots`: tiles of `NR` weight rows; for each block the weights
+            /// are unpacked once and taken against all activation rows, `MR` at a time, with
+            /// integer sums in registers and f32 sums per (weight row, activation row).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dots(wt: DType, rows: &[u8], row_bytes: usize, acts: &Q8Acts, res: &mut [f32]) {
                 let m = acts.rows;
-                let mut acc = vec![_mm256_setzero_ps(); m];
-                for (j, row) in rows.chunks_exact(row_bytes).enumerate() {
+                let n = rows.len() / row_bytes;
+                let mut acc = vec![_mm256_setzero_ps(); NR * m];
+                let mut j0 = 0;
+                while j0 < n {
+                    let nr = NR.min(n - j0);
                     acc.iter_mut().for_each(|a| *a = _mm256_setzero_ps());
+                    let w = rows.as_ptr().add(j0 * row_bytes);
                     match wt {
-                        DType::Q8_0 => row_q8_0(row, acts, &mut acc),
-                        DType::Q4K => row_q4_k(row, acts, &mut acc),
-                        _ => row_q6_k(row, acts, &mut acc),
+                        DType::Q8_0 => tile_q8_0(w, row_bytes, nr, acts, &mut acc),
+                        DType::Q4K => tile_k::<false>(w, row_bytes, nr, acts, &mut acc),
+                        _ => tile_k::<true>(w, row_bytes, nr, acts, &mut acc),
                     }
-                    for r in 0..m {
-                        res[j * m + r] = hsum(acc[r]);
+                    for i in 0..nr {
+                        for r in 0..m {
+                            res[(j0 + i) * m + r] = hsum(acc[i * m + r]);
+                        }
                     }
+                    j0 += nr;
                 }
             }
 
-            /// One `Q8_0` weight row against every activation row.
+            /// `Q8_0`: `nr ≤ NR` weight rows against every activation row, accumulators in
+            /// registers across the blocks of a row pair.
             #[target_feature(enable = $feat)]
-            unsafe fn row_q8_0(row: &[u8], acts: &Q8Acts, acc: &mut [__m256]) {
-                let (k, nb) = (acts.k, acts.k / QK8_0);
+            unsafe fn tile_q8_0(w: *const u8, row_bytes: usize, nr: usize, acts: &Q8Acts, acc: &mut [__m256]) {
+                let (m, k, nb) = (acts.rows, acts.k, acts.k / QK8_0);
                 let (qs, ds) = (acts.qs.as_ptr(), acts.d.as_ptr());
-                for b in 0..nb {
-                    let blk = row.as_ptr().add(b * q8_0::BLOCK_BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(blk.add(512) as *const i8);
-                    let dw = f16_at(blk);
-                    let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                    let wabs = _mm256_sign_epi8(w, w);
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let av = _mm256_loadu_si256(qs.add(r * k + b * QK8_0) as *const __m256i);
-                        let dot = dpbusd(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(av, w));
-                        let scale = _mm256_set1_ps(dw * *ds.add(r * nb + b));
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *a);
+                let mut r0 = 0;
+                while r0 < m {
+                    let mr = MR.min(m - r0);
+                    let mut f = [[_mm256_setzero_ps(); MR]; NR];
+                    for b in 0..nb {
+                        let mut av = [_mm256_setzero_si256(); MR];
+                        let mut da = [0.0f32; MR];
+                        for r in 0..mr {
+                            av[r] = _mm256_loadu_si256(qs.add((r0 + r) * k + b * QK8_0) as *const __m256i);
+                            da[r] = *ds.add((r0 + r) * nb + b);
+                        }
+                        for i in 0..nr {
+                            let blk = w.add(i * row_bytes + b * q8_0::BLOCK_BYTES);
+                            if r0 == 0 {
+                                _mm_prefetch::<_MM_HINT_T0>(blk.add(PF) as *const i8);
+                            }
+                            let dw = f16_at(blk);
+                            let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                            let wabs = _mm256_sign_epi8(wv, wv);
+                            for r in 0..mr {
+                                let dot = dpbusd(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(av[r], wv));
+                                f[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * da[r]), f[i][r]);
+                            }
+                        }
                     }
+                    for i in 0..nr {
+                        for r in 0..mr {
+                            acc[i * m + r0 + r] = f[i][r];
+                        }
+                    }
+                    r0 += mr;
                 }
             }
 
-            /// One `Q4_K` weight row against every activation row.
+            /// One K-quant super-block of `nr` weight rows, unpacked: 8 vectors of 32 unsigned
+            /// values per row in element order, 8 scale vectors (16-bit words), and per row the
+            /// f32 scale, min scale and 16-bit min / scale words for the 16-value sums.
+            struct Unpacked {
+                w: [[__m256i; 8]; NR],
+                sc: [[__m256i; 8]; NR],
+                sums: [__m256i; NR],
+                d: [f32; NR],
+                dmin: [f32; NR],
+            }
+
+            /// `Q4_K` super-block at `blk` into row `i` of `u`.
+            #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn row_q4_k(row: &[u8], acts: &Q8Acts, acc: &mut [__m256]) {
-                let (k, nb) = (acts.k, acts.k / QK_K);
-                let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
-                let mut w = [_mm256_setzero_si256(); 8];
-                let mut sc = [_mm256_setzero_si256(); 8];
+            unsafe fn unpack_q4_k(blk: *const u8, u: &mut Unpacked, i: usize) {
                 let low = _mm256_set1_epi8(0x0F);
-                for b in 0..nb {
-                    let blk = row.as_ptr().add(b * q4_k::BLOCK_BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(blk.add(576) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(blk.add(640) as *const i8);
-                    let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
-                    let scales = core::slice::from_raw_parts(blk.add(4), 12);
-                    let mut mins = [0i16; 16];
-                    for jj in 0..8 {
-                        let (s, mm) = q4_k::scale_min(scales, jj);
-                        sc[jj] = _mm256_set1_epi16(s as i16);
-                        mins[2 * jj] = mm as i16;
-                        mins[2 * jj + 1] = mm as i16;
-                    }
-                    let minv = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
-                    for c in 0..4 {
-                        let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
-                        w[2 * c] = _mm256_and_si256(v, low);
-                        w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                    }
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let ap = qs.add(r * k + b * QK_K);
-                        let mut isum = _mm256_setzero_si256();
-                        for jj in 0..8 {
-                            let av = _mm256_loadu_si256(ap.add(32 * jj) as *const __m256i);
-                            isum = dpwssd(isum, _mm256_maddubs_epi16(w[jj], av), sc[jj]);
-                        }
-                        let bs = _mm256_loadu_si256(bsums.add(r * k / 16 + b * 16) as *const __m256i);
-                        let msum = _mm256_madd_epi16(bs, minv);
-                        let da = *ds.add(r * nb + b);
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * d), *a);
-                        *a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(da * dmin), *a);
-                    }
+                u.d[i] = f16_at(blk);
+                u.dmin[i] = f16_at(blk.add(2));
+                let scales = core::slice::from_raw_parts(blk.add(4), 12);
+                let mut mins = [0i16; 16];
+                for jj in 0..8 {
+                    let (sc, mm) = q4_k::scale_min(scales, jj);
+                    u.sc[i][jj] = _mm256_set1_epi16(sc as i16);
+                    mins[2 * jj] = mm as i16;
+                    mins[2 * jj + 1] = mm as i16;
+                }
+                u.sums[i] = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+                for c in 0..4 {
+                    let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
+                    u.w[i][2 * c] = _mm256_and_si256(v, low);
+                    u.w[i][2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
                 }
             }
 
-            /// One `Q6_K` weight row against every activation row.
+            /// `Q6_K` super-block at `blk` into row `i` of `u` (its `sums` words are the 16
+            /// sub-block scales, for the `-32` offset).
+            #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn row_q6_k(row: &[u8], acts: &Q8Acts, acc: &mut [__m256]) {
-                let (k, nb) = (acts.k, acts.k / QK_K);
-                let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
-                let mut w = [_mm256_setzero_si256(); 8];
-                let mut sc = [_mm256_setzero_si256(); 8];
+            unsafe fn unpack_q6_k(blk: *const u8, u: &mut Unpacked, i: usize) {
                 let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+                u.d[i] = f16_at(blk.add(208));
+                let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                u.sums[i] = s16;
+                let mut sarr = [0i16; 16];
+                _mm256_storeu_si256(sarr.as_mut_ptr() as *mut __m256i, s16);
+                for t in 0..8 {
+                    u.sc[i][t] = _mm256_setr_m128i(_mm_set1_epi16(sarr[2 * t]), _mm_set1_epi16(sarr[2 * t + 1]));
+                }
+                for h in 0..2 {
+                    let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
+                    let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
+                    let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two));
+                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)));
+                    let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(48));
+                    let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48));
+                    u.w[i][4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low), h0);
+                    u.w[i][4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h1);
+                    u.w[i][4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), h2);
+                    u.w[i][4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), h3);
+                }
+            }
+
+            /// K-quants (`Q6 = false`: `Q4_K`; `true`: `Q6_K`): `nr ≤ NR` weight rows against
+            /// every activation row. Per super-block the weights are unpacked once; each pair of
+            /// activation rows then takes `vpmaddubsw` + `dpwssd` per 32 values into integer sums
+            /// in registers, folded into the f32 sums once per super-block.
+            #[target_feature(enable = $feat)]
+            unsafe fn tile_k<const Q6: bool>(w: *const u8, row_bytes: usize, nr: usize, acts: &Q8Acts, acc: &mut [__m256]) {
+                let (m, k, nb) = (acts.rows, acts.k, acts.k / QK_K);
+                let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
+                let z = _mm256_setzero_si256();
+                let mut u = Unpacked { w: [[z; 8]; NR], sc: [[z; 8]; NR], sums: [z; NR], d: [0.0; NR], dmin: [0.0; NR] };
+                let bb = if Q6 { q6_k::BLOCK_BYTES } else { q4_k::BLOCK_BYTES };
                 for b in 0..nb {
-                    let blk = row.as_ptr().add(b * q6_k::BLOCK_BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(blk.add(840) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(blk.add(904) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(blk.add(968) as *const i8);
-                    let d = f16_at(blk.add(208));
-                    let s8 = _mm_loadu_si128(blk.add(192) as *const __m128i);
-                    let s16 = _mm256_cvtepi8_epi16(s8); // 16 scales as i16
-                    // sub-blocks 2t, 2t + 1 → [sc_2t × 8 | sc_2t+1 × 8] words
-                    let mut sarr = [0i16; 16];
-                    _mm256_storeu_si256(sarr.as_mut_ptr() as *mut __m256i, s16);
-                    for t in 0..8 {
-                        sc[t] = _mm256_setr_m128i(_mm_set1_epi16(sarr[2 * t]), _mm_set1_epi16(sarr[2 * t + 1]));
-                    }
-                    for h in 0..2 {
-                        let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-                        let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-                        let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                        let hb = |s: i32| -> __m256i {
-                            let v = match s {
-                                0 => qh,
-                                2 => _mm256_srli_epi16::<2>(qh),
-                                4 => _mm256_srli_epi16::<4>(qh),
-                                _ => _mm256_srli_epi16::<6>(qh),
-                            };
-                            _mm256_slli_epi16::<4>(_mm256_and_si256(v, two))
-                        };
-                        w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low), hb(0));
-                        w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), hb(2));
-                        w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), hb(4));
-                        w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), hb(6));
-                    }
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let ap = qs.add(r * k + b * QK_K);
-                        let mut isum = _mm256_setzero_si256();
-                        for t in 0..8 {
-                            let av = _mm256_loadu_si256(ap.add(32 * t) as *const __m256i);
-                            isum = dpwssd(isum, _mm256_maddubs_epi16(w[t], av), sc[t]);
+                    for i in 0..nr {
+                        let blk = w.add(i * row_bytes + b * bb);
+                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 64) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 128) as *const i8);
+                        if Q6 {
+                            _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 192) as *const i8);
+                            unpack_q6_k(blk, &mut u, i);
+                        } else {
+                            unpack_q4_k(blk, &mut u, i);
                         }
-                        // - 32 · Σ_j sc_j · bsum_j
-                        let bs = _mm256_loadu_si256(bsums.add(r * k / 16 + b * 16) as *const __m256i);
-                        let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, s16));
-                        isum = _mm256_sub_epi32(isum, off);
-                        let da = *ds.add(r * nb + b);
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * d), *a);
+                    }
+                    let mut r0 = 0;
+                    while r0 < m {
+                        let mr = MR.min(m - r0);
+                        let mut isum = [[z; MR]; NR];
+                        for jj in 0..8 {
+                            let mut av = [z; MR];
+                            for r in 0..mr {
+                                av[r] = _mm256_loadu_si256(qs.add((r0 + r) * k + b * QK_K + 32 * jj) as *const __m256i);
+                            }
+                            for i in 0..nr {
+                                for r in 0..mr {
+                                    isum[i][r] = dpwssd(isum[i][r], _mm256_maddubs_epi16(u.w[i][jj], av[r]), u.sc[i][jj]);
+                                }
+                            }
+                        }
+                        for r in 0..mr {
+                            let row = r0 + r;
+                            let bs = _mm256_loadu_si256(bsums.add(row * k / 16 + b * 16) as *const __m256i);
+                            let da = *ds.add(row * nb + b);
+                            for i in 0..nr {
+                                let a = &mut acc[i * m + row];
+                                let extra = _mm256_madd_epi16(bs, u.sums[i]);
+                                if Q6 {
+                                    // Σ sc (q - 32) a = Σ sc q a - 32 Σ sc bsum
+                                    let t = _mm256_sub_epi32(isum[i][r], _mm256_slli_epi32::<5>(extra));
+                                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(da * u.d[i]), *a);
+                                } else {
+                                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][r]), _mm256_set1_ps(da * u.d[i]), *a);
+                                    *a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(extra), _mm256_set1_ps(da * u.dmin[i]), *a);
+                                }
+                            }
+                        }
+                        r0 += mr;
                     }
                 }
             }

@@ -28,7 +28,9 @@ fn err(g: &Gguf, msg: String) -> Error {
 
 /// Builds the tokenizer from a GGUF file's `tokenizer.ggml.*` metadata.
 pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
-    let s = |k: &str| g.get_str(k).map_err(|e| err(g, e.to_string()));
+    // metadata errors already name the file
+    let meta = |e: Error| Error::Tokenizer { msg: e.to_string() };
+    let s = |k: &str| g.get_str(k).map_err(meta);
     match s("tokenizer.ggml.model")? {
         Some("gpt2") => {}
         Some(m) => return Err(err(g, format!("tokenizer.ggml.model '{}' is not supported (gpt2: byte-level BPE)", m))),
@@ -38,7 +40,7 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
         Some(p) if PRE.contains(&p) => {}
         other => return Err(err(g, format!("tokenizer.ggml.pre {:?} is not supported ({:?})", other, PRE))),
     }
-    let arr = |k: &str| g.get_array(k).map_err(|e| err(g, e.to_string()))?.ok_or_else(|| err(g, format!("metadata key '{}' is missing", k)));
+    let arr = |k: &str| g.get_array(k).map_err(meta)?.ok_or_else(|| err(g, format!("metadata key '{}' is missing", k)));
     let tokens = match arr("tokenizer.ggml.tokens")? {
         Array::String(t) => t,
         _ => return Err(err(g, "tokenizer.ggml.tokens must be an array of strings".into())),
@@ -53,7 +55,7 @@ pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
     }
     // absent: no merges (writers leave an empty list out)
     let no_merges = Vec::new();
-    let merges = match g.get_array("tokenizer.ggml.merges").map_err(|e| err(g, e.to_string()))? {
+    let merges = match g.get_array("tokenizer.ggml.merges").map_err(meta)? {
         Some(Array::String(m)) => m,
         None => &no_merges,
         Some(_) => return Err(err(g, "tokenizer.ggml.merges must be an array of strings".into())),

@@ -132,7 +132,13 @@ pub fn linear_on(isa: QIsa, a: &[f32], wt: DType, w: &[u8], bias: Option<&[f32]>
     {
         let nb = k / block;
         let rows: Vec<_> = acts.qs.chunks_mut(k.max(1)).zip(acts.d.chunks_mut(nb.max(1))).zip(acts.bsums.chunks_mut((k / 16).max(1))).collect();
-        rows.into_par_iter().enumerate().for_each(|(r, ((qs, d), bs))| quantize_row_on(isa, &a[r * k..(r + 1) * k], block, qs, d, bs));
+        let one = |(r, ((qs, d), bs)): (usize, ((&mut [i8], &mut [f32]), &mut [i16]))| quantize_row_on(isa, &a[r * k..(r + 1) * k], block, qs, d, bs);
+        if m <= 4 {
+            // a few rows (decode): not worth waking the pool
+            rows.into_iter().enumerate().for_each(one);
+        } else {
+            rows.into_par_iter().enumerate().for_each(one);
+        }
     }
     if k == 0 {
         for row in out[..m * n].chunks_mut(n) {

@@ -26,9 +26,9 @@ macro_rules! kernels {
             /// Weight rows per tile, activation rows per tile.
             const NR: usize = 4;
             const MR: usize = 2;
-            /// Software prefetch distance along each weight row, in bytes: far enough ahead to
-            /// cover the memory latency of four interleaved row streams per thread.
-            const PF: usize = 2048;
+            /// Software prefetch distance along each weight row, in bytes (measured on the 2-core
+            /// machine: 512 → 13.3, 4096 → 14.8, 8192 → 14.9 tok/s Q4_K_M decode).
+            const PF: usize = 8192;
 
             /// See `super::super::dots`: tiles of `NR` weight rows; for each block the weights
             /// are unpacked once and taken against all activation rows, `MR` at a time, with
@@ -45,6 +45,8 @@ macro_rules! kernels {
                     let w = rows.as_ptr().add(j0 * row_bytes);
                     match wt {
                         DType::Q8_0 => tile_q8_0(w, row_bytes, nr, acts, &mut acc),
+                        DType::Q4K if m == 1 => gemv_q4_k(w, row_bytes, nr, acts, &mut acc),
+                        DType::Q6K if m == 1 => gemv_q6_k(w, row_bytes, nr, acts, &mut acc),
                         DType::Q4K => tile_k::<false>(w, row_bytes, nr, acts, &mut acc),
                         _ => tile_k::<true>(w, row_bytes, nr, acts, &mut acc),
                     }
@@ -95,6 +97,119 @@ macro_rules! kernels {
                     }
                     r0 += mr;
                 }
+            }
+
+            /// The 8 scales and 8 mins of a `Q4_K` block as 16-bit words `[sc0..sc7 | m0..m7]`
+            /// (the packed 6-bit fields rearranged with 32-bit masks, as in ggml's x86 code).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn q4_k_scales(blk: *const u8) -> __m256i {
+                let p = blk.add(4) as *const u32;
+                let (u0, u1, u2) = (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned());
+                const K1: u32 = 0x3f3f_3f3f;
+                const K2: u32 = 0x0f0f_0f0f;
+                const K3: u32 = 0x0303_0303;
+                let sc_lo = u0 & K1; // sc0..sc3
+                let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4); // sc4..sc7
+                let m_lo = u1 & K1; // m0..m3
+                let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4); // m4..m7
+                _mm256_cvtepu8_epi16(_mm_setr_epi32(sc_lo as i32, sc_hi as i32, m_lo as i32, m_hi as i32))
+            }
+
+            /// Word `j` of both 128-bit halves' first 8 words broadcast: the shuffle masks.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn word_mask(j: usize) -> __m256i {
+                let (a, b) = ((2 * j) as i8, (2 * j + 1) as i8);
+                _mm256_setr_epi8(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b)
+            }
+
+            /// `Q4_K` against one activation row (decode): `nr` weight rows side by side, each
+            /// block unpacked in registers.
+            #[target_feature(enable = $feat)]
+            unsafe fn gemv_q4_k(w: *const u8, row_bytes: usize, nr: usize, acts: &Q8Acts, acc: &mut [__m256]) {
+                let nb = acts.k / QK_K;
+                let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
+                let low = _mm256_set1_epi8(0x0F);
+                let masks = [word_mask(0), word_mask(1), word_mask(2), word_mask(3), word_mask(4), word_mask(5), word_mask(6), word_mask(7)];
+                let mut f = [_mm256_setzero_ps(); NR];
+                for b in 0..nb {
+                    let ap = qs.add(b * QK_K);
+                    let bs = _mm256_loadu_si256(bsums.add(b * 16) as *const __m256i);
+                    let da = *ds.add(b);
+                    for i in 0..nr {
+                        let blk = w.add(i * row_bytes + b * q4_k::BLOCK_BYTES);
+                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 64) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 128) as *const i8);
+                        let sm = q4_k_scales(blk);
+                        let sc = _mm256_permute2x128_si256::<0x00>(sm, sm); // [sc0..sc7 | sc0..sc7]
+                        let mins = _mm256_castsi256_si128(_mm256_permute2x128_si256::<0x11>(sm, sm));
+                        let mut isum = _mm256_setzero_si256();
+                        for c in 0..4 {
+                            let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
+                            let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+                            let a0 = _mm256_loadu_si256(ap.add(64 * c) as *const __m256i);
+                            let a1 = _mm256_loadu_si256(ap.add(64 * c + 32) as *const __m256i);
+                            isum = dpwssd(isum, _mm256_maddubs_epi16(lo, a0), _mm256_shuffle_epi8(sc, masks[2 * c]));
+                            isum = dpwssd(isum, _mm256_maddubs_epi16(hi, a1), _mm256_shuffle_epi8(sc, masks[2 * c + 1]));
+                        }
+                        // Σ_j m_j (bsum_2j + bsum_2j+1)
+                        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+                        let msum = _mm_madd_epi16(pairs, mins);
+                        let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
+                        f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * d), f[i]);
+                        let m128 = _mm_mul_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(da * dmin));
+                        f[i] = _mm256_sub_ps(f[i], _mm256_set_m128(_mm_setzero_ps(), m128));
+                    }
+                }
+                acc[..nr].copy_from_slice(&f[..nr]);
+            }
+
+            /// `Q6_K` against one activation row (decode), as [`gemv_q4_k`].
+            #[target_feature(enable = $feat)]
+            unsafe fn gemv_q6_k(w: *const u8, row_bytes: usize, nr: usize, acts: &Q8Acts, acc: &mut [__m256]) {
+                let nb = acts.k / QK_K;
+                let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
+                let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+                // pair t: [s_2t × 8 | s_2t+1 × 8] from the 16 scale words: dword t everywhere,
+                // then word 0 in the low half and word 1 in the high half
+                let half = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+                let mut f = [_mm256_setzero_ps(); NR];
+                for b in 0..nb {
+                    let ap = qs.add(b * QK_K);
+                    let bs = _mm256_loadu_si256(bsums.add(b * 16) as *const __m256i);
+                    let da = *ds.add(b);
+                    for i in 0..nr {
+                        let blk = w.add(i * row_bytes + b * q6_k::BLOCK_BYTES);
+                        for l in 0..4 {
+                            _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 64 * l) as *const i8);
+                        }
+                        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                        let mut isum = _mm256_setzero_si256();
+                        for h in 0..2 {
+                            let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
+                            let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
+                            let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+                            let q = [
+                                _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two))),
+                                _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)))),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), _mm256_and_si256(qh, _mm256_set1_epi8(48))),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48))),
+                            ];
+                            for (t4, qv) in q.iter().enumerate() {
+                                let t = 4 * h + t4;
+                                let sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(t as i32)), half);
+                                let av = _mm256_loadu_si256(ap.add(32 * t) as *const __m256i);
+                                isum = dpwssd(isum, _mm256_maddubs_epi16(*qv, av), sv);
+                            }
+                        }
+                        let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, s16));
+                        isum = _mm256_sub_epi32(isum, off);
+                        f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * f16_at(blk.add(208))), f[i]);
+                    }
+                }
+                acc[..nr].copy_from_slice(&f[..nr]);
             }
 
             /// One K-quant super-block of `nr` weight rows, unpacked: 8 vectors of 32 unsigned

@@ -71,7 +71,7 @@ impl ModelFiles {
     /// Face checkpoint; a GGUF file is the text model (its mmproj given, or the only one beside
     /// it); a directory of GGUF files holds one text model and one mmproj.
     pub fn find(model: &Path, mmproj: Option<&Path>) -> Result<ModelFiles> {
-        let meta = std::fs::metadata(model).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { cfg_err(model, "does not exist") } else { Error::io(model, e) })?;
+        let meta = std::fs::metadata(model).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { cfg_err(model, "model directory does not exist (nor a GGUF file of that name)") } else { Error::io(model, e) })?;
         if let Some(m) = mmproj {
             if !m.is_file() {
                 return Err(cfg_err(m, "--mmproj: not a file"));

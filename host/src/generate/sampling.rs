@@ -60,11 +60,14 @@ impl Sampler {
     /// device takes), or `None` when these settings need the host.
     pub fn device_sampling(&self, max_top_k: usize) -> Option<DeviceSampling> {
         let p = &self.params;
+        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() {
+            return None; // the penalties need the context and the logits on the host
+        }
         let s = DeviceSampling { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
         if s.is_greedy() {
             return Some(DeviceSampling::greedy());
         }
-        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || p.top_k == 0 || p.top_k > max_top_k || !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        if p.top_k == 0 || p.top_k > max_top_k || !(p.top_p > 0.0 && p.top_p <= 1.0) {
             return None;
         }
         Some(s)
@@ -159,6 +162,19 @@ pub fn apply_repetition_penalty(logits: &mut [f32], context: &[u32], penalty: f3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn penalties_keep_even_greedy_sampling_on_the_host() {
+        assert_eq!(Sampler::new(SamplingParams::greedy()).device_sampling(64), Some(DeviceSampling::greedy()));
+        let rep = SamplingParams { repetition_penalty: 1.1, ..SamplingParams::greedy() };
+        assert_eq!(Sampler::new(rep).device_sampling(64), None);
+        let pen = Sampler::new(SamplingParams::greedy()).with_output_penalties(OutputPenalties { presence: 1.0, frequency: 0.0 });
+        assert_eq!(pen.device_sampling(64), None);
+        let topk = SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.8, repetition_penalty: 1.0, seed: 3 };
+        assert!(Sampler::new(topk).device_sampling(64).is_some());
+        assert_eq!(Sampler::new(SamplingParams { top_k: 0, ..topk }).device_sampling(64), None);
+        assert_eq!(Sampler::new(SamplingParams { top_k: 65, ..topk }).device_sampling(64), None);
+    }
 
     #[test]
     fn greedy_takes_the_first_maximum() {

@@ -119,7 +119,11 @@ fn tokenizer_in_gguf_matches_tokenizer_json() {
     let src = scratch("tok-src");
     fixture_with_tokenizer("fullvocab", &src);
     let out = scratch("tok-out");
-    files.push(quantize(&src, &out, "f16").0);
+    let ours = quantize(&src, &out, "f16").0;
+    let template = Gguf::open(&ours).unwrap().get_str("tokenizer.chat_template").unwrap().map(str::to_string);
+    let cfg: Value = serde_json::from_slice(&std::fs::read(common::repo_root().join("tests/fixtures/tokenizer/tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(template.as_deref(), cfg["chat_template"].as_str(), "quantize writes the chat template of tokenizer_config.json");
+    files.push(ours);
     // the gguf package's, laid out as llama.cpp's converter does
     if let Some(d) = python_fixtures("tokenizer_in_gguf") {
         files.push(d.join("fullvocab-F16/model.gguf"));

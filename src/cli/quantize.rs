@@ -31,13 +31,10 @@ fn parse_mix(s: &str) -> Result<Mix, String> {
 
 /// The chat template of a Hugging Face directory: chat_template.json or tokenizer_config.json.
 fn chat_template(dir: &Path) -> Option<String> {
-    for (file, key) in [("chat_template.json", "chat_template"), ("tokenizer_config.json", "chat_template")] {
-        let v: serde_json::Value = std::fs::read(dir.join(file)).ok().and_then(|b| serde_json::from_slice(&b).ok())?;
-        if let Some(t) = v.get(key).and_then(|t| t.as_str()) {
-            return Some(t.to_string());
-        }
-    }
-    None
+    ["chat_template.json", "tokenizer_config.json"].iter().find_map(|file| {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(file)).ok()?).ok()?;
+        v.get("chat_template").and_then(|t| t.as_str()).map(str::to_string)
+    })
 }
 
 /// The type a tensor is written in: the mix's for weights, f32 for the rest.

@@ -54,6 +54,7 @@ pub fn fixture_with_tokenizer(case: &str, dir: &Path) {
     }
     if case == "fullvocab" {
         std::fs::copy(super::server::tokenizer(), dir.join("tokenizer.json")).unwrap();
+        std::fs::copy(repo_root().join("tests/fixtures/tokenizer/tokenizer_config.json"), dir.join("tokenizer_config.json")).unwrap();
     } else {
         std::fs::write(dir.join("tokenizer.json"), small_tokenizer_json(1024).to_string()).unwrap();
     }

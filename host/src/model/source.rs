@@ -138,3 +138,72 @@ pub fn load_concat(src: &dyn TensorSource, backend: &dyn Backend, parts: &[(&str
     let file = raws.first().map_or_else(String::new, |(_, _, r)| r.file.clone());
     upload(backend, &[rows, cols], Raw { dtype: target, bytes: Cow::Owned(bytes), mapped: None, file })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// Tensors held in memory.
+    struct Mem(HashMap<String, (DType, Vec<usize>, Vec<u8>)>);
+
+    impl TensorSource for Mem {
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+        fn bytes_of(&self, name: &str) -> usize {
+            self.0.get(name).map_or(0, |t| t.2.len())
+        }
+        fn total_bytes(&self) -> usize {
+            self.0.values().map(|t| t.2.len()).sum()
+        }
+        fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>> {
+            let (d, s, b) = self.0.get(name).ok_or_else(|| Error::Checkpoint { file: "memory".into(), tensor: name.into(), msg: "missing".into() })?;
+            assert_eq!(s, shape);
+            Ok(Raw { dtype: *d, bytes: Cow::Borrowed(b), mapped: None, file: "memory".into() })
+        }
+        fn unused(&self, _: &[&str]) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    /// A llama.cpp Q4_K_M layer: Q4_K q and k with a Q6_K v stack into one Q6_K weight; the v
+    /// rows keep their bits, q and k move by at most Q6_K's rounding of their values.
+    #[test]
+    fn mixed_block_types_stack_into_the_most_precise() {
+        let (k, rows) = (512, [8usize, 4, 4]);
+        let vals = |seed: usize, n: usize| -> Vec<f32> { (0..n * k).map(|i| (((i * 7919 + seed * 104729) % 1001) as f32 / 500.0 - 1.0) * (1.0 + (i / 32 % 5) as f32)).collect() };
+        let types = [DType::Q4K, DType::Q4K, DType::Q6K];
+        let mut m = HashMap::new();
+        let mut want = Vec::new();
+        for (i, (&n, &t)) in rows.iter().zip(&types).enumerate() {
+            let q = crate::quant::quantize_vec(t, &vals(i, n)).unwrap();
+            want.push(crate::quant::dequantize_vec(t, &q, n * k).unwrap());
+            m.insert(format!("p{}", i), (t, vec![n, k], q));
+        }
+        let src = Mem(m);
+        let b = crate::cpu::CpuBackend::new(Some(1)).unwrap();
+        let shapes: Vec<Vec<usize>> = rows.iter().map(|&n| vec![n, k]).collect();
+        let parts: Vec<(&str, &[usize])> = vec![("p0", &shapes[0]), ("p1", &shapes[1]), ("p2", &shapes[2])];
+        let t = load_concat(&src, &b, &parts).unwrap();
+        assert_eq!((t.dtype(), t.shape()), (DType::Q6K, &[16, k][..]));
+        let got = crate::quant::dequantize_vec(DType::Q6K, t.as_cpu_blocks("test").unwrap(), 16 * k).unwrap();
+        let want: Vec<f32> = want.concat();
+        assert_eq!(&got[12 * k..], &want[12 * k..], "the Q6_K part is stacked as stored");
+        for (i, (g, w)) in got[..12 * k].iter().zip(&want[..12 * k]).enumerate() {
+            // Q6_K's step is at most max|x| / 32 of its 16-value group (and its scale rounding)
+            let group = &want[i / 16 * 16..i / 16 * 16 + 16];
+            let amax = group.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            assert!((g - w).abs() <= amax / 32.0 + 1e-6, "{}: {} vs {}", i, g, w);
+        }
+        // a part that is not 2-D, or of another width, is refused with its name
+        let mut m2 = src.0;
+        m2.insert("bad".into(), (DType::F32, vec![3, 4], vec![0; 48]));
+        let src = Mem(m2);
+        let e = load_concat(&src, &b, &[("p0", &shapes[0]), ("bad", &[3, 4])]).unwrap_err().to_string();
+        assert!(e.contains("bad") && e.contains("stacked"), "{}", e);
+    }
+}

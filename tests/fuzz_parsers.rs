@@ -1,7 +1,8 @@
 //! Hostile input for every parser that reads outside data: safetensors headers and shard
 //! indexes, config.json, generation_config.json, preprocessor_config.json, tokenizer.json,
 //! the image decoders, HTTP request framing and chat-completions JSON bodies (images
-//! included), and stop strings.
+//! included), stop strings, and GGUF model files (header, metadata, tokenizer, tensor infos,
+//! then loading and running the model).
 //!
 //! Each target mutates real seed files (bit flips, interesting bytes and integers, inserted
 //! tokens, cut and duplicated ranges, and, for JSON, values replaced by hostile ones: huge or
@@ -363,6 +364,53 @@ fn fuzz_stop_strings() {
                 out.push_str(&m.finish());
             }
             assert_eq!((out, stopped), expected, "text {:?}, stops {:?}, pieces {:?}", text, stops, pieces);
+        },
+    );
+}
+
+#[test]
+fn fuzz_gguf_models() {
+    // a valid Q8_0 pair of the tied_gqa fixture (written by `qwen3-vl quantize`); mutations hit
+    // the text file's header, metadata and tensor infos mostly, sometimes the mmproj's
+    let src = scratch("gguf-src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src).unwrap();
+    common::gguf::fixture_with_tokenizer("tied_gqa", &src);
+    let out = scratch("gguf-out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let (text, mmproj) = common::gguf::quantize(&src, &out, "q8_0");
+    let seeds = Arc::new([std::fs::read(&text).unwrap(), std::fs::read(&mmproj).unwrap()]);
+    let head = |b: &[u8]| qwen3_vl::gguf::Gguf::open(&text).map(|g| g.tensors().iter().map(|t| t.start).min().unwrap_or(b.len())).unwrap_or(b.len());
+    let heads = [head(&seeds[0]), qwen3_vl::gguf::Gguf::open(&mmproj).unwrap().tensors().iter().map(|t| t.start).min().unwrap()];
+    let s2 = Arc::clone(&seeds);
+    let (tp, mp) = (scratch("fuzz-text.gguf"), scratch("fuzz-mmproj.gguf"));
+    let cpu = common::cpu();
+    fuzz(
+        11,
+        inputs(1500),
+        move |rng| {
+            // which file (0 text, 1 mmproj), then the file: its header region mutated, the rest kept
+            let which = if rng.chance(5) { 1 } else { 0 };
+            let seed = &s2[which];
+            let cut = if rng.chance(4) { seed.len() } else { heads[which] };
+            let mut m = mutate_bytes(&seed[..cut], rng);
+            m.extend_from_slice(&seed[cut..]);
+            let mut out = vec![which as u8];
+            out.extend(m);
+            out
+        },
+        move |bytes| {
+            let (which, file) = (bytes[0], &bytes[1..]);
+            std::fs::write(&tp, if which == 0 { file } else { &seeds[0] }).unwrap();
+            std::fs::write(&mp, if which == 1 { file } else { &seeds[1] }).unwrap();
+            let files = qwen3_vl::model::ModelFiles::Gguf { text: tp.clone(), mmproj: mp.clone() };
+            if let Ok(o) = files.open() {
+                if let Ok(m) = qwen3_vl::model::Model::load_opened(&o, None, &*cpu, &mut |_, _| {}) {
+                    let mut s = qwen3_vl::generate::Session::new(&m, &*cpu, 4).unwrap();
+                    let _ = s.feed(&[1, 2, 3]);
+                }
+            }
         },
     );
 }

@@ -4,7 +4,7 @@
 //! and both backends check them before doing any work.
 
 use crate::model::rope::{mrope_tables, Pos3};
-use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
+use crate::{ops, Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use gpu::params::{block_mask, CURSOR_FIELDS, CURSOR_ROW};
 
 /// Device memory accounting (all zero on the CPU backend).
@@ -277,6 +277,21 @@ pub trait Backend: Send + Sync {
     /// uploaded on a device.
     fn upload_mapped(&self, shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor>;
 
+    /// A tensor of the block-quantized `dtype` (`shape` in elements, rows whole blocks) from its
+    /// blocks: zero-copy on the CPU. The default stores the raw bytes on the device (as 16-bit
+    /// words; every block size is even), so that ops without kernels for the type fail on it
+    /// with a dtype error naming it rather than at load.
+    fn upload_blocks(&self, shape: &[usize], dtype: DType, blocks: Blocks) -> Result<Tensor> {
+        let bytes = crate::tensor::quantized_bytes("upload_blocks", shape, dtype)?;
+        let raw = blocks.bytes();
+        if raw.len() != bytes || raw.len() % 2 != 0 {
+            return Err(Error::shape("upload_blocks", &[shape], format!("{} of shape {:?} is {} bytes, {} were given", dtype, shape, bytes, raw.len())));
+        }
+        let words: Vec<u16> = raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+        let t = self.upload_half(&[words.len()], DType::F16, &words)?;
+        Ok(Tensor::from_storage(shape.to_vec(), dtype, t.storage().clone()))
+    }
+
     /// Copies an f32 tensor of this backend back to host memory.
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>>;
 
@@ -293,8 +308,9 @@ pub trait Backend: Send + Sync {
     /// storage (recorded work that reads it sees the new values).
     fn write_u32(&self, dst: &mut Tensor, data: &[u32]) -> Result<()>;
 
-    /// Linear layer: `a [m, k]` f32 times `w [n, k]` (f32/f16/bf16) transposed, plus an optional
-    /// `bias [n]` f32; returns `[m, n]` f32.
+    /// Linear layer: `a [m, k]` f32 times `w [n, k]` (f32/f16/bf16, or a block-quantized type
+    /// where the backend has kernels for it) transposed, plus an optional `bias [n]` f32;
+    /// returns `[m, n]` f32.
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>;
 
     /// RMSNorm over the last axis of `x` with f32 weight `w [cols]`.

@@ -4,7 +4,7 @@
 
 // AVX-512 intrinsics and the `avx512f` / `f16c` target features are unstable on the pinned
 // nightly; the CPU linear kernels (cpu/simd) use them behind runtime detection.
-#![cfg_attr(target_arch = "x86_64", feature(stdsimd, avx512_target_feature, f16c_target_feature))]
+#![cfg_attr(target_arch = "x86_64", feature(stdsimd, avx512_target_feature, f16c_target_feature, asm))]
 
 pub mod backend;
 pub mod cpu;
@@ -12,12 +12,14 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod generate;
+pub mod gguf;
 pub mod image;
 mod dtype;
 mod error;
 pub mod kernels;
 pub mod model;
 pub mod ops;
+pub mod quant;
 mod tensor;
 pub mod tokenizer;
 
@@ -27,5 +29,5 @@ pub use gpu;
 pub use device::{select, DeviceRequest, Selection};
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use tensor::{CpuBuffer, DeviceKind, MappedBytes, Storage, Tensor};
+pub use tensor::{Blocks, CpuBuffer, DeviceKind, MappedBytes, Storage, Tensor};
 pub use tokenizer::{StreamDecoder, Tokenizer};

@@ -40,6 +40,14 @@ impl MappedBytes {
     pub fn bytes(&self) -> &[u8] {
         &self.map[self.offset..self.offset + self.len]
     }
+
+    /// The sub-window `offset .. offset + len` of this window, or `None` when out of range.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<MappedBytes> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        MappedBytes::new(Arc::clone(&self.map), self.offset + offset, len)
+    }
 }
 
 impl std::fmt::Debug for MappedBytes {
@@ -49,13 +57,31 @@ impl std::fmt::Debug for MappedBytes {
 }
 
 /// Host memory of a CPU tensor: f32 elements, the raw bits of f16/bf16 elements, u32 elements,
-/// or a memory-mapped window holding f32/f16/bf16 (aligned for its element type).
+/// the blocks of a quantized type, or a memory-mapped window holding f32/f16/bf16 (aligned for
+/// its element type) or quantized blocks (any alignment: blocks are read bytewise).
 #[derive(Debug)]
 pub enum CpuBuffer {
     F32(Vec<f32>),
     Half(Vec<u16>),
     U32(Vec<u32>),
+    Bytes(Vec<u8>),
     Mapped(MappedBytes),
+}
+
+/// The bytes of a block-quantized tensor, mapped from a file or owned (see
+/// [`crate::Backend::upload_blocks`]).
+pub enum Blocks {
+    Mapped(MappedBytes),
+    Owned(Vec<u8>),
+}
+
+impl Blocks {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Blocks::Mapped(m) => m.bytes(),
+            Blocks::Owned(v) => v,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -99,9 +125,27 @@ impl Tensor {
         Ok(Tensor::from_storage(shape.to_vec(), DType::U32, Storage::Cpu(Arc::new(CpuBuffer::U32(data)))))
     }
 
+    /// A CPU tensor of a block-quantized `dtype` over `blocks` (zero-copy); `shape` is in
+    /// elements, its last axis a whole number of blocks, and the bytes exactly its blocks.
+    pub fn cpu_blocks(shape: &[usize], dtype: DType, blocks: Blocks) -> Result<Tensor> {
+        let bytes = quantized_bytes("Tensor::cpu_blocks", shape, dtype)?;
+        let len = blocks.bytes().len();
+        if len != bytes {
+            return Err(Error::shape("Tensor::cpu_blocks", &[shape], format!("{} of shape {:?} is {} bytes, {} were given", dtype, shape, bytes, len)));
+        }
+        let buf = match blocks {
+            Blocks::Mapped(m) => CpuBuffer::Mapped(m),
+            Blocks::Owned(v) => CpuBuffer::Bytes(v),
+        };
+        Ok(Tensor::from_storage(shape.to_vec(), dtype, Storage::Cpu(Arc::new(buf))))
+    }
+
     /// A CPU tensor over mapped checkpoint bytes (little-endian elements of `dtype`); zero-copy
     /// when the window is aligned for the element type, copied otherwise.
     pub fn cpu_mapped(shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
+        if dtype.is_quantized() {
+            return Tensor::cpu_blocks(shape, dtype, Blocks::Mapped(bytes));
+        }
         let elems = bytes.len / dtype.size_of();
         if bytes.len % dtype.size_of() != 0 {
             return Err(Error::shape("Tensor::cpu_mapped", &[shape], format!("{} bytes is not a whole number of {} elements", bytes.len, dtype)));
@@ -115,6 +159,21 @@ impl Tensor {
             DType::F32 => Tensor::cpu_f32(shape, raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
             DType::U32 => Tensor::cpu_u32(shape, raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
             DType::F16 | DType::BF16 => Tensor::cpu_half(shape, dtype, raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()),
+            _ => unreachable!("block types returned above"),
+        }
+    }
+
+    /// The blocks of a CPU tensor of a quantized type.
+    pub fn as_cpu_blocks(&self, op: &'static str) -> Result<&[u8]> {
+        match &self.storage {
+            Storage::Cpu(b) if self.dtype.is_quantized() => match &**b {
+                CpuBuffer::Bytes(v) => Ok(v),
+                CpuBuffer::Mapped(m) => Ok(m.bytes()),
+                _ => Err(Error::DType { op, expected: "a block-quantized type", got: self.dtype }),
+            },
+            Storage::Cpu(_) => Err(Error::DType { op, expected: "a block-quantized type", got: self.dtype }),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
         }
     }
 
@@ -249,6 +308,17 @@ fn cast_mapped<T: Copy>(m: &MappedBytes) -> &[T] {
     // SAFETY: the window is inside the live mapping (held by `m`), aligned for `T` (checked at
     // construction), and `T` is a plain number type valid for any bit pattern.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / std::mem::size_of::<T>()) }
+}
+
+/// Bytes of a tensor of block type `dtype` and `shape` (elements), checking that its rows are
+/// whole blocks and the size fits in memory.
+pub(crate) fn quantized_bytes(op: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    let (rows, cols) = match shape.split_last() {
+        Some((&c, lead)) => (lead.iter().try_fold(1usize, |a, &x| a.checked_mul(x)), c),
+        None => (Some(1), 1),
+    };
+    let row = dtype.row_bytes(cols).ok_or_else(|| Error::shape(op, &[shape], format!("rows of {} elements are not whole {} blocks of {}", cols, dtype, dtype.block_size())))?;
+    rows.and_then(|r| r.checked_mul(row)).ok_or_else(|| Error::Limit { op, msg: format!("{} tensor of shape {:?} is too large to address", dtype, shape) })
 }
 
 fn check_len(op: &'static str, shape: &[usize], len: usize) -> Result<()> {

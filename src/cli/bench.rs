@@ -14,9 +14,16 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Model directory (config.json and safetensors; tools/make_random_checkpoint.py makes one).
+    /// Model: a directory (config.json and safetensors; tools/make_random_checkpoint.py makes
+    /// one), a GGUF text model file, or a directory of GGUF files.
     #[clap(long, short = 'm')]
     model: PathBuf,
+    /// The GGUF vision tower (mmproj) of a GGUF model.
+    #[clap(long)]
+    mmproj: Option<PathBuf>,
+    /// Quantize a safetensors checkpoint while loading: q8_0 or q4_k_m.
+    #[clap(long, parse(try_from_str = super::load::parse_quant))]
+    quant: Option<qwen3_vl::model::Mix>,
     #[clap(flatten)]
     device: DeviceArgs,
     /// Prompt length for the prefill measurement.
@@ -72,7 +79,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     }
     let sel = a.device.select()?;
     let b = &*sel.backend;
-    let model = Model::load(&a.model, b, &mut progress_bar("loading weights"))?;
+    let opened = qwen3_vl::model::ModelFiles::find(&a.model, a.mmproj.as_deref())?.open()?;
+    let model = Model::load_opened(&opened, a.quant, b, &mut progress_bar("loading weights"))?;
+    let weights = model.text.weights_summary();
     let c = &model.config.text;
     let vocab = c.vocab_size as u64;
     let context = a.context.unwrap_or(a.prompt_tokens).max(1);
@@ -168,14 +177,14 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     }
     let (p, d) = (median(prefill), median(decode));
     let peak = b.memory_stats().peak;
-    println!("| backend | model | prompt tokens | prefill tok/s | context | decode tok/s | kv cache | runs |");
+    println!("| backend | model (weights) | prompt tokens | prefill tok/s | context | decode tok/s | kv cache | runs |");
     println!("|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} layers, hidden {}, {} {} | {} | {:.1} | {} | {:.1} | {} | {} (median) |",
+        "| {} | {} layers, hidden {}, {} weights, {} | {} | {:.1} | {} | {:.1} | {} | {} (median) |",
         b.describe(),
         c.num_hidden_layers,
         c.hidden_size,
-        model.text.weights_dtype(),
+        weights,
         a.model.display(),
         a.prompt_tokens,
         p,
@@ -197,7 +206,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "vision_encode_ms": vision_ms,
             "image_time_to_first_token_ms": ttft_ms,
             "peak_device_bytes": peak,
-            "weights_dtype": model.text.weights_dtype().name(),
+            "weights_dtype": weights,
             "kv_cache": kv.name(),
             "graphs": !a.no_graphs,
             "runs": a.runs,

@@ -164,8 +164,8 @@ impl<'a> Chat<'a> {
     }
 
     /// `/image PATH`: decode now, send with the next message.
-    fn attach(&mut self, path: &str, model_dir: &std::path::Path, max_pixels: Option<usize>) {
-        match prepare_images(&[PathBuf::from(path)], model_dir, max_pixels) {
+    fn attach(&mut self, path: &str, base: &qwen3_vl::image::PreprocessConfig, max_pixels: Option<usize>) {
+        match prepare_images(&[PathBuf::from(path)], base, max_pixels) {
             Ok(p) => {
                 eprintln!("(attached {}: {} image tokens; it goes with your next message)", path, p.tokens[0]);
                 self.attached.extend(&p);
@@ -180,7 +180,8 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     // 1. every input, before the weights
     let checked = a.model.check()?;
     let capacity = a.context.min(checked.config.text.max_position_embeddings);
-    let first_images = prepare_images(&a.images, &a.model.model, a.max_pixels)?;
+    let preprocess = checked.preprocess.clone();
+    let first_images = prepare_images(&a.images, &preprocess, a.max_pixels)?;
     let system_tokens = a.system.as_deref().map_or(0, |s| checked.tokenizer.encode(&render_turn(&Message::system(s))).len());
     let needed = system_tokens + first_images.tokens.iter().sum::<usize>() + 8;
     if needed > capacity {
@@ -233,7 +234,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
                 eprintln!("(conversation reset)");
             }
             "/image" if arg.is_empty() => eprintln!("(usage: /image PATH)"),
-            "/image" => chat.attach(arg, &a.model.model, a.max_pixels),
+            "/image" => chat.attach(arg, &preprocess, a.max_pixels),
             c if c.starts_with('/') && !c.starts_with("//") => eprintln!("(unknown command {}; /help lists the commands)", c),
             _ => {
                 let text = line.strip_prefix("//").map(|rest| format!("/{}", rest)).unwrap_or_else(|| line.to_string());

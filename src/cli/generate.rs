@@ -98,7 +98,7 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     let text = a.prompt.read()?;
     let checked = a.model.check()?;
     let t_checked = Instant::now();
-    let prepared = a.images.prepare(&a.model.model)?;
+    let prepared = a.images.prepare(&checked.preprocess)?;
     if a.raw && !prepared.grids.is_empty() {
         return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
     }

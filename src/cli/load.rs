@@ -6,33 +6,58 @@ use super::logger::quiet;
 use super::{ranges, DeviceArgs};
 use qwen3_vl::generate::SamplingParams;
 use qwen3_vl::generation_config::GenerationDefaults;
-use qwen3_vl::model::{Checkpoint, Config, Model};
+use qwen3_vl::image::PreprocessConfig;
+use qwen3_vl::model::{Config, Mix, Model, ModelFiles, Opened};
 use qwen3_vl::{Backend, DeviceKind, Tokenizer};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Where the model comes from.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model directory as published on Hugging Face (config.json, *.safetensors, tokenizer.json).
+    /// The model: a directory as published on Hugging Face (config.json, *.safetensors,
+    /// tokenizer.json), a GGUF text model file (with --mmproj, or the one mmproj beside it), or
+    /// a directory holding a GGUF text model and its mmproj.
     #[clap(long, short = 'm')]
     pub model: PathBuf,
-    /// tokenizer.json to use instead of the model directory's.
+    /// The GGUF vision tower (mmproj) of a GGUF model.
+    #[clap(long)]
+    pub mmproj: Option<PathBuf>,
+    /// Quantize the weights while loading: q8_0 or q4_k_m (a Hugging Face checkpoint; a GGUF
+    /// model is used as stored).
+    #[clap(long, parse(try_from_str = parse_quant))]
+    pub quant: Option<Mix>,
+    /// tokenizer.json to use instead of the model directory's (or the GGUF file's tokenizer).
     #[clap(long)]
     pub tokenizer: Option<PathBuf>,
     #[clap(flatten)]
     pub device: DeviceArgs,
 }
 
-/// What was read and checked of a model directory before its weights load.
+/// `--quant`: q8_0 or q4_k_m.
+pub fn parse_quant(s: &str) -> Result<Mix, String> {
+    match Mix::parse(s) {
+        Some(m @ (Mix::Q8_0 | Mix::Q4KM)) => Ok(m),
+        _ => Err(format!("unknown quantization '{}': expected q8_0 or q4_k_m", s)),
+    }
+}
+
+/// What was read and checked of a model before its weights load.
 pub struct Checked {
     pub config: Config,
     pub tokenizer: Tokenizer,
     pub defaults: GenerationDefaults,
     /// Bytes of tensor data in the checkpoint.
     pub weight_bytes: usize,
+    /// The files, opened (mapped, not loaded).
+    pub opened: Opened,
+    /// Image preprocessing before `--max-pixels`: the directory's preprocessor_config.json,
+    /// else a GGUF mmproj's metadata, else Qwen3-VL's defaults.
+    pub preprocess: PreprocessConfig,
+    /// The directory of the model's side files.
+    pub dir: PathBuf,
 }
 
 pub struct Loaded {
@@ -117,17 +142,31 @@ impl ModelArgs {
     /// generation_config.json (if any) parses.
     pub fn check(&self) -> CliResult<Checked> {
         let t0 = Instant::now();
-        qwen3_vl::model::check_dir(&self.model)?;
-        let config = Config::from_dir(&self.model)?;
-        let ckpt = Checkpoint::open(&self.model)?;
-        let weight_bytes = ckpt.total_bytes();
-        drop(ckpt);
-        let tok_path = self.tokenizer.clone().unwrap_or_else(|| self.model.join("tokenizer.json"));
-        if self.tokenizer.is_none() && !tok_path.exists() {
-            return Err(format!("{} has no tokenizer.json (pass one with --tokenizer FILE)", self.model.display()).into());
+        let files = ModelFiles::find(&self.model, self.mmproj.as_deref())?;
+        let dir = files.dir();
+        let mut opened = files.open()?;
+        let config = opened.config.clone();
+        let weight_bytes = opened.source.total_bytes();
+        if self.quant.is_some() && matches!(files, ModelFiles::Gguf { .. }) {
+            return Err(format!("--quant quantizes a Hugging Face checkpoint; {} is GGUF already (use it as stored, or `qwen3-vl quantize` the original)", self.model.display()).into());
         }
-        let tokenizer = Tokenizer::from_file(&tok_path)?;
-        let defaults = GenerationDefaults::from_dir(&self.model)?;
+        let tok_path = self.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
+        let tokenizer = match opened.tokenizer.take() {
+            Some(t) if self.tokenizer.is_none() && !tok_path.exists() => t,
+            _ => {
+                if self.tokenizer.is_none() && !tok_path.exists() {
+                    return Err(format!("{} has no tokenizer.json (pass one with --tokenizer FILE)", dir.display()).into());
+                }
+                Tokenizer::from_file(&tok_path)?
+            }
+        };
+        if let Some(t) = &opened.chat_template {
+            if !(t.contains("<|im_start|>") && t.contains("<|vision_start|>")) {
+                log::warn!("the GGUF chat template is not Qwen3-VL's; prompts use Qwen3-VL's format (<|im_start|>role ... <|im_end|>) regardless");
+            }
+        }
+        let preprocess = qwen3_vl::server::images::preprocess_config_or(&dir, opened.preprocess.as_ref(), None)?;
+        let defaults = GenerationDefaults::from_dir(&dir)?;
         for w in &defaults.warnings {
             log::warn!("{}", w);
         }
@@ -142,18 +181,19 @@ impl ModelArgs {
             tokenizer.vocab_size(),
             if defaults.found { "read" } else { "absent (greedy defaults)" }
         );
-        Ok(Checked { config, tokenizer, defaults, weight_bytes })
+        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, dir })
     }
 
     /// Step 2: the backend and the weights.
     pub fn load(&self, checked: Checked) -> CliResult<Loaded> {
         let sel = self.device.select()?;
         let t0 = Instant::now();
-        let model = Model::load(&self.model, &*sel.backend, &mut progress_bar("loading weights"))?;
+        let model = Model::load_opened(&checked.opened, self.quant, &*sel.backend, &mut progress_bar("loading weights"))?;
         let c = &model.config.text;
         log::info!(
-            "loaded {} ({} layers, hidden {}, {} heads / {} KV heads) in {:.1} s",
+            "loaded {} ({} weights; {} layers, hidden {}, {} heads / {} KV heads) in {:.1} s",
             self.model.display(),
+            model.text.weights_dtype(),
             c.num_hidden_layers,
             c.hidden_size,
             c.num_attention_heads,
@@ -254,15 +294,15 @@ impl Prepared {
     }
 }
 
-/// Decodes and preprocesses image files as the model directory's preprocessor_config.json says
-/// (Qwen3-VL's defaults when it has none), `max_pixels` lowering the resize cap.
-pub fn prepare_images(paths: &[PathBuf], model_dir: &Path, max_pixels: Option<usize>) -> CliResult<Prepared> {
+/// Decodes and preprocesses image files with the model's preprocessing `base` (see
+/// [`Checked::preprocess`]), `max_pixels` lowering the resize cap.
+pub fn prepare_images(paths: &[PathBuf], base: &PreprocessConfig, max_pixels: Option<usize>) -> CliResult<Prepared> {
     use qwen3_vl::image::{load_image, preprocess};
     let mut out = Prepared::default();
     if paths.is_empty() {
         return Ok(out);
     }
-    let cfg = qwen3_vl::server::images::preprocess_config(model_dir, max_pixels)?;
+    let cfg = qwen3_vl::server::images::cap_pixels(base.clone(), max_pixels)?;
     for path in paths {
         let t0 = Instant::now();
         let img = load_image(path)?;
@@ -287,8 +327,8 @@ pub fn prepare_images(paths: &[PathBuf], model_dir: &Path, max_pixels: Option<us
 }
 
 impl ImageArgs {
-    pub fn prepare(&self, model_dir: &Path) -> CliResult<Prepared> {
-        prepare_images(&self.images, model_dir, self.max_pixels)
+    pub fn prepare(&self, base: &PreprocessConfig) -> CliResult<Prepared> {
+        prepare_images(&self.images, base, self.max_pixels)
     }
 }
 

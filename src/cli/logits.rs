@@ -51,7 +51,7 @@ fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
     // 1. every input, before the weights
     let text = a.prompt.read()?;
     let checked = a.model.check()?;
-    let prepared = a.images.prepare(&a.model.model)?;
+    let prepared = a.images.prepare(&checked.preprocess)?;
     if a.raw && !prepared.grids.is_empty() {
         return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
     }

@@ -8,6 +8,7 @@ mod kernels_bench;
 mod load;
 mod logger;
 mod logits;
+mod quantize;
 mod ranges;
 mod serve;
 
@@ -85,6 +86,8 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Measure prefill and decode speed (tokens/s) of a checkpoint.
     Bench(bench::BenchArgs),
+    /// Write a Hugging Face checkpoint as GGUF files (text model + mmproj): q8_0, q4_k_m or f16.
+    Quantize(quantize::QuantizeArgs),
     /// Time the GPU decode kernels on a model's shapes against the copy bandwidth.
     KernelsBench(kernels_bench::KernelsBenchArgs),
     /// Show which backend would run and why, with the kernels this build carries.
@@ -108,6 +111,7 @@ pub fn run() -> i32 {
         Command::Serve(a) => serve::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::KernelsBench(a) => kernels_bench::run(a),
         Command::Info(a) => info::run(a),
         Command::Ptx(a) => info::print_ptx(a),

@@ -64,7 +64,7 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     // 1. every input, before the weights
     let checked = a.model.check()?;
     let context = checked.config.text.max_position_embeddings;
-    let preprocess = server::images::preprocess_config(&a.model.model, a.max_pixels)?;
+    let preprocess = server::images::cap_pixels(checked.preprocess.clone(), a.max_pixels)?;
     let allowed = match &a.allowed_image_dir {
         Some(d) => Some(std::fs::canonicalize(d).map_err(|e| format!("--allowed-image-dir {}: {}", d.display(), e))?),
         None => None,

@@ -36,8 +36,20 @@ pub struct PreparedImage {
 /// preprocessor_config.json), with `max_pixels` lowering the resize cap. `max_pixels` below one
 /// merged patch is refused, naming the option.
 pub fn preprocess_config(model_dir: &Path, max_pixels: Option<usize>) -> crate::Result<PreprocessConfig> {
+    preprocess_config_or(model_dir, None, max_pixels)
+}
+
+/// [`preprocess_config`] with `fallback` (a GGUF mmproj's settings) in place of Qwen3-VL's
+/// defaults when the directory has no preprocessor_config.json.
+pub fn preprocess_config_or(model_dir: &Path, fallback: Option<&PreprocessConfig>, max_pixels: Option<usize>) -> crate::Result<PreprocessConfig> {
     let path = model_dir.join("preprocessor_config.json");
-    let mut cfg = if path.exists() { PreprocessConfig::from_file(&path)? } else { PreprocessConfig::qwen3_vl_default() };
+    let base = if path.exists() { PreprocessConfig::from_file(&path)? } else { fallback.cloned().unwrap_or_else(PreprocessConfig::qwen3_vl_default) };
+    cap_pixels(base, max_pixels)
+}
+
+/// `cfg` with `max_pixels` lowering its resize cap (below one merged patch: refused, naming
+/// the option).
+pub fn cap_pixels(mut cfg: PreprocessConfig, max_pixels: Option<usize>) -> crate::Result<PreprocessConfig> {
     if let Some(m) = max_pixels {
         let side = cfg.patch_size * cfg.merge_size;
         if m < side * side {

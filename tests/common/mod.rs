@@ -203,7 +203,7 @@ pub fn upload(b: &dyn Backend, shape: &[usize], data: &[f32], dtype: DType) -> R
         DType::F32 => b.upload_f32(shape, data),
         DType::F16 => b.upload_half(shape, dtype, &data.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect::<Vec<_>>()),
         DType::BF16 => b.upload_half(shape, dtype, &data.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect::<Vec<_>>()),
-        DType::U32 => panic!("not a float type"),
+        other => panic!("{} is not an element float type", other),
     }
 }
 
@@ -229,7 +229,9 @@ pub fn download_any(b: &dyn Backend, t: &Tensor) -> Result<Vec<f32>> {
         DType::BF16 => Ok(b.download_half(t)?.iter().map(|&h| half::bf16::from_bits(h).to_f32()).collect()),
         DType::U32 => Ok(b.download_u32(t)?.iter().map(|&v| v as f32).collect()),
         DType::F32 => b.download_f32(t),
+        other => panic!("cannot download {} elements", other),
     }
 }
 
+pub mod gguf;
 pub mod server;

@@ -7,3 +7,12 @@ use rayon::prelude::*;
 pub fn embedding(table: Weights<'_>, hidden: usize, ids: &[u32], out: &mut [f32]) {
     out.par_chunks_mut(hidden.max(1)).zip(ids.par_iter()).for_each(|(row, &id)| table.widen_rows(id as usize, 1, hidden, row));
 }
+
+/// `out[r, :] = table[ids[r], :]` dequantized from block type `dt` (rows of `row_bytes` bytes);
+/// ids were validated by the caller.
+pub fn embedding_blocks(dt: crate::DType, table: &[u8], row_bytes: usize, hidden: usize, ids: &[u32], out: &mut [f32]) {
+    out.par_chunks_mut(hidden.max(1)).zip(ids.par_iter()).for_each(|(row, &id)| {
+        let r = id as usize;
+        crate::quant::dequantize(dt, &table[r * row_bytes..(r + 1) * row_bytes], row);
+    });
+}

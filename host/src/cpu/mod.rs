@@ -5,6 +5,7 @@ mod attention;
 mod elementwise;
 mod gather;
 mod linear;
+pub mod qlinear;
 mod rope;
 mod rowwise;
 #[cfg(target_arch = "x86_64")]
@@ -14,7 +15,7 @@ pub use linear::{dot, linear_on, Isa, Weights};
 
 use crate::backend::{AttnParams, Backend, Gelu};
 use crate::ops;
-use crate::{DType, DeviceKind, Error, MappedBytes, Result, Tensor};
+use crate::{Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct CpuBackend {
@@ -47,8 +48,24 @@ impl CpuBackend {
             DType::F32 => Weights::F32(w.as_cpu_f32(op)?),
             DType::F16 => Weights::F16(w.as_cpu_half(op)?),
             DType::BF16 => Weights::Bf16(w.as_cpu_half(op)?),
-            DType::U32 => return Err(Error::DType { op, expected: "f32, f16 or bf16", got: DType::U32 }),
+            other => return Err(Error::DType { op, expected: "f32, f16 or bf16", got: other }),
         })
+    }
+
+    /// [`Backend::linear`] with block-quantized weights (shapes checked by the caller).
+    fn qlinear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, m: usize, n: usize, k: usize) -> Result<Tensor> {
+        let (wt, wb) = (w.dtype(), w.as_cpu_blocks("linear")?);
+        if wt.row_bytes(k).map(|r| r * n) != Some(wb.len()) {
+            return Err(Error::shape("linear", &[a.shape(), w.shape()], format!("{} weight rows of {} values are not whole blocks", wt, k)));
+        }
+        let av = a.as_cpu_f32("linear")?;
+        let bv = match bias {
+            Some(b) => Some(b.as_cpu_f32("linear")?),
+            None => None,
+        };
+        let mut out = self.output(m * n);
+        self.pool.install(|| qlinear::linear(av, wt, wb, bv, m, n, k, &mut out));
+        Tensor::cpu_f32(&ops::linear_out_shape(a, n), out)
     }
 
     /// The first `rows` rows of an f32 or f16 KV tensor as f32 (f16 widened exactly).
@@ -93,6 +110,10 @@ impl Backend for CpuBackend {
         Tensor::cpu_mapped(shape, dtype, bytes)
     }
 
+    fn upload_blocks(&self, shape: &[usize], dtype: DType, blocks: Blocks) -> Result<Tensor> {
+        Tensor::cpu_blocks(shape, dtype, blocks)
+    }
+
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {
         Ok(t.as_cpu_f32("download_f32")?.to_vec())
     }
@@ -120,6 +141,9 @@ impl Backend for CpuBackend {
 
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
+        if w.dtype().is_quantized() {
+            return self.qlinear(a, w, bias, m, n, k);
+        }
         let av = a.as_cpu_f32("linear")?;
         let wv = Self::weights("linear", w)?;
         let bv = match bias {
@@ -177,6 +201,13 @@ impl Backend for CpuBackend {
 
     fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let (rows, hidden) = ops::embedding_dims(table, ids)?;
+        if table.dtype().is_quantized() {
+            let (dt, tb) = (table.dtype(), table.as_cpu_blocks("embedding")?);
+            let rb = dt.row_bytes(hidden).ok_or_else(|| Error::shape("embedding", &[table.shape()], format!("rows are not whole {} blocks", dt)))?;
+            let mut out = self.output(rows * hidden);
+            self.pool.install(|| gather::embedding_blocks(dt, tb, rb, hidden, ids, &mut out));
+            return Tensor::cpu_f32(&[rows, hidden], out);
+        }
         let tv = Self::weights("embedding", table)?;
         let mut out = self.output(rows * hidden);
         self.pool.install(|| gather::embedding(tv, hidden, ids, &mut out));

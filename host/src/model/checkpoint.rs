@@ -3,6 +3,7 @@
 //! their expected shape; every problem (missing file or tensor, truncated file, wrong dtype or
 //! shape, tensors nobody asked for) is an error naming the file and tensor.
 
+use super::source::{self, Raw, TensorSource};
 use crate::{Backend, DType, Error, MappedBytes, Result, Tensor};
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashSet};
@@ -87,6 +88,11 @@ impl Checkpoint {
     /// Every tensor name, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.keys().map(|s| s.as_str())
+    }
+
+    /// The stored shape of `name`.
+    pub fn shape_of(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| &e.shape[..])
     }
 
     /// Total bytes of tensor data.
@@ -252,37 +258,37 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
     Ok(files)
 }
 
-/// Loads tensors from a checkpoint onto a backend, reporting the bytes of each to a progress
-/// callback.
+/// Loads tensors from a [`TensorSource`] onto a backend, reporting the bytes of each to a
+/// progress callback.
 pub struct Loader<'a> {
-    pub ckpt: &'a Checkpoint,
+    pub src: &'a dyn TensorSource,
     pub backend: &'a dyn Backend,
     pub progress: &'a mut dyn FnMut(usize),
 }
 
 impl Loader<'_> {
-    /// A weight in its stored dtype (see [`Checkpoint::load`]).
+    /// A weight in its stored dtype.
     pub fn weight(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        (self.progress)(self.ckpt.bytes_of(name));
-        self.ckpt.load(self.backend, name, shape)
+        (self.progress)(self.src.bytes_of(name));
+        source::load(self.src, self.backend, name, shape)
     }
 
-    /// Rows of a 2-D weight (see [`Checkpoint::load_rows`]); the progress counts the share.
+    /// Rows of a 2-D weight (see [`source::load_rows`]); the progress counts the share.
     pub fn weight_rows(&mut self, name: &str, shape: &[usize], row0: usize, rows: usize) -> Result<Tensor> {
-        (self.progress)(self.ckpt.bytes_of(name) * rows / shape[0].max(1));
-        self.ckpt.load_rows(self.backend, name, shape, row0, rows)
+        (self.progress)(self.src.bytes_of(name) * rows / shape[0].max(1));
+        source::load_rows(self.src, self.backend, name, shape, row0, rows)
     }
 
-    /// A table kept in host memory as f32 (see [`Checkpoint::read_f32`]).
+    /// A table kept in host memory as f32.
     pub fn host_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        (self.progress)(self.ckpt.bytes_of(name));
-        self.ckpt.read_f32(name, shape)
+        (self.progress)(self.src.bytes_of(name));
+        source::read_f32(self.src, name, shape)
     }
 
-    /// Weights stacked along rows (see [`Checkpoint::load_concat`]).
+    /// Weights stacked along rows (see [`source::load_concat`]).
     pub fn weight_concat(&mut self, parts: &[(&str, &[usize])]) -> Result<Tensor> {
-        (self.progress)(parts.iter().map(|(n, _)| self.ckpt.bytes_of(n)).sum());
-        self.ckpt.load_concat(self.backend, parts)
+        (self.progress)(parts.iter().map(|(n, _)| self.src.bytes_of(n)).sum());
+        source::load_concat(self.src, self.backend, parts)
     }
 
     /// 1-D tensors (biases) widened to f32 and concatenated.
@@ -294,9 +300,42 @@ impl Loader<'_> {
         self.backend.upload_f32(&[all.len()], &all)
     }
 
-    /// A norm weight or bias as f32 (see [`Checkpoint::load_f32`]).
+    /// A norm weight or bias as f32.
     pub fn f32(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        (self.progress)(self.ckpt.bytes_of(name));
-        self.ckpt.load_f32(self.backend, name, shape)
+        (self.progress)(self.src.bytes_of(name));
+        source::load_f32(self.src, self.backend, name, shape)
+    }
+}
+
+impl TensorSource for Checkpoint {
+    fn describe(&self) -> String {
+        self.files.iter().map(|f| f.0.display().to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        Checkpoint::contains(self, name)
+    }
+
+    fn bytes_of(&self, name: &str) -> usize {
+        Checkpoint::bytes_of(self, name)
+    }
+
+    fn total_bytes(&self) -> usize {
+        Checkpoint::total_bytes(self)
+    }
+
+    fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>> {
+        let e = self.take(name, shape)?;
+        let map = &self.files[e.file].1;
+        Ok(Raw {
+            dtype: e.dtype,
+            bytes: std::borrow::Cow::Borrowed(&map[e.start..e.end]),
+            mapped: MappedBytes::new(Arc::clone(map), e.start, e.end - e.start),
+            file: self.file_name(e),
+        })
+    }
+
+    fn unused(&self, ignored_prefixes: &[&str]) -> Vec<String> {
+        Checkpoint::unused(self, ignored_prefixes)
     }
 }

@@ -2,14 +2,20 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod files;
+pub mod gguf_source;
 pub mod kv_cache;
 pub mod positions;
+pub mod quantize;
 pub mod rope;
+pub mod source;
 pub mod text;
 pub mod vision;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Config, TextConfig, VisionConfig};
+pub use files::{ModelFiles, Opened};
+pub use quantize::Mix;
 pub use kv_cache::KvCache;
 pub use rope::Pos3;
 pub use text::TextModel;
@@ -29,26 +35,40 @@ impl Model {
     /// `progress(done_bytes, total_bytes)` is called as tensors load.
     pub fn load(dir: &Path, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
         check_dir(dir)?;
-        let config = Config::from_dir(dir)?;
-        let ckpt = Checkpoint::open(dir)?;
-        let total = ckpt.total_bytes();
+        Model::load_opened(&ModelFiles::Safetensors(dir.to_path_buf()).open()?, None, backend, progress)
+    }
+
+    /// Loads opened model files onto `backend`, quantizing the weights as `quant` says (see
+    /// [`quantize`]). Tensors the configuration does not use are an error.
+    pub fn load_opened(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+        let config = opened.config.clone();
+        let quantized;
+        let src: &dyn source::TensorSource = match quant {
+            Some(mix) => {
+                quantized = quantize::Quantized { inner: &*opened.source, mix, config: config.clone() };
+                &quantized
+            }
+            None => &*opened.source,
+        };
+        let total = src.total_bytes();
         let mut done = 0usize;
         let mut tick = |bytes: usize| {
             done += bytes;
-            progress(done, total);
+            progress(done.min(total), total);
         };
-        let mut ld = checkpoint::Loader { ckpt: &ckpt, backend, progress: &mut tick };
+        let mut ld = checkpoint::Loader { src, backend, progress: &mut tick };
         let text = TextModel::new(&config.text, config.tie_word_embeddings, &mut ld)?;
         let vision = VisionModel::new(&config.vision, &mut ld)?;
-        let mut ignored = Vec::new();
+        let mut ignored = vec!["rope_freqs"];
         if config.tie_word_embeddings {
             ignored.push("lm_head.weight"); // a tied checkpoint may carry the copy anyway
+            ignored.push("output.weight");
         }
-        let unused = ckpt.unused(&ignored);
+        let unused = src.unused(&ignored);
         if !unused.is_empty() {
             let shown: Vec<&str> = unused.iter().take(5).map(|s| s.as_str()).collect();
             return Err(Error::Checkpoint {
-                file: dir.display().to_string(),
+                file: src.describe(),
                 tensor: shown.join(", "),
                 msg: format!("{} unexpected tensor(s) for this configuration (a different architecture or size?)", unused.len()),
             });

@@ -98,11 +98,11 @@ impl TextModel {
         let norm = ld.f32(&format!("{}norm.weight", PREFIX), &[h])?;
         let lm_head = if tied {
             embed_tokens.clone()
-        } else if ld.ckpt.contains("lm_head.weight") {
+        } else if ld.src.contains("lm_head.weight") {
             ld.weight("lm_head.weight", &[cfg.vocab_size, h])?
         } else {
             return Err(Error::Checkpoint {
-                file: "checkpoint".into(),
+                file: ld.src.describe(),
                 tensor: "lm_head.weight".into(),
                 msg: "missing, and tie_word_embeddings is false".into(),
             });
@@ -119,6 +119,31 @@ impl TextModel {
     /// The element type of the projection weights (as stored in the checkpoint).
     pub fn weights_dtype(&self) -> crate::DType {
         self.lm_head.dtype()
+    }
+
+    /// The element types of the weight matrices, most common first, with the share of weight
+    /// elements each holds: `"q4_k 78%, q6_k 22%"` (one type: just its name).
+    pub fn weights_summary(&self) -> String {
+        let mut all: Vec<&Tensor> = vec![&self.embed_tokens];
+        if !std::ptr::eq(&self.lm_head, &self.embed_tokens) {
+            all.push(&self.lm_head);
+        }
+        for l in &self.layers {
+            all.extend([&l.attn.qkv_proj, &l.attn.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj]);
+        }
+        let mut counts: Vec<(crate::DType, usize)> = Vec::new();
+        for t in all {
+            match counts.iter_mut().find(|(d, _)| *d == t.dtype()) {
+                Some(c) => c.1 += t.elem_count(),
+                None => counts.push((t.dtype(), t.elem_count())),
+            }
+        }
+        counts.sort_by(|a, b| b.1.cmp(&a.1));
+        let total: usize = counts.iter().map(|c| c.1).sum::<usize>().max(1);
+        if counts.len() == 1 {
+            return counts[0].0.name().to_string();
+        }
+        counts.iter().map(|(d, n)| format!("{} {:.0}%", d, *n as f64 * 100.0 / total as f64)).collect::<Vec<_>>().join(", ")
     }
 
     /// `[ids.len(), hidden]` embeddings of token ids held in a u32 tensor on the backend.

@@ -21,6 +21,11 @@ impl AddedTokens {
         AddedTokens { tokens }
     }
 
+    /// Whether `id` is an added token.
+    pub(super) fn contains(&self, id: u32) -> bool {
+        self.tokens.iter().any(|&(_, i)| i == id)
+    }
+
     /// Cuts `text` at the added tokens in it: at each step the match that starts first wins,
     /// and of those the longest (leftmost-longest, non-overlapping).
     pub(super) fn split<'a>(&self, text: &'a str) -> Vec<Segment<'a>> {

@@ -96,6 +96,13 @@ impl Bpe {
         Bpe { byte_ids, merges, cache: Mutex::new(HashMap::new()) }
     }
 
+    /// The merges `(left, right)` in rank order.
+    pub(super) fn merges(&self) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32, u32)> = self.merges.iter().map(|(&k, &(rank, _))| (rank, (k >> 32) as u32, k as u32)).collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, l, r)| (l, r)).collect()
+    }
+
     /// Appends the token ids of `piece` (one pre-tokenizer piece, as raw text) to `out`.
     pub(super) fn encode(&self, piece: &str, out: &mut Vec<u32>) {
         let cacheable = piece.len() <= CACHE_PIECE_BYTES;

@@ -127,24 +127,30 @@ fn check_model(model: &ModelJson) -> Result<()> {
     Ok(())
 }
 
-/// The merge table: for each pair of token ids, the merge's rank (its index in the file; a
+/// The merge table: for each pair of token ids, the merge's rank (its index in the list; a
 /// repeated pair keeps its last rank) and the id of the merged token.
 fn merge_map(merges: &[MergeJson], vocab: &HashMap<String, u32>) -> Result<MergeMap> {
-    let mut map = MergeMap::default();
-    map.reserve(merges.len());
+    let mut pairs = Vec::with_capacity(merges.len());
     for (rank, merge) in merges.iter().enumerate() {
-        let (a, b) = match merge {
-            MergeJson::Joined(joined) => joined
-                .split_once(' ')
-                .filter(|(_, b)| !b.contains(' '))
-                .ok_or_else(|| error(format!("merge #{} {:?} is not two tokens separated by a space", rank, joined)))?,
+        pairs.push(match merge {
+            MergeJson::Joined(joined) => split_merge(rank, joined)?,
             MergeJson::Pair(a, b) => (a.as_str(), b.as_str()),
-        };
-        let id = |token: &str| {
-            vocab.get(token).copied().ok_or_else(|| {
-                error(format!("merge #{} ({:?}, {:?}): {:?} is not in the vocabulary", rank, a, b, token))
-            })
-        };
+        });
+    }
+    merge_map_of(&pairs, vocab)
+}
+
+/// A merge written `"a b"` as its two tokens.
+pub(super) fn split_merge(rank: usize, joined: &str) -> Result<(&str, &str)> {
+    joined.split_once(' ').filter(|(_, b)| !b.contains(' ')).ok_or_else(|| error(format!("merge #{} {:?} is not two tokens separated by a space", rank, joined)))
+}
+
+/// [`merge_map`] of merges given as token pairs, in rank order.
+pub(super) fn merge_map_of(pairs: &[(&str, &str)], vocab: &HashMap<String, u32>) -> Result<MergeMap> {
+    let mut map = MergeMap::default();
+    map.reserve(pairs.len());
+    for (rank, &(a, b)) in pairs.iter().enumerate() {
+        let id = |token: &str| vocab.get(token).copied().ok_or_else(|| error(format!("merge #{} ({:?}, {:?}): {:?} is not in the vocabulary", rank, a, b, token)));
         map.insert(pair_key(id(a)?, id(b)?), (rank as u32, id(&format!("{}{}", a, b))?));
     }
     Ok(map)
@@ -166,6 +172,23 @@ pub(super) fn from_json(json: &str) -> Result<Tokenizer> {
 
     let vocab = file.model.vocab;
     let merges = merge_map(&file.model.merges, &vocab)?;
+    let mut added = Vec::with_capacity(file.added_tokens.len());
+    for t in file.added_tokens {
+        if t.single_word || t.lstrip || t.rstrip || t.normalized || t.content.is_empty() {
+            return Err(error(format!(
+                "added token {:?} (id {}): only non-empty tokens with single_word, lstrip, rstrip and \
+                 normalized all false are supported",
+                t.content, t.id
+            )));
+        }
+        added.push((t.content, t.id, t.special));
+    }
+    build(vocab, merges, added, nfc)
+}
+
+/// A [`Tokenizer`] from its parts: the BPE vocabulary (token in the byte alphabet → id), the
+/// merge table, the added tokens (text, id, special) and whether the normalizer is NFC.
+pub(super) fn build(vocab: HashMap<String, u32>, merges: MergeMap, added_tokens: Vec<(String, u32, bool)>, nfc: bool) -> Result<Tokenizer> {
     let alphabet = ByteAlphabet::new();
     let mut byte_ids = [0u32; 256];
     for b in 0..=255u8 {
@@ -175,7 +198,7 @@ pub(super) fn from_json(json: &str) -> Result<Tokenizer> {
         })?;
     }
 
-    let all_ids = vocab.values().chain(file.added_tokens.iter().map(|t| &t.id));
+    let all_ids = vocab.values().chain(added_tokens.iter().map(|t| &t.1));
     let size = all_ids.max().map_or(0, |&id| id as usize + 1);
     if size > MAX_IDS {
         return Err(error(format!("token id {} is beyond the supported {} ids", size - 1, MAX_IDS)));
@@ -193,19 +216,15 @@ pub(super) fn from_json(json: &str) -> Result<Tokenizer> {
     }
 
     let mut ids = vocab;
-    let mut added = Vec::with_capacity(file.added_tokens.len());
-    for t in file.added_tokens {
-        if t.single_word || t.lstrip || t.rstrip || t.normalized || t.content.is_empty() {
-            return Err(error(format!(
-                "added token {:?} (id {}): only non-empty tokens with single_word, lstrip, rstrip and \
-                 normalized all false are supported",
-                t.content, t.id
-            )));
+    let mut added = Vec::with_capacity(added_tokens.len());
+    for (content, id, special) in added_tokens {
+        if content.is_empty() {
+            return Err(error(format!("added token {} is empty", id)));
         }
-        let bytes = t.content.as_bytes().into();
-        entries[t.id as usize] = Some(Entry { token: t.content.as_str().into(), bytes, special: t.special });
-        ids.insert(t.content.clone(), t.id);
-        added.push((t.content, t.id));
+        let bytes = content.as_bytes().into();
+        entries[id as usize] = Some(Entry { token: content.as_str().into(), bytes, special });
+        ids.insert(content.clone(), id);
+        added.push((content, id));
     }
 
     Ok(Tokenizer { entries, ids, added: AddedTokens::new(added), bpe: Bpe::new(byte_ids, merges), nfc })

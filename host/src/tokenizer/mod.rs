@@ -13,6 +13,7 @@
 
 mod added;
 mod bpe;
+pub mod gguf;
 mod load;
 mod normalize;
 mod pretokenize;
@@ -57,6 +58,11 @@ impl Tokenizer {
             Error::Tokenizer { msg } => Error::Tokenizer { msg: format!("{}: {}", path.display(), msg) },
             other => other,
         })
+    }
+
+    /// Builds a tokenizer from the `tokenizer.ggml.*` metadata of a GGUF file.
+    pub fn from_gguf(g: &crate::gguf::Gguf) -> Result<Tokenizer> {
+        gguf::from_gguf(g)
     }
 
     /// Builds a tokenizer from the text of a `tokenizer.json`.

@@ -24,6 +24,7 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod quant;
 
 use super::linear::Weights;
 use core::arch::x86_64::_MM_HINT_T1;

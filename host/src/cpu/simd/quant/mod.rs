@@ -1,0 +1,99 @@
+//! x86-64 kernels for block-quantized weights against 8-bit activations (see `cpu/qlinear`).
+//!
+//! One kernel body (`kernels!`) is instantiated per instruction set, differing only in the two
+//! integer dot-product primitives it is given:
+//!
+//! * `dpbusd(acc, u, s)`: `acc[i] += Σ_{4 bytes} u8 · i8` (AVX-512 VNNI's and AVX-VNNI's
+//!   `vpdpbusd`; on plain AVX2 `vpmaddubsw` + `vpmaddwd` with ones + `vpaddd`);
+//! * `dpwssd(acc, a, b)`: `acc[i] += Σ_{2 words} i16 · i16` (`vpdpwssd`; AVX2: `vpmaddwd` +
+//!   `vpaddd`).
+//!
+//! The vectors are 256 bits on every path: a 32-byte vector is one `Q8_0` block or one `Q4_K`
+//! sub-block, so the sub-block scales apply per vector without shuffles. On AVX-512 VNNI CPUs the
+//! EVEX forms run with 32 vector registers.
+//!
+//! Per weight row and block the weights are unpacked once (4-bit / 6-bit values to bytes in
+//! element order, scales to 16-bit lanes) into a small buffer, then taken against every row of
+//! activations: `vpmaddubsw` (unsigned weight bytes × signed activations → 16-bit pair sums,
+//! which cannot saturate: 63 · 127 · 2 < 2¹⁵) then `dpwssd` with the sub-block scales. The
+//! K-quants' min / offset terms come from the activations' 16-value sums (one `vpmaddwd`). A
+//! block's integer result is converted once and accumulated in f32 lanes per activation row.
+//! `Q8_0` (signed weights) uses `dpbusd(|w|, sign(a, w))`.
+
+mod kernels;
+
+use crate::cpu::qlinear::QIsa;
+use crate::quant::act::Q8Acts;
+use crate::DType;
+use core::arch::x86_64::*;
+
+/// Quantizes one activation row (see [`crate::quant::act::quantize_row`]; same bits).
+pub(crate) fn quantize_row(x: &[f32], block: usize, qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    // SAFETY: every x86 quantized path requires AVX2 (checked by `QIsa::is_available`); the
+    // slices hold `x.len()` values, `x.len() / block` scales and `x.len() / 16` sums.
+    unsafe { quantize_row_avx2(x, block, qs, d, bs) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(x: &[f32], block: usize, qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    let n = x.len();
+    assert!(n % block == 0 && block % 32 == 0 && qs.len() >= n && d.len() >= n / block && bs.len() >= n / 16);
+    let sign = _mm256_set1_ps(-0.0);
+    for b in 0..n / block {
+        let xs = x.as_ptr().add(b * block);
+        let mut mx = _mm256_setzero_ps();
+        for i in (0..block).step_by(8) {
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs.add(i))));
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), mx);
+        let amax = lanes.iter().fold(0.0f32, |m, &v| m.max(v));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        d[b] = amax / 127.0;
+        let idv = _mm256_set1_ps(id);
+        let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
+        let q = qs.as_mut_ptr().add(b * block);
+        for i in (0..block).step_by(32) {
+            let mut v = [_mm256_setzero_si256(); 4];
+            for (t, vt) in v.iter_mut().enumerate() {
+                let r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs.add(i + 8 * t)), idv));
+                *vt = _mm256_min_epi32(_mm256_max_epi32(r, lo), hi);
+            }
+            // pack 32 i32 → 32 i8 in order (packs work per 128-bit lane: fix with a permute)
+            let p16a = _mm256_packs_epi32(v[0], v[1]);
+            let p16b = _mm256_packs_epi32(v[2], v[3]);
+            let p8 = _mm256_packs_epi16(p16a, p16b);
+            let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.add(i) as *mut __m256i, p8);
+            // 16-value sums
+            let s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p8);
+            let s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); // 8 sums of 4
+            let mut t = [0i32; 8];
+            _mm256_storeu_si256(t.as_mut_ptr() as *mut __m256i, s32);
+            let g = (b * block + i) / 16;
+            bs[g] = (t[0] + t[1] + t[2] + t[3]) as i16;
+            bs[g + 1] = (t[4] + t[5] + t[6] + t[7]) as i16;
+        }
+    }
+}
+
+/// `res[j · m + r]` = dot of weight row `j` of `rows` (block type `wt`) with activation row `r`.
+pub(crate) fn dots(isa: QIsa, wt: DType, rows: &[u8], row_bytes: usize, acts: &Q8Acts, res: &mut [f32]) {
+    assert!(isa.is_available() && rows.len() % row_bytes.max(1) == 0 && res.len() >= rows.len() / row_bytes.max(1) * acts.rows);
+    // SAFETY: the CPU supports `isa` (asserted); the kernels read whole blocks of `rows` and
+    // rows of `acts` (all `k` long), and write `res` as sized above.
+    unsafe {
+        match isa {
+            QIsa::Avx512Vnni => kernels::evex::dots(wt, rows, row_bytes, acts, res),
+            QIsa::AvxVnni => kernels::vex::dots(wt, rows, row_bytes, acts, res),
+            _ => kernels::avx2::dots(wt, rows, row_bytes, acts, res),
+        }
+    }
+}
+
+/// The f16 at `p` widened with F16C.
+#[inline(always)]
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}

@@ -62,7 +62,7 @@ pub fn fixture_with_tokenizer(case: &str, dir: &Path) {
 
 /// Runs `qwen3-vl quantize IN OUT --type T`; returns (text, mmproj) paths.
 pub fn quantize(input: &Path, out: &Path, ty: &str) -> (PathBuf, PathBuf) {
-    let o = Command::new(env!("CARGO_BIN_EXE_qwen3-vl")).args(["quantize"]).arg(input).arg(out).args(["--type", ty]).output().unwrap();
+    let o = Command::new(super::server::bin()).args(["quantize"]).arg(input).arg(out).args(["--type", ty]).output().unwrap();
     assert!(o.status.success(), "quantize failed: {}", String::from_utf8_lossy(&o.stderr));
     let mut text = None;
     let mut mmproj = None;

@@ -39,12 +39,13 @@ fn linear_agrees_for_every_kernel_with_bias_residual_and_gelu() {
     for (i, &(m, n, k)) in shapes.iter().enumerate() {
         let (a, w, bias, res) = (random(m * k, 30 + i as u32), random(n * k, 40 + i as u32), random(n, 50 + i as u32), random(m * n, 60 + i as u32));
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let mut algos = vec![LinearAlgo::Gemv, LinearAlgo::Tiled, LinearAlgo::Big];
+            // the tiled kernels whole and split-K into 3 slices (fewer when k is shallow)
+            let mut algos = vec![LinearAlgo::Gemv, LinearAlgo::Tiled, LinearAlgo::Big(1), LinearAlgo::Big(3)];
             if m == 1 && LinearAlgo::vector_rows(k, dtype) {
                 algos.push(LinearAlgo::GemvVec);
             }
             if tensor_cores && dtype != DType::F32 && LinearAlgo::vector_rows(k, dtype) {
-                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().map(|&(tm, tn)| LinearAlgo::Mma(tm, tn)));
+                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().flat_map(|&(tm, tn)| [LinearAlgo::Mma(tm, tn, 1), LinearAlgo::Mma(tm, tn, 3)]));
             }
             for &algo in &algos {
                 if matches!(algo, LinearAlgo::Gemv | LinearAlgo::GemvVec) && m > 4 {

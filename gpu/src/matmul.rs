@@ -28,7 +28,7 @@
 use crate::math::{gelu_erf, gelu_tanh, Bf16, WeightElem, F16};
 use crate::mem::{ld_shared_f32x4, shared_addr, st_shared_f32, F32x4};
 use crate::params::matmul_tile::{BK, BM, BN};
-use crate::params::{matmul_big_tile, LinearParams, ACT_GELU_ERF, ACT_GELU_TANH};
+use crate::params::{matmul_big_tile, LinearParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH};
 use cuda_std::{kernel, shared_array, thread};
 
 /// The epilogue of every tiled kernel: `act(acc + bias[col]) + residual[r, col]`.
@@ -49,6 +49,54 @@ pub(crate) unsafe fn finish(p: &LinearParams, acc: f32, r: usize, col: usize) ->
         v += *res.add(r * p.ldc as usize + col);
     }
     v
+}
+
+/// The `k` range `[kb, ke)` of this block's z-slice under split-K (`p.k_split`; 0: all of `k`).
+#[inline(always)]
+pub(crate) fn k_slice(p: &LinearParams) -> (usize, usize) {
+    let k = p.k as usize;
+    if p.k_split == 0 {
+        return (0, k);
+    }
+    let z = thread::block_idx_z() as usize;
+    let ks = p.k_split as usize;
+    let kb = (z * ks).min(k);
+    (kb, (kb + ks).min(k))
+}
+
+/// Stores output element `(r, col)` of a tiled kernel: through the epilogue into `c`, or under
+/// split-K the raw sum into this z-slice's `[m, n]` part of the workspace `c`.
+#[inline(always)]
+pub(crate) unsafe fn store_out(p: &LinearParams, c: *mut f32, acc: f32, r: usize, col: usize) {
+    let ldc = p.ldc as usize;
+    if p.k_split == 0 {
+        *c.add(r * ldc + col) = finish(p, acc, r, col);
+    } else {
+        let z = thread::block_idx_z() as usize;
+        *c.add((z * p.m as usize + r) * ldc + col) = acc;
+    }
+}
+
+/// `lin.c = epilogue(Σ_z part[z])`: the second step of a split-K linear layer.
+///
+/// Parameters: [`SplitReduceParams`]: `part` `[slices, m, n]` f32 (contiguous), `lin` the
+/// layer's output `c` `[m, n]` (row stride `ldc`), bias, activation and residual.
+/// Thread mapping: one thread per output element, `blockDim.x` = 256, grid x over `m · n`.
+/// Safety: the launcher checks the buffer sizes and `slices ≤ MAX_SLICES`.
+#[kernel]
+pub unsafe fn linear_split_reduce_f32(p: SplitReduceParams) {
+    let (m, n) = (p.lin.m as usize, p.lin.n as usize);
+    let i = thread::index_1d() as usize;
+    if i >= m * n {
+        return;
+    }
+    let (r, col) = (i / n, i % n);
+    let part = p.part as *const f32;
+    let mut acc = 0.0f32;
+    for z in 0..p.slices as usize {
+        acc += *part.add(z * m * n + i);
+    }
+    *(p.lin.c as *mut f32).add(r * p.lin.ldc as usize + col) = finish(&p.lin, acc, r, col);
 }
 
 const TBM: usize = BM as usize;
@@ -189,13 +237,15 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
         }
     };
     let mut acc = [[0.0f32; 8]; 8];
-    let stages = (k + GBK - 1) / GBK;
-    store(0, load(0));
+    // split-K: this z-slice sums k in [kb, ke)
+    let (kb, ke) = k_slice(&p);
+    let stages = (ke - kb + GBK - 1) / GBK;
+    store(0, load(kb));
     thread::sync_threads();
     for s in 0..stages {
         let (cur, nxt) = (s % 2, (s + 1) % 2);
         let more = s + 1 < stages;
-        let next = if more { load((s + 1) * GBK) } else { ([0.0; 4], [0.0; 4]) };
+        let next = if more { load(kb + (s + 1) * GBK) } else { ([0.0; 4], [0.0; 4]) };
         for kk in 0..GBK {
             let ar = a_s + 4 * (cur * stage + kk * GBM) as u64;
             let wr = w_s + 4 * (cur * stage + kk * GBN) as u64;
@@ -221,7 +271,7 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
             for j in 0..8 {
                 let col = col0 + 4 * tx + (j % 4) + 64 * (j / 4);
                 if col < n {
-                    *c.add(r * p.ldc as usize + col) = finish(&p, acc[i][j], r, col);
+                    store_out(&p, c, acc[i][j], r, col);
                 }
             }
         }

@@ -14,7 +14,9 @@
 //!
 //! # Tiling
 //! A block computes a `TM × TN` tile of `c` (128 × 128; 64 × 128 and 64 × 64 variants give
-//! more blocks for smaller `m`), walking `k` in steps of `BK` (32). Each
+//! more blocks for smaller `m`), walking `k` in steps of `BK` (32); with split-K
+//! (`k_split`), z-slice `z` of the grid walks only `k` in `[z·k_split, (z+1)·k_split)` and
+//! writes raw partial sums (see `LinearParams::k_split`). Each
 //! step stages `a[128 rows, 32]` (f32 loads, split into high and low parts, 16-byte shared
 //! stores) and `w[128 rows, 32]` (`cp.async` 16-byte copies, zero-filled past `n` and `k`) in
 //! shared memory (48 KiB in all), two buffers:
@@ -36,7 +38,7 @@
 //! zero-filled on load and skipped on store.
 
 use crate::math::{Bf16, F16};
-use crate::matmul::finish;
+use crate::matmul::{k_slice, store_out};
 use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
 use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
 use crate::params::LinearParams;
@@ -182,6 +184,8 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
     let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
+    // split-K: this z-slice sums k in [kb, ke)
+    let (kb, ke) = k_slice(&p);
     let a = p.a as *const f32;
     let w = p.w as *const u8;
     let (a_sh, l_sh, w_sh) = (shared_addr(a_s), shared_addr(l_s), shared_addr(w_s));
@@ -231,10 +235,10 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
     };
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
-    let steps = (k + TBK - 1) / TBK;
+    let steps = (ke - kb + TBK - 1) / TBK;
     // 1. the first tile
-    let mut next_a = load_a(0);
-    load_w(0, 0);
+    let mut next_a = load_a(kb);
+    load_w(0, kb);
     cp_async_commit();
     store_a(0, &next_a);
     cp_async_wait_all();
@@ -244,9 +248,9 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
         let more = step + 1 < steps;
         // 2. the next tile's loads go out before this tile's math
         if more {
-            load_w(nxt, (step + 1) * TBK);
+            load_w(nxt, kb + (step + 1) * TBK);
             cp_async_commit();
-            next_a = load_a((step + 1) * TBK);
+            next_a = load_a(kb + (step + 1) * TBK);
         }
         // 3. two 16-wide k steps of mma over the warp's tile (high and low activation parts)
         for ks in 0..TBK / 16 {
@@ -291,7 +295,8 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
 }
 
 /// Writes one thread's share of an m16n8 accumulator tile: `d[0..2]` at row `r`, columns
-/// `col, col + 1`; `d[2..4]` at row `r + 8` (the mma C layout), through the tiled epilogue.
+/// `col, col + 1`; `d[2..4]` at row `r + 8` (the mma C layout), through the tiled epilogue
+/// (split-K: raw into this z-slice's part of the workspace).
 #[inline(always)]
 unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     let c = p.c as *mut f32;
@@ -299,7 +304,7 @@ unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     for i in 0..4 {
         let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
         if rr < m && cc < n {
-            *c.add(rr * ldc + cc) = finish(p, d[i], rr, cc);
+            store_out(p, c, d[i], rr, cc);
         }
     }
 }

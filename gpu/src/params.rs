@@ -32,7 +32,30 @@ pub struct LinearParams {
     /// Activation applied before the residual by the tiled kernels: 0 none, 1 tanh GELU,
     /// 2 erf GELU (see `ACT_*`).
     pub act: u32,
+    /// Split-K (`matmul_big_*`, `matmul_mma_*`): 0, or the `k` elements each z-slice of the
+    /// grid sums (a multiple of the kernel's shared-memory stage depth). With slices, `c` is the
+    /// `[slices, m, n]` f32 workspace of partial sums (row stride `ldc` = `n`) and no epilogue is
+    /// applied: `linear_split_reduce_f32` adds the slices and applies it.
+    pub k_split: u32,
+}
+
+/// `linear_split_reduce_f32`: `lin.c[r, col] = epilogue(Σ_z part[z, r, col])` with the bias,
+/// activation and residual of `lin` (see [`LinearParams`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SplitReduceParams {
+    /// `[slices, lin.m, lin.n]` f32 partial sums.
+    pub part: u64,
+    pub slices: u32,
     pub _pad: u32,
+    pub lin: LinearParams,
+}
+
+/// Launch shape of `linear_split_reduce_f32`: one thread per output element.
+pub mod split_reduce_tile {
+    pub const THREADS: u32 = 256;
+    /// At most this many slices (the launcher checks).
+    pub const MAX_SLICES: u32 = 16;
 }
 
 /// [`LinearParams::act`]: no activation.

@@ -141,6 +141,7 @@ kernel_table! {
     MatmulBigF32 = "matmul_big_f32" @ Compute61,
     MatmulBigF16 = "matmul_big_f16" @ Compute61,
     MatmulBigBf16 = "matmul_big_bf16" @ Compute61,
+    LinearSplitReduceF32 = "linear_split_reduce_f32" @ Compute61,
     MatmulMmaF16 = "matmul_mma_f16" @ Compute80,
     MatmulMmaBf16 = "matmul_mma_bf16" @ Compute80,
     MatmulMma64x128F16 = "matmul_mma_64x128_f16" @ Compute80,

@@ -6,19 +6,27 @@
 //! vectors, else the scalar `gemv_*`. More rows (prefill, the vision tower) take, with the
 //! compute_80 module and 16-bit weights in 16-byte rows, the tensor-core `matmul_mma_*`; else
 //! the SIMT `matmul_big_*` (128 × 128 tiles) from [`BIG_MIN_ROWS`] rows on, and `matmul_*`
-//! (64 × 64) below.
+//! (64 × 64) below. When the tiles of `matmul_mma_*` / `matmul_big_*` give fewer blocks than
+//! [`SPLIT_TARGET_WAVES`] per multiprocessor (few rows: a 64-token prefill), `k` is split into
+//! slices summed by separate blocks into a workspace, and `linear_split_reduce_f32` adds the
+//! slices and applies the epilogue (split-K; deterministic, no atomics).
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use crate::kernels::Arch;
-use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, GateUpParams, LinearParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
+use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, split_reduce_tile, GateUpParams, LinearParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
 /// From this many rows the SIMT path takes the 128 × 128-tile matmul.
 pub const BIG_MIN_ROWS: usize = 128;
+/// Split-K aims at this many blocks per multiprocessor.
+pub const SPLIT_TARGET_WAVES: usize = 2;
+/// Split-K keeps at least this many `k` elements per slice (a slice's fixed cost — the
+/// pipeline's fill and the workspace write — stays small against its loop).
+pub const SPLIT_MIN_K: usize = 512;
 
 /// Which kernel computes a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,11 +37,13 @@ pub enum LinearAlgo {
     Gemv,
     /// `gemv_vec_*`: one warp per output, 16-byte weight vectors, one row (decode).
     GemvVec,
-    /// `matmul_big_*`: 128 × 128 SIMT tiles, 8 × 8 per thread.
-    Big,
+    /// `matmul_big_*`: 128 × 128 SIMT tiles, 8 × 8 per thread; `k` split into this many
+    /// slices (1: no split).
+    Big(u32),
     /// `matmul_mma_*`: tensor cores (compute_80 module, f16/bf16 weights, `k % 8 == 0`), with
-    /// `(rows, columns)` block tiles (one of `mma_tile::TILES`).
-    Mma(u32, u32),
+    /// `(rows, columns)` block tiles (one of `mma_tile::TILES`) and `k` split into this many
+    /// slices (1: no split).
+    Mma(u32, u32, u32),
 }
 
 impl LinearAlgo {
@@ -52,9 +62,10 @@ impl LinearAlgo {
                 let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
                 let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
                 let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= sms as usize).unwrap_or(last);
-                LinearAlgo::Mma(tm, tn)
+                LinearAlgo::Mma(tm, tn, split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms))
             } else if m >= BIG_MIN_ROWS {
-                LinearAlgo::Big
+                let blocks = ceil_div(m, matmul_big_tile::BM as usize) * ceil_div(n, matmul_big_tile::BN as usize);
+                LinearAlgo::Big(split_slices(blocks, k, matmul_big_tile::BK as usize, sms))
             } else {
                 LinearAlgo::Tiled
             }
@@ -64,6 +75,26 @@ impl LinearAlgo {
             LinearAlgo::Gemv
         }
     }
+}
+
+/// Split-K slices for a tiled launch of `blocks` blocks over `k` (stage depth `bk`): enough to
+/// give every multiprocessor [`SPLIT_TARGET_WAVES`] blocks, each slice at least
+/// [`SPLIT_MIN_K`] deep, at most `split_reduce_tile::MAX_SLICES`; 1 when the tiles alone fill
+/// the device.
+pub fn split_slices(blocks: usize, k: usize, bk: usize, sms: u32) -> u32 {
+    let want = SPLIT_TARGET_WAVES * sms as usize;
+    if blocks >= sms as usize || blocks == 0 {
+        return 1;
+    }
+    let by_depth = (k / SPLIT_MIN_K.max(bk)).max(1);
+    ceil_div(want, blocks).min(by_depth).min(split_reduce_tile::MAX_SLICES as usize).max(1) as u32
+}
+
+/// The `k` elements per slice when `k` is cut into `slices` (a multiple of the stage depth
+/// `bk`), and the number of non-empty slices that gives.
+pub fn slice_depth(k: usize, slices: u32, bk: usize) -> (usize, u32) {
+    let depth = ceil_div(ceil_div(k, slices.max(1) as usize), bk) * bk;
+    (depth, ceil_div(k, depth.max(1)).max(1) as u32)
 }
 
 /// An RMSNorm applied to the activations inside a GEMV: its `[k]` f32 weight and epsilon.
@@ -103,7 +134,8 @@ fn norm_fields(kernel: Kernel, norm: Option<FusedNorm<'_>>, m: usize, k: usize) 
 }
 
 /// `c[m, n] = a[m, k] · w[n, k]ᵀ (+ bias) (+ residual)`, all contiguous; with `norm` (vector
-/// GEMV only) the rows of `a` are RMS-normed first. Empty sizes launch nothing.
+/// GEMV only) the rows of `a` are RMS-normed first. A split-K algorithm needs `ws`, room for
+/// `[slices, m, n]` f32 partial sums. Empty sizes launch nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn linear(
     l: &Launcher<'_>,
@@ -116,15 +148,26 @@ pub fn linear(
     norm: Option<FusedNorm<'_>>,
     act: u32,
     c: &DeviceBuffer,
+    ws: Option<&DeviceBuffer>,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
     let kernel = match algo {
         LinearAlgo::Tiled => Kernel::matmul(wdtype)?,
         LinearAlgo::Gemv => Kernel::gemv(wdtype)?,
         LinearAlgo::GemvVec => Kernel::gemv_vec(wdtype)?,
-        LinearAlgo::Big => Kernel::matmul_big(wdtype)?,
-        LinearAlgo::Mma(tm, tn) => Kernel::matmul_mma(wdtype, (tm, tn))?,
+        LinearAlgo::Big(_) => Kernel::matmul_big(wdtype)?,
+        LinearAlgo::Mma(tm, tn, _) => Kernel::matmul_mma(wdtype, (tm, tn))?,
     };
+    // split-K: slices of `depth` k elements (whole shared-memory stages)
+    let (depth, slices) = match algo {
+        LinearAlgo::Big(s) if s > 1 => slice_depth(k, s, matmul_big_tile::BK as usize),
+        LinearAlgo::Mma(_, _, s) if s > 1 => slice_depth(k, s, mma_tile::BK as usize),
+        LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) if s == 0 => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs at least one slice".into() }),
+        _ => (0, 1),
+    };
+    if slices > split_reduce_tile::MAX_SLICES {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("split-K into {} slices, at most {}", slices, split_reduce_tile::MAX_SLICES) });
+    }
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
     need(kernel, "c", c, m * n * 4)?;
@@ -140,7 +183,7 @@ pub fn linear(
     if norm.is_some() && algo != LinearAlgo::GemvVec {
         return Err(Error::Limit { op: kernel.name(), msg: "only the vector GEMV fuses an RMSNorm".into() });
     }
-    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..));
+    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..));
     if act != ACT_NONE && !tiled {
         return Err(Error::Limit { op: kernel.name(), msg: "only the tiled kernels fuse an activation".into() });
     }
@@ -148,6 +191,14 @@ pub fn linear(
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte weight rows (k = {} of {})", k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
+    let part = match (slices > 1, ws) {
+        (false, _) => None,
+        (true, Some(ws)) => {
+            need(kernel, "split-K workspace", ws, slices as usize * m * n * 4)?;
+            Some(ws)
+        }
+        (true, None) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs a workspace".into() }),
+    };
     let p = LinearParams {
         a: a.addr(),
         w: w.addr(),
@@ -162,11 +213,16 @@ pub fn linear(
         ldc: fits_u32(kernel, "n", n)?,
         eps,
         act,
-        _pad: 0,
+        k_split: 0,
     };
     if m == 0 || n == 0 {
         return Ok(());
     }
+    // the slices write raw sums into the workspace; the reduce adds them through the epilogue
+    let main = match part {
+        Some(ws) => LinearParams { c: ws.addr(), ldc: p.n, k_split: fits_u32(kernel, "k", depth)?, ..p },
+        None => p,
+    };
     let (grid, block) = match algo {
         LinearAlgo::Tiled => (
             [grid_dim(kernel, "x", ceil_div(n, matmul_tile::BN as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, matmul_tile::BM as usize), MAX_GRID_Y)?, 1],
@@ -180,16 +236,23 @@ pub fn linear(
             let warps = vec_warps(n);
             ([grid_dim(kernel, "x", ceil_div(n, warps as usize), MAX_GRID_X)?, 1, 1], warps * 32)
         }
-        LinearAlgo::Big => (
-            [grid_dim(kernel, "x", ceil_div(n, matmul_big_tile::BN as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, matmul_big_tile::BM as usize), MAX_GRID_Y)?, 1],
+        LinearAlgo::Big(_) => (
+            [grid_dim(kernel, "x", ceil_div(n, matmul_big_tile::BN as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, matmul_big_tile::BM as usize), MAX_GRID_Y)?, slices],
             matmul_big_tile::THREADS,
         ),
-        LinearAlgo::Mma(tm, tn) => (
-            [grid_dim(kernel, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, 1],
+        LinearAlgo::Mma(tm, tn, _) => (
+            [grid_dim(kernel, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, slices],
             mma_tile::THREADS,
         ),
     };
-    l.launch_shared(kernel, grid, block, shared, &p)
+    l.launch_shared(kernel, grid, block, shared, &main)?;
+    if let Some(ws) = part {
+        let reduce = Kernel::LinearSplitReduceF32;
+        let threads = split_reduce_tile::THREADS;
+        let rp = SplitReduceParams { part: ws.addr(), slices, _pad: 0, lin: p };
+        l.launch(reduce, [grid_dim(reduce, "x", ceil_div(m * n, threads as usize), MAX_GRID_X)?, 1, 1], threads, &rp)?;
+    }
+    Ok(())
 }
 
 /// `c[1, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` for one row with 16-byte weight rows,
@@ -265,7 +328,12 @@ impl CudaBackend {
             None => None,
         };
         let out = self.output(m * n)?;
-        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, (m, n, k))?;
+        let slices = match algo {
+            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) if s > 1 => s as usize,
+            _ => 0,
+        };
+        let ws = if slices > 0 { Some(self.output(slices * m * n)?) } else { None };
+        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, ws.as_ref(), (m, n, k))?;
         Ok(Self::wrap(out_shape, DType::F32, out))
     }
 
@@ -286,7 +354,7 @@ impl CudaBackend {
     pub(super) fn linear_gelu_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: crate::backend::Gelu) -> Result<Tensor> {
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let algo = self.pick_linear(m, n, k, w.dtype());
-        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..)) {
+        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..)) {
             // decode-sized inputs: the product, then the activation
             return self.gelu_op(&self.linear_op(a, w, bias, None)?, kind);
         }
@@ -328,5 +396,32 @@ impl CudaBackend {
         let out = self.output(m * n)?;
         gate_up(&l, gate.dtype(), self.buffer(OP, x)?, self.buffer(OP, gate)?, self.buffer(OP, up)?, nb, &out, (m, n, k))?;
         Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_k_fills_the_device_and_keeps_slices_deep() {
+        // a full wave of tiles: no split
+        assert_eq!(split_slices(132, 2048, 32, 132), 1);
+        // 64-token prefill, o_proj (32 tiles of 64 × 64): 2048 / 512 = 4 slices at most
+        assert_eq!(split_slices(32, 2048, 32, 132), 4);
+        // down_proj (k 6144): ceil(264 / 32) = 9 slices
+        assert_eq!(split_slices(32, 6144, 32, 132), 9);
+        // shallow k: no split; never more than MAX_SLICES
+        assert_eq!(split_slices(1, 300, 8, 132), 1);
+        assert_eq!(split_slices(1, 1 << 20, 8, 132), split_reduce_tile::MAX_SLICES);
+        // slices are whole stages and cover k exactly once
+        for &(k, s, bk) in &[(2048, 4, 32), (6144, 9, 32), (1000, 3, 32), (40, 3, 32), (8, 3, 8), (0, 3, 32)] {
+            let (depth, n) = slice_depth(k, s, bk);
+            assert!(n >= 1 && n <= s.max(1), "k {} s {}: {} slices", k, s, n);
+            if k > 0 {
+                assert_eq!(depth % bk, 0);
+                assert!(depth * n as usize >= k && depth * (n as usize - 1) < k, "k {} s {}: depth {} × {}", k, s, depth, n);
+            }
+        }
     }
 }

@@ -97,6 +97,17 @@ impl Model {
         Ok(Model { config, text, vision })
     }
 
+    /// The sizes [`Placement::plan`] works from for the model of `opened` (quantized as `quant`
+    /// says) on `backend`, with sessions of `context` tokens and a KV cache of `kv_dtype`.
+    pub fn sizes(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, context: usize, kv_dtype: crate::DType) -> Sizes {
+        let config = opened.config.clone();
+        let alloc = |n: usize| backend.alloc_size(n);
+        match quant {
+            Some(mix) => Sizes::estimate(&quantize::Quantized { inner: &*opened.source, mix, config: config.clone() }, &config, context, kv_dtype, &alloc),
+            None => Sizes::estimate(&*opened.source, &config, context, kv_dtype, &alloc),
+        }
+    }
+
     /// Where the parts are.
     pub fn placement(&self) -> &Placement {
         self.text.placement()

@@ -9,7 +9,7 @@
 mod common;
 
 use qwen3_vl::generate::{Sampler, SamplingParams, Session};
-use qwen3_vl::model::{Images, Model, ModelFiles, Offload, Placement, Sizes};
+use qwen3_vl::model::{Images, Mix, Model, ModelFiles, Offload, Placement, Sizes};
 use qwen3_vl::{Backend, DType, Error};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -120,6 +120,17 @@ fn size_estimate_equals_the_loaded_bytes() {
         assert_eq!(dev, s.layers[0] + s.head, "{}", dir.display());
         assert_eq!(off, s.layers[1..].iter().sum::<usize>() + s.vision + embed_off, "{}", dir.display());
     }
+    // quantized while loading: the estimate follows the types the mix gives
+    let dir = text_dir("untied_mha");
+    let opened = ModelFiles::Safetensors(dir.clone()).open().unwrap();
+    let s = Model::sizes(&opened, Some(Mix::Q8_0), &*device, 16, DType::F32);
+    let n = opened.config.text.num_hidden_layers;
+    let mut p = Placement::all_on_device(n);
+    p.device_layers = 1;
+    let m = Model::load_placed(&opened, Some(Mix::Q8_0), &*device, Some(Offload { host: &host, placement: &p }), &mut |_, _| {}).unwrap();
+    assert!(m.text.weights_summary().contains("q8_0"), "{}", m.text.weights_summary());
+    let (dev, off) = m.placed_bytes(&*device);
+    assert_eq!((dev, off), (s.layers[0] + s.head + s.embed + s.vision, s.layers[1..].iter().sum::<usize>()));
 }
 
 #[test]

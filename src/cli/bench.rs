@@ -200,9 +200,12 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         kv,
         a.runs
     );
+    let on_gpu = b.kind() == qwen3_vl::DeviceKind::Cuda;
+    let placement = if on_gpu { model.placement().describe() } else { "everything on the CPU".into() };
+    let (gpu_bytes, cpu_bytes) = if on_gpu { (gpu_bytes, cpu_bytes) } else { (0, gpu_bytes + cpu_bytes) };
     println!(
         "placement: {}; weights {} on the GPU, {} on the CPU; peak device memory {}{}",
-        if b.kind() == qwen3_vl::DeviceKind::Cuda { model.placement().describe() } else { "everything on the CPU".into() },
+        placement,
         human(gpu_bytes),
         human(cpu_bytes),
         human(peak),
@@ -222,11 +225,11 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "image_time_to_first_token_ms": ttft_ms,
             "peak_device_bytes": peak,
             "weights_dtype": weights,
-            "gpu_weight_bytes": if b.kind() == qwen3_vl::DeviceKind::Cuda { gpu_bytes } else { 0 },
-            "cpu_weight_bytes": if b.kind() == qwen3_vl::DeviceKind::Cuda { cpu_bytes } else { gpu_bytes + cpu_bytes },
+            "gpu_weight_bytes": gpu_bytes,
+            "cpu_weight_bytes": cpu_bytes,
             "gpu_budget_bytes": b.memory_cap(),
-            "gpu_layers": model.placement().device_layers,
-            "placement": model.placement().describe(),
+            "gpu_layers": if on_gpu { model.placement().device_layers } else { 0 },
+            "placement": placement,
             "kv_cache": kv.name(),
             "graphs": !a.no_graphs,
             "runs": a.runs,

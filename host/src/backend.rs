@@ -198,6 +198,26 @@ pub fn attention_block_sparse_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, 
     Ok(out)
 }
 
+/// Whether `a` and `b` are the same backend object.
+pub fn same_backend(a: &dyn Backend, b: &dyn Backend) -> bool {
+    std::ptr::eq(a as *const dyn Backend as *const u8, b as *const dyn Backend as *const u8)
+}
+
+/// `t` (f32, f16/bf16 or u32, on `from`) as a tensor on `to`: a copy through host memory, or `t`
+/// itself when both are one backend. How the hidden state crosses between the parts of a model
+/// split over a device and the host.
+pub fn transfer(from: &dyn Backend, to: &dyn Backend, t: &Tensor) -> Result<Tensor> {
+    if same_backend(from, to) {
+        return Ok(t.clone());
+    }
+    match t.dtype() {
+        DType::F32 => to.upload_f32(t.shape(), &from.download_f32(t)?),
+        DType::U32 => to.upload_u32(t.shape(), &from.download_u32(t)?),
+        d @ (DType::F16 | DType::BF16) => to.upload_half(t.shape(), d, &from.download_half(t)?),
+        d => Err(Error::DType { op: "transfer", expected: "f32, f16, bf16 or u32", got: d }),
+    }
+}
+
 /// The shape of a decoder layer's fused QKV step ([`Backend::qkv_rope_append`]).
 #[derive(Clone, Copy)]
 pub struct QkvRope<'a> {
@@ -368,6 +388,28 @@ pub trait Backend: Send + Sync {
     /// Device memory accounting.
     fn memory_stats(&self) -> MemoryStats {
         MemoryStats::default()
+    }
+
+    /// Bounds the device memory this backend's pool may hold (`None`: the device's size); an
+    /// allocation past it fails with [`Error::OutOfMemory`]. The CPU backend holds no device
+    /// memory and ignores it.
+    fn set_memory_cap(&self, _cap: Option<usize>) -> Result<()> {
+        Ok(())
+    }
+
+    /// The bound [`Backend::set_memory_cap`] set.
+    fn memory_cap(&self) -> Option<usize> {
+        None
+    }
+
+    /// `(free, total)` bytes of the device's memory as the driver reports them; `None` on the CPU.
+    fn device_memory(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// The bytes an allocation of `bytes` takes (a pool rounds requests up to its blocks).
+    fn alloc_size(&self, bytes: usize) -> usize {
+        bytes
     }
 
     /// Test aid: when on, every new output buffer is filled with NaN before the op writes it,

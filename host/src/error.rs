@@ -18,6 +18,8 @@ pub enum Error {
     Cuda { op: String, msg: String },
     /// A device allocation that failed even after the cache was emptied.
     OutOfMemory { requested: usize, in_use: usize, cached: usize, msg: String },
+    /// A device memory budget (`--gpu-memory`) that cannot hold the placement asked for.
+    Budget { needed: usize, available: usize, msg: String },
     /// The CUDA backend was asked for but is not available (reason inside).
     Unavailable(String),
     /// A file that could not be read.
@@ -58,6 +60,15 @@ impl fmt::Display for Error {
                 f,
                 "out of device memory: asked for {} bytes with {} bytes in use and {} cached ({})",
                 requested, in_use, cached, msg
+            ),
+            Error::Budget { needed, available, msg } => write!(
+                f,
+                "the GPU memory budget is too small: {} bytes ({}) needed, {} bytes ({}) available: {}",
+                needed,
+                crate::model::placement::human(*needed),
+                available,
+                crate::model::placement::human(*available),
+                msg
             ),
             Error::Unavailable(why) => write!(f, "CUDA backend unavailable: {}", why),
             Error::Io { path, source } => write!(f, "{}: {}", path, source),

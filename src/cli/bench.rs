@@ -4,10 +4,10 @@
 //! a GPU). Decode is measured after `--context` tokens are already in the KV cache, through the
 //! same decode path as `generate` (recorded CUDA graphs where the backend records).
 
-use super::load::{progress_bar, CliResult};
+use super::load::CliResult;
+use qwen3_vl::model::placement::human;
 use super::DeviceArgs;
 use qwen3_vl::generate::{Sampler, SamplingParams, Session};
-use qwen3_vl::model::Model;
 use qwen3_vl::{Backend, Mark};
 use std::io::Write;
 use std::path::PathBuf;
@@ -80,12 +80,19 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let sel = a.device.select()?;
     let b = &*sel.backend;
     let opened = qwen3_vl::model::ModelFiles::find(&a.model, a.mmproj.as_deref())?.open()?;
-    let model = Model::load_opened(&opened, a.quant, b, &mut progress_bar("loading weights"))?;
-    let weights = model.text.weights_summary();
-    let c = &model.config.text;
-    let vocab = c.vocab_size as u64;
     let context = a.context.unwrap_or(a.prompt_tokens).max(1);
     let capacity = context.max(a.prompt_tokens) + a.gen_tokens;
+    // the placement covers the longest session: the text one, or the image prompt's
+    let v = &opened.config.vision;
+    let image_session = a.image_side.map_or(0, |side| {
+        let cells = side / (v.patch_size * v.spatial_merge_size) * v.spatial_merge_size;
+        cells * cells / (v.spatial_merge_size * v.spatial_merge_size) + a.prompt_tokens + 3
+    });
+    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, capacity.max(image_session))?;
+    let weights = model.text.weights_summary();
+    let (gpu_bytes, cpu_bytes) = model.placed_bytes(b);
+    let c = &model.config.text;
+    let vocab = c.vocab_size as u64;
     let kv = a.device.kv_dtype(b);
     let mut sess = Session::with_kv_dtype(&model, b, capacity, kv)?;
     sess.set_recording(!a.no_graphs);
@@ -126,7 +133,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         let row_len = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
         let n = cells * cells;
         let patches: Vec<f32> = (0..n * row_len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
-        let x = b.upload_f32(&[n, row_len], &patches)?;
+        let x = model.vision.backend(b).upload_f32(&[n, row_len], &patches)?;
         let mut times = Vec::new();
         for run in 0..=a.runs {
             progress("vision tower run", run, a.runs);
@@ -193,6 +200,17 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         kv,
         a.runs
     );
+    let on_gpu = b.kind() == qwen3_vl::DeviceKind::Cuda;
+    let placement = if on_gpu { model.placement().describe() } else { "everything on the CPU".into() };
+    let (gpu_bytes, cpu_bytes) = if on_gpu { (gpu_bytes, cpu_bytes) } else { (0, gpu_bytes + cpu_bytes) };
+    println!(
+        "placement: {}; weights {} on the GPU, {} on the CPU; peak device memory {}{}",
+        placement,
+        human(gpu_bytes),
+        human(cpu_bytes),
+        human(peak),
+        b.memory_cap().map_or(String::new(), |cap| format!(" (budget {})", human(cap)))
+    );
     if a.json {
         let module = kernels_module(b);
         let j = serde_json::json!({
@@ -207,6 +225,11 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "image_time_to_first_token_ms": ttft_ms,
             "peak_device_bytes": peak,
             "weights_dtype": weights,
+            "gpu_weight_bytes": gpu_bytes,
+            "cpu_weight_bytes": cpu_bytes,
+            "gpu_budget_bytes": b.memory_cap(),
+            "gpu_layers": if on_gpu { model.placement().device_layers } else { 0 },
+            "placement": placement,
             "kv_cache": kv.name(),
             "graphs": !a.no_graphs,
             "runs": a.runs,

@@ -188,7 +188,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
         return Err(format!("the system message and images need about {} tokens, more than the context of {} (raise --context)", needed, capacity).into());
     }
     // 2. the weights
-    let l = a.model.load(checked)?;
+    let l = a.model.load(checked, capacity)?;
     let session = Session::with_kv_dtype(&l.model, &*l.backend, capacity, l.kv_dtype)?;
     let mut chat = Chat {
         l: &l,

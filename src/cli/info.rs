@@ -7,6 +7,19 @@ use qwen3_vl::kernels::{ptx_entries, Arch, Kernel};
 pub struct InfoArgs {
     #[clap(flatten)]
     device: DeviceArgs,
+    /// Also show where this model's parts would go (GPU / CPU) and the bytes on each side,
+    /// without loading its weights.
+    #[clap(long, short = 'm')]
+    model: Option<std::path::PathBuf>,
+    /// The GGUF vision tower (mmproj) of a GGUF model.
+    #[clap(long)]
+    mmproj: Option<std::path::PathBuf>,
+    /// Quantize a safetensors checkpoint while loading: q8_0 or q4_k_m (for the sizes).
+    #[clap(long, parse(try_from_str = super::load::parse_quant))]
+    quant: Option<qwen3_vl::model::Mix>,
+    /// Session length the placement is planned for (KV cache and activations).
+    #[clap(long, default_value = "4096", value_parser = super::ranges::context, allow_hyphen_values = true)]
+    context: usize,
 }
 
 pub fn run(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -20,6 +33,19 @@ pub fn run(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
         let ((ma, mi), sms) = cuda.device_shape();
         println!("device:  compute capability {}.{}, {} multiprocessors", ma, mi, sms);
         println!("kernels module: {} ({})", arch, why);
+    }
+    if let Some(m) = &a.model {
+        let opened = qwen3_vl::model::ModelFiles::find(m, a.mmproj.as_deref())?.open()?;
+        let (p, _) = super::load::place(&a.device, &*sel.backend, &opened, a.quant, a.context)?;
+        let human = qwen3_vl::model::placement::human;
+        if sel.backend.device_memory().is_some() {
+            let (free, total) = sel.backend.device_memory().unwrap_or((0, 0));
+            println!("gpu memory: {} free of {}, budget {}", human(free), human(total), sel.backend.memory_cap().map_or("none".into(), human));
+            println!("placement: {} (context {})", p.describe(), a.context);
+            println!("bytes:   {} on the GPU (weights, KV cache, workspace), {} on the CPU", human(p.device_bytes), human(p.host_bytes));
+        } else {
+            println!("placement: everything on the CPU ({} of weights, memory-mapped)", human(opened.source.total_bytes()));
+        }
     }
     if qwen3_vl::PTX.is_empty() {
         println!("kernels: none (built without the cuda feature)");

@@ -7,7 +7,8 @@ use super::{ranges, DeviceArgs};
 use qwen3_vl::generate::SamplingParams;
 use qwen3_vl::generation_config::GenerationDefaults;
 use qwen3_vl::image::PreprocessConfig;
-use qwen3_vl::model::{Config, Mix, Model, ModelFiles, Opened};
+use qwen3_vl::model::placement::human;
+use qwen3_vl::model::{Config, Mix, Model, ModelFiles, Offload, Opened, Placement};
 use qwen3_vl::{Backend, DeviceKind, Tokenizer};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -62,6 +63,8 @@ pub struct Checked {
 
 pub struct Loaded {
     pub backend: Arc<dyn Backend>,
+    /// The CPU backend of the parts placed off the GPU, when the model is split.
+    pub host: Option<Arc<dyn Backend>>,
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub defaults: GenerationDefaults,
@@ -184,11 +187,11 @@ impl ModelArgs {
         Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, dir })
     }
 
-    /// Step 2: the backend and the weights.
-    pub fn load(&self, checked: Checked) -> CliResult<Loaded> {
+    /// Step 2: the backend and the weights, placed for sessions of up to `context` tokens.
+    pub fn load(&self, checked: Checked, context: usize) -> CliResult<Loaded> {
         let sel = self.device.select()?;
         let t0 = Instant::now();
-        let model = Model::load_opened(&checked.opened, self.quant, &*sel.backend, &mut progress_bar("loading weights"))?;
+        let (model, host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context)?;
         let c = &model.config.text;
         log::info!(
             "loaded {} ({} weights; {} layers, hidden {}, {} heads / {} KV heads) in {:.1} s",
@@ -200,18 +203,12 @@ impl ModelArgs {
             c.num_key_value_heads,
             t0.elapsed().as_secs_f64()
         );
-        log::debug!(
-            "placement: {}; {:.2} GB of weights {}; memory: {}",
-            sel.backend.describe(),
-            checked.weight_bytes as f64 / 1e9,
-            if sel.backend.kind() == DeviceKind::Cuda { "on the GPU" } else { "memory-mapped from the checkpoint" },
-            memory_report(&*sel.backend)
-        );
+        log::info!("{}; {} of checkpoint tensors; memory: {}", placed_report(&model, &*sel.backend), human(checked.weight_bytes), memory_report(&*sel.backend));
         if checked.tokenizer.vocab_size() > c.vocab_size {
             log::warn!("the tokenizer knows {} tokens but the model only {}", checked.tokenizer.vocab_size(), c.vocab_size);
         }
         let kv_dtype = self.device.kv_dtype(&*sel.backend);
-        Ok(Loaded { backend: sel.backend, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
+        Ok(Loaded { backend: sel.backend, host, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
     }
 }
 
@@ -395,5 +392,73 @@ pub fn describe_sampling(p: &SamplingParams) -> String {
         format!("greedy, repetition penalty {}", p.repetition_penalty)
     } else {
         format!("temperature {}, top-k {}, top-p {}, repetition penalty {}, seed {}", p.temperature, p.top_k, p.top_p, p.repetition_penalty, p.seed)
+    }
+}
+
+/// The margin kept free below the device's free memory when `--gpu-memory` is not given: 5% of
+/// it, at least 256 MiB (the driver, other processes, fragmentation).
+pub fn default_budget(free: usize) -> usize {
+    free.saturating_sub((free / 20).max(256 << 20))
+}
+
+/// Where the model of `opened` goes on `backend` for sessions of `context` tokens: the pool is
+/// capped at the budget (`--gpu-memory`, else the default), the placement planned from the
+/// tensor sizes, and a CPU backend made for the parts off the GPU. On the CPU: everything there.
+pub fn place(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Option<Mix>, context: usize) -> CliResult<(Placement, Option<Arc<dyn Backend>>)> {
+    let n = opened.config.text.num_hidden_layers;
+    if backend.kind() != DeviceKind::Cuda {
+        if dev.gpu_memory.is_some() || dev.gpu_layers.is_some() {
+            log::warn!("--gpu-memory / --gpu-layers have no effect: running on {}", backend.describe());
+        }
+        return Ok((Placement::all_on_device(n), None));
+    }
+    // 1. the budget, and the pool's cap at it
+    let free = backend.device_memory().map(|m| m.0);
+    let budget = match (dev.gpu_memory, free) {
+        (Some(b), _) => b,
+        (None, Some(f)) => default_budget(f),
+        (None, None) => return Err("cannot query the GPU's free memory; give a budget with --gpu-memory".into()),
+    };
+    backend.set_memory_cap(Some(budget))?;
+    // 2. the plan
+    let sizes = Model::sizes(opened, quant, backend, context, dev.kv_dtype(backend));
+    let p = Placement::plan(&sizes, Some(budget), dev.gpu_layers)?;
+    log::info!(
+        "placement: {}; GPU {} (weights, KV cache at {} tokens, {} workspace), CPU {}; budget {}{}",
+        p.describe(),
+        human(p.device_bytes),
+        context,
+        human(sizes.text_work + if p.vision_on_device { sizes.vision_work } else { 0 }),
+        human(p.host_bytes),
+        human(budget),
+        match (dev.gpu_memory, free) {
+            (Some(_), _) => " (--gpu-memory)".to_string(),
+            (None, Some(f)) => format!(" (default: {} free less the margin)", human(f)),
+            _ => String::new(),
+        }
+    );
+    if !p.is_split() {
+        return Ok((p, None));
+    }
+    log::info!("decode steps run as plain launches, not recorded CUDA graphs: the model is split between the GPU and the CPU");
+    let host = qwen3_vl::select_device_with(qwen3_vl::DeviceRequest::Cpu, qwen3_vl::kernels::KernelsRequest::Auto, dev.threads)?.backend;
+    Ok((p, Some(host)))
+}
+
+/// Loads the model of `opened` onto `backend` as [`place`] decides.
+pub fn load_model(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Option<Mix>, context: usize) -> CliResult<(Model, Option<Arc<dyn Backend>>)> {
+    let (p, host) = place(dev, backend, opened, quant, context)?;
+    let offload = host.as_ref().map(|h| Offload { host: h, placement: &p });
+    let model = Model::load_placed(opened, quant, backend, offload, &mut progress_bar("loading weights"))?;
+    Ok((model, host))
+}
+
+/// Weight bytes on each side, in words.
+pub fn placed_report(model: &Model, b: &dyn Backend) -> String {
+    let (gpu, cpu) = model.placed_bytes(b);
+    if b.kind() == DeviceKind::Cuda {
+        format!("weights: {} on the GPU, {} on the CPU", human(gpu), human(cpu))
+    } else {
+        format!("weights: {} on the CPU", human(gpu + cpu))
     }
 }

@@ -46,6 +46,15 @@ pub struct DeviceArgs {
     /// KV-cache element type: auto (f16 on a GPU, f32 on the CPU), f32 or f16.
     #[clap(long, default_value = "auto", parse(try_from_str = parse_kv_cache))]
     pub kv_cache: KvCacheArg,
+    /// The most the engine puts on the GPU: 2GiB, 1500MiB, 2G, 3.5GB or bytes (default: the
+    /// device's free memory less 5%, at least 256 MiB). What does not fit (text layers from the
+    /// last, LM head, vision tower, embedding) runs on the CPU.
+    #[clap(long, parse(try_from_str = qwen3_vl::model::placement::parse_size))]
+    pub gpu_memory: Option<usize>,
+    /// Exactly N text layers on the GPU (the first N; the rest on the CPU) instead of as many
+    /// as --gpu-memory holds.
+    #[clap(long)]
+    pub gpu_layers: Option<usize>,
 }
 
 /// `--kv-cache`: a float type, or the backend's default.

@@ -101,7 +101,7 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         log::warn!("listening on {}, reachable from the network{}", addr, if cfg.api_key.is_none() { " without an API key (--api-key)" } else { "" });
     }
     // 3. the weights
-    let l = a.model.load(checked)?;
+    let l = a.model.load(checked, (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context))?;
     cfg.defaults = a.sampling.params(&l.defaults);
     cfg.kv_dtype = Some(l.kv_dtype);
     log::info!(

@@ -335,6 +335,26 @@ impl Backend for CudaBackend {
         self.poison.store(on, Ordering::Relaxed);
     }
 
+    fn set_memory_cap(&self, cap: Option<usize>) -> Result<()> {
+        self.pool.set_cap(cap)
+    }
+
+    fn memory_cap(&self) -> Option<usize> {
+        self.pool.cap()
+    }
+
+    fn device_memory(&self) -> Option<(usize, usize)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        self.enter().ok()?;
+        // SAFETY: two plain out-parameters; the context is current.
+        unsafe { cust::sys::cuMemGetInfo_v2(&mut free, &mut total) }.ok_or_cuda("cuMemGetInfo").ok()?;
+        Some((free, total))
+    }
+
+    fn alloc_size(&self, bytes: usize) -> usize {
+        pool::bucket(bytes)
+    }
+
     fn default_kv_dtype(&self) -> DType {
         DType::F16
     }

@@ -5,6 +5,10 @@
 //! While work is being recorded into a CUDA graph, the recording thread's allocations come
 //! from (and go back to) an [`Arena`] of that recording: the graph holds their addresses, so
 //! no one else may get those blocks until the recording is dropped ([`Arena::release`]).
+//!
+//! A cap ([`Pool::set_cap`], `--gpu-memory`) bounds the bytes the pool holds (blocks in use
+//! plus cached ones): an allocation that would pass it first empties the cache, then fails
+//! with [`Error::OutOfMemory`] naming the bytes asked for, in use and the cap.
 //! Within the recording, freed blocks are reused by later allocations, as they are in plain
 //! runs, so a recorded step needs no more memory than a plain one.
 
@@ -34,6 +38,8 @@ struct State {
     stats: MemoryStats,
     /// The recording in progress, and the thread recording it.
     recording: Option<(std::thread::ThreadId, Arc<Arena>)>,
+    /// At most this many bytes held (in use + cached), when set.
+    cap: Option<usize>,
 }
 
 /// The blocks a recorded graph uses: reserved for it until [`Arena::release`].
@@ -154,6 +160,19 @@ impl Pool {
                 p
             }
             None => {
+                if let Some(cap) = st.cap {
+                    if st.stats.in_use + st.stats.cached + block > cap {
+                        Self::free_cached(&mut st);
+                    }
+                    if st.stats.in_use + block > cap {
+                        return Err(Error::OutOfMemory {
+                            requested: bytes,
+                            in_use: st.stats.in_use,
+                            cached: 0,
+                            msg: format!("the GPU memory budget is {} bytes (--gpu-memory); a {}-byte block would pass it", cap, block),
+                        });
+                    }
+                }
                 let p = match raw_alloc(block) {
                     Ok(p) => p,
                     Err(first) => {
@@ -209,6 +228,27 @@ impl Pool {
             }
         }
         st.stats.cached = 0;
+    }
+
+    /// Bounds the bytes the pool holds (`None`: no bound but the device's). Fails when more is
+    /// in use already.
+    pub fn set_cap(&self, cap: Option<usize>) -> Result<()> {
+        let _ = CurrentContext::set_current(&self.ctx);
+        let mut st = self.lock();
+        if let Some(c) = cap {
+            if st.stats.in_use > c {
+                return Err(Error::OutOfMemory { requested: 0, in_use: st.stats.in_use, cached: st.stats.cached, msg: format!("cannot cap the pool at {} bytes: more is in use already", c) });
+            }
+            if st.stats.in_use + st.stats.cached > c {
+                Self::free_cached(&mut st);
+            }
+        }
+        st.cap = cap;
+        Ok(())
+    }
+
+    pub fn cap(&self) -> Option<usize> {
+        self.lock().cap
     }
 
     pub fn stats(&self) -> MemoryStats {

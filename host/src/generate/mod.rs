@@ -90,14 +90,17 @@ impl<'a> Session<'a> {
         if capacity > limit {
             return Err(Error::Context { tokens: capacity, limit, msg: "requested context exceeds max_position_embeddings".into() });
         }
-        let cache = KvCache::new(backend, &model.config.text, capacity, kv_dtype)?;
-        Ok(Session { model, backend, cache, next_pos: 0, tokens: Vec::new(), step: None, record: true })
+        let cache = model.text.new_cache(backend, capacity, kv_dtype)?;
+        // a split model's step crosses to the host and back, which a recording cannot hold
+        // (the loader logs that the decode runs as plain launches)
+        Ok(Session { model, backend, cache, next_pos: 0, tokens: Vec::new(), step: None, record: !model.is_split() })
     }
 
     /// Turns recording and replaying of decode steps on or off (on by default; the CPU backend
     /// records nothing either way). Plain launches give the same tokens; tests compare them.
+    /// A model split over the device and the host is never recorded.
     pub fn set_recording(&mut self, on: bool) {
-        self.record = on;
+        self.record = on && !self.model.is_split();
         if !on {
             if let Some(st) = &mut self.step {
                 st.recording = None;
@@ -150,7 +153,8 @@ impl<'a> Session<'a> {
         let vis = match images {
             Some(im) if !im.grids.is_empty() => {
                 let n = im.patches.len() / im.row_len.max(1);
-                Some(m.vision.forward(b, &b.upload_f32(&[n, im.row_len], im.patches)?, im.grids)?)
+                let vb = m.vision.backend(b);
+                Some(m.vision.forward(b, &vb.upload_f32(&[n, im.row_len], im.patches)?, im.grids)?)
             }
             _ => None,
         };

@@ -18,11 +18,20 @@ impl KvCache {
     /// An empty cache for `capacity` tokens (at most the model's `max_position_embeddings`) with
     /// elements of `dtype` (f32 or f16).
     pub fn new(backend: &dyn Backend, cfg: &TextConfig, capacity: usize, dtype: DType) -> Result<KvCache> {
+        KvCache::new_on(&vec![backend; cfg.num_hidden_layers], cfg, capacity, dtype)
+    }
+
+    /// [`KvCache::new`] with layer `l`'s keys and values on `per_layer[l]` (a model split over a
+    /// device and the host keeps each layer's cache with the layer).
+    pub fn new_on(per_layer: &[&dyn Backend], cfg: &TextConfig, capacity: usize, dtype: DType) -> Result<KvCache> {
+        if per_layer.len() != cfg.num_hidden_layers {
+            return Err(Error::Limit { op: "KvCache::new", msg: format!("{} backends for {} layers", per_layer.len(), cfg.num_hidden_layers) });
+        }
         if capacity > cfg.max_position_embeddings {
             return Err(Error::Context { tokens: capacity, limit: cfg.max_position_embeddings, msg: "KV cache capacity above max_position_embeddings".into() });
         }
         let shape = [capacity, cfg.num_key_value_heads, cfg.head_dim];
-        let zeros = || -> Result<Tensor> {
+        let zeros = |backend: &dyn Backend| -> Result<Tensor> {
             match dtype {
                 DType::F32 => backend.zeros(&shape),
                 DType::F16 => backend.upload_half(&shape, DType::F16, &vec![0u16; shape.iter().product()]),
@@ -31,9 +40,9 @@ impl KvCache {
         };
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
-        for _ in 0..cfg.num_hidden_layers {
-            k.push(zeros()?);
-            v.push(zeros()?);
+        for &backend in per_layer {
+            k.push(zeros(backend)?);
+            v.push(zeros(backend)?);
         }
         Ok(KvCache { k, v, len: 0, capacity, dtype })
     }

@@ -5,6 +5,7 @@ pub mod config;
 pub mod files;
 pub mod gguf_source;
 pub mod kv_cache;
+pub mod placement;
 pub mod positions;
 pub mod quantize;
 pub mod rope;
@@ -17,17 +18,25 @@ pub use config::{Config, TextConfig, VisionConfig};
 pub use files::{ModelFiles, Opened};
 pub use quantize::Mix;
 pub use kv_cache::KvCache;
+pub use placement::{Placement, Sizes};
 pub use rope::Pos3;
 pub use text::TextModel;
 pub use vision::{Images, VisionModel, VisionOutput};
 
 use crate::{Backend, Error, Result};
 use std::path::Path;
+use std::sync::Arc;
 
 pub struct Model {
     pub config: Config,
     pub text: TextModel,
     pub vision: VisionModel,
+}
+
+/// The host side of a split load: the backend the parts not on the device go to, and the plan.
+pub struct Offload<'a> {
+    pub host: &'a Arc<dyn Backend>,
+    pub placement: &'a Placement,
 }
 
 impl Model {
@@ -41,6 +50,12 @@ impl Model {
     /// Loads opened model files onto `backend`, quantizing the weights as `quant` says (see
     /// [`quantize`]). Tensors the configuration does not use are an error.
     pub fn load_opened(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+        Model::load_placed(opened, quant, backend, None, progress)
+    }
+
+    /// [`Model::load_opened`] with the parts `offload`'s placement keeps off the device on its
+    /// host backend (see [`placement`]); `None`: everything on `backend`.
+    pub fn load_placed(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, offload: Option<Offload<'_>>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
         let config = opened.config.clone();
         let quantized;
         let src: &dyn source::TensorSource = match quant {
@@ -56,9 +71,14 @@ impl Model {
             done += bytes;
             progress(done.min(total), total);
         };
+        let all = Placement::all_on_device(config.text.num_hidden_layers);
+        let (host, place) = match &offload {
+            Some(o) if o.placement.is_split() => (Some(o.host), o.placement),
+            _ => (None, &all),
+        };
         let mut ld = checkpoint::Loader { src, backend, progress: &mut tick };
-        let text = TextModel::new(&config.text, config.tie_word_embeddings, &mut ld)?;
-        let vision = VisionModel::new(&config.vision, &mut ld)?;
+        let text = TextModel::new_placed(&config.text, config.tie_word_embeddings, &mut ld, host, place)?;
+        let vision = VisionModel::new_placed(&config.vision, &mut ld, host.filter(|_| !place.vision_on_device))?;
         let mut ignored = vec!["rope_freqs"];
         if config.tie_word_embeddings {
             ignored.push("lm_head.weight"); // a tied checkpoint may carry the copy anyway
@@ -75,6 +95,38 @@ impl Model {
         }
         progress(total, total);
         Ok(Model { config, text, vision })
+    }
+
+    /// The sizes [`Placement::plan`] works from for the model of `opened` (quantized as `quant`
+    /// says) on `backend`, with sessions of `context` tokens and a KV cache of `kv_dtype`.
+    pub fn sizes(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, context: usize, kv_dtype: crate::DType) -> Sizes {
+        let config = opened.config.clone();
+        let alloc = |n: usize| backend.alloc_size(n);
+        match quant {
+            Some(mix) => Sizes::estimate(&quantize::Quantized { inner: &*opened.source, mix, config: config.clone() }, &config, context, kv_dtype, &alloc),
+            None => Sizes::estimate(&*opened.source, &config, context, kv_dtype, &alloc),
+        }
+    }
+
+    /// Where the parts are.
+    pub fn placement(&self) -> &Placement {
+        self.text.placement()
+    }
+
+    /// Whether some part runs on the host backend.
+    pub fn is_split(&self) -> bool {
+        self.text.placement().is_split()
+    }
+
+    /// Weight bytes on the device `b` (as its pool allocates them) and on the host.
+    pub fn placed_bytes(&self, b: &dyn Backend) -> (usize, usize) {
+        let (dev, host) = self.text.placed_bytes(b);
+        let v = self.vision.placed_bytes(b);
+        if self.vision.on_host() {
+            (dev, host + v)
+        } else {
+            (dev + v, host)
+        }
     }
 }
 

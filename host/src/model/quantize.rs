@@ -123,6 +123,12 @@ impl TensorSource for Quantized<'_> {
     fn total_bytes(&self) -> usize {
         self.inner.total_bytes()
     }
+    fn stored_bytes(&self, name: &str, shape: &[usize]) -> usize {
+        match type_for(self.mix, &self.config, name, shape) {
+            Some(t) if self.inner.contains(name) => shape[0] * t.row_bytes(shape[1]).unwrap_or(0),
+            _ => self.inner.stored_bytes(name, shape),
+        }
+    }
     fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>> {
         let r = self.inner.raw(name, shape)?;
         match type_for(self.mix, &self.config, name, shape) {

@@ -24,6 +24,11 @@ pub trait TensorSource: Send + Sync {
     /// Stored bytes of `name` (0 when absent), for progress.
     fn bytes_of(&self, name: &str) -> usize;
     fn total_bytes(&self) -> usize;
+    /// Bytes `name` takes once loaded as `shape` (its stored type, or what a load-time
+    /// quantization makes of it); 0 when absent. For memory placement.
+    fn stored_bytes(&self, name: &str, _shape: &[usize]) -> usize {
+        self.bytes_of(name)
+    }
     /// `name`'s bytes, checked to hold `shape`; marks it used.
     fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>>;
     /// Names not loaded so far that do not start with any of `ignored_prefixes`.

@@ -4,10 +4,12 @@
 use super::checkpoint::Loader;
 use super::config::TextConfig;
 use super::kv_cache::KvCache;
+use super::placement::Placement;
 use super::rope::{inv_freq, Pos3};
-use crate::backend::QkvRope;
-use crate::{Backend, Error, Result, Tensor};
+use crate::backend::{same_backend, transfer, QkvRope};
+use crate::{Backend, DType, Error, Result, Storage, Tensor};
 use gpu::params::CURSOR_FIELDS;
+use std::sync::Arc;
 
 /// Checkpoint names of the text decoder.
 pub const PREFIX: &str = "model.language_model.";
@@ -48,8 +50,37 @@ pub struct TextModel {
     embed_tokens: Tensor, // [vocab, hidden]
     layers: Vec<DecoderLayer>,
     norm: Tensor,         // [hidden] f32
-    lm_head: Tensor,      // [vocab, hidden]; the embedding itself when tied
+    lm_head: Tensor,      // [vocab, hidden]; the embedding itself when tied (and on its side)
     inv_freq: Tensor,     // [head_dim / 2] f32, on the backend
+    /// Which parts live on the host backend (all on the device unless split).
+    place: Placement,
+    host: Option<HostSide>,
+}
+
+/// The host side of a decoder split over two backends (see [`super::placement`]): the backend
+/// the host parts were loaded on, and the rotary frequencies there.
+struct HostSide {
+    backend: Arc<dyn Backend>,
+    inv_freq: Tensor,
+}
+
+/// Whether two tensors share their storage (a tied LM head).
+fn same_storage(a: &Tensor, b: &Tensor) -> bool {
+    match (a.storage(), b.storage()) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Arc::ptr_eq(x, y),
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(x), Storage::Cuda(y)) => Arc::ptr_eq(x, y),
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}
+
+/// Bytes of a tensor's elements (or blocks).
+pub fn tensor_bytes(t: &Tensor) -> usize {
+    match t.shape().split_last() {
+        Some((&cols, lead)) => lead.iter().product::<usize>() * t.dtype().row_bytes(cols).unwrap_or(cols * t.dtype().size_of()),
+        None => t.dtype().size_of(),
+    }
 }
 
 /// A decoder pass's cursor `[t, 4]` u32 on `b`: per row the (t, h, w) rotary position and the
@@ -66,11 +97,29 @@ impl TextModel {
     /// Loads the decoder's weights through `ld`, checking every shape against `cfg`.
     /// `tied`: the LM head is the embedding.
     pub fn new(cfg: &TextConfig, tied: bool, ld: &mut Loader<'_>) -> Result<TextModel> {
+        TextModel::new_placed(cfg, tied, ld, None, &Placement::all_on_device(cfg.num_hidden_layers))
+    }
+
+    /// [`TextModel::new`] with the parts `place` puts on the host loaded onto `host` (the
+    /// loader's backend is the device).
+    pub fn new_placed<'a>(cfg: &TextConfig, tied: bool, ld: &mut Loader<'a>, host: Option<&'a Arc<dyn Backend>>, place: &Placement) -> Result<TextModel> {
         let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        if place.layers != cfg.num_hidden_layers || (place.is_split() && host.is_none()) {
+            return Err(Error::Limit { op: "text model", msg: format!("a placement of {} layers (split: {}) for {} layers with{} a host backend", place.layers, place.is_split(), cfg.num_hidden_layers, if host.is_some() { "" } else { "out" }) });
+        }
+        let device: &'a dyn Backend = ld.backend;
+        let side = |on_device: bool| -> &'a dyn Backend {
+            match host {
+                Some(hb) if !on_device => &**hb,
+                _ => device,
+            }
+        };
+        ld.backend = side(place.embed_on_device);
         let embed_tokens = ld.weight(&format!("{}embed_tokens.weight", PREFIX), &[cfg.vocab_size, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
+            ld.backend = side(l < place.device_layers);
             let p = format!("{}layers.{}.", PREFIX, l);
             let name = |proj: &str, what: &str| format!("{}self_attn.{}.{}", p, proj, what);
             let (qn, kn, vn) = (name("q_proj", "weight"), name("k_proj", "weight"), name("v_proj", "weight"));
@@ -95,9 +144,12 @@ impl TextModel {
                 mlp,
             });
         }
+        ld.backend = side(place.head_on_device);
         let norm = ld.f32(&format!("{}norm.weight", PREFIX), &[h])?;
-        let lm_head = if tied {
+        let lm_head = if tied && place.head_on_device == place.embed_on_device {
             embed_tokens.clone()
+        } else if tied {
+            ld.weight(&format!("{}embed_tokens.weight", PREFIX), &[cfg.vocab_size, h])?
         } else if ld.src.contains("lm_head.weight") {
             ld.weight("lm_head.weight", &[cfg.vocab_size, h])?
         } else {
@@ -107,13 +159,65 @@ impl TextModel {
                 msg: "missing, and tie_word_embeddings is false".into(),
             });
         };
-        let inv_freq = ld.backend.upload_f32(&[d / 2], &inv_freq(cfg.rope_theta, d))?;
-        Ok(TextModel { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq })
+        ld.backend = device;
+        let freqs = inv_freq(cfg.rope_theta, d);
+        let host = match host {
+            Some(hb) if place.is_split() => Some(HostSide { backend: Arc::clone(hb), inv_freq: hb.upload_f32(&[d / 2], &freqs)? }),
+            _ => None,
+        };
+        let inv_freq = device.upload_f32(&[d / 2], &freqs)?;
+        Ok(TextModel { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq, place: place.clone(), host })
+    }
+
+    /// The backend of a part: `b` (the device) when it is there, else the host's.
+    fn side<'s>(&'s self, b: &'s dyn Backend, on_device: bool) -> &'s dyn Backend {
+        match &self.host {
+            Some(h) if !on_device => &*h.backend,
+            _ => b,
+        }
+    }
+
+    /// Where the parts are.
+    pub fn placement(&self) -> &Placement {
+        &self.place
+    }
+
+    /// Weight bytes on the device `b` (rounded as its pool allocates) and on the host.
+    pub fn placed_bytes(&self, b: &dyn Backend) -> (usize, usize) {
+        let (mut dev, mut host) = (0, 0);
+        let mut add = |on_device: bool, t: &Tensor| {
+            let n = tensor_bytes(t);
+            match self.host.is_some() && !on_device {
+                true => host += n,
+                false => dev += b.alloc_size(n),
+            }
+        };
+        add(self.place.embed_on_device, &self.embed_tokens);
+        if !same_storage(&self.lm_head, &self.embed_tokens) {
+            add(self.place.head_on_device, &self.lm_head);
+        }
+        add(self.place.head_on_device, &self.norm);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let a = &layer.attn;
+            let mut all = vec![&layer.input_layernorm, &layer.post_attention_layernorm, &a.qkv_proj, &a.o_proj, &a.q_norm, &a.k_norm, &layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj];
+            all.extend(a.qkv_bias.iter().chain(a.o_bias.iter()));
+            for t in all {
+                add(l < self.place.device_layers, t);
+            }
+        }
+        (dev, host)
+    }
+
+    /// An empty KV cache for `capacity` tokens, each layer's part on its layer's backend.
+    pub fn new_cache(&self, b: &dyn Backend, capacity: usize, dtype: DType) -> Result<KvCache> {
+        let per_layer: Vec<&dyn Backend> = (0..self.layers.len()).map(|l| self.side(b, l < self.place.device_layers)).collect();
+        KvCache::new_on(&per_layer, &self.cfg, capacity, dtype)
     }
 
     /// `[ids.len(), hidden]` token embeddings.
     pub fn embed(&self, b: &dyn Backend, ids: &[u32]) -> Result<Tensor> {
-        b.embedding(&self.embed_tokens, ids)
+        let eb = self.side(b, self.place.embed_on_device);
+        transfer(eb, b, &eb.embedding(&self.embed_tokens, ids)?)
     }
 
     /// The element type of the projection weights (as stored in the checkpoint).
@@ -148,7 +252,11 @@ impl TextModel {
 
     /// `[ids.len(), hidden]` embeddings of token ids held in a u32 tensor on the backend.
     pub fn embed_ids(&self, b: &dyn Backend, ids: &Tensor) -> Result<Tensor> {
-        b.embedding_gather(&self.embed_tokens, ids)
+        let eb = self.side(b, self.place.embed_on_device);
+        if same_backend(eb, b) {
+            return b.embedding_gather(&self.embed_tokens, ids);
+        }
+        self.embed(b, &b.download_u32(ids)?)
     }
 
     /// Runs the decoder over `x [t, hidden]`, the embeddings of the tokens that follow those in
@@ -156,6 +264,8 @@ impl TextModel {
     /// writes their keys and values into `cache` and returns the final-normed hidden states
     /// `[t, hidden]`. The caller advances the cache's length (a recorded decode step runs this
     /// without the host, so nothing here may depend on host-side state that changes per step).
+    /// Inputs and output are on `b`; layers placed on the host run there, the hidden state and
+    /// the cursor crossing at the boundary.
     pub fn forward(&self, b: &dyn Backend, x: Tensor, cursor: &Tensor, cache: &mut KvCache, deepstack: Option<&Deepstack<'_>>) -> Result<Tensor> {
         let c = &self.cfg;
         let t = x.shape()[0];
@@ -163,8 +273,22 @@ impl TextModel {
             return Err(Error::shape("text forward", &[x.shape(), cursor.shape()], format!("the cursor must be [{}, {}]", t, CURSOR_FIELDS)));
         }
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let mut x = x;
+        let device = b;
+        let (mut x, mut cursor, mut at) = (x, cursor.clone(), b);
         for (l, layer) in self.layers.iter().enumerate() {
+            // 0. the layer's backend: the hidden state [t, hidden] and the cursor move there
+            let lb = self.side(b, l < self.place.device_layers);
+            if !same_backend(lb, at) {
+                x = transfer(at, lb, &x)?;
+                cursor = transfer(at, lb, &cursor)?;
+                at = lb;
+            }
+            let b = lb;
+            let cursor = &cursor;
+            let inv_freq = match &self.host {
+                Some(h) if same_backend(lb, &*h.backend) => &h.inv_freq,
+                _ => &self.inv_freq,
+            };
             // 1. attention block: x [t, hidden] += o_proj(attn(rope(norm(q)), rope(norm(k)), v))
             let a = &layer.attn;
             let qkv = b.rms_norm_linear(&x, &layer.input_layernorm, c.rms_norm_eps, &a.qkv_proj, a.qkv_bias.as_ref())?; // [t, (heads + 2 kv_heads) * head_dim]
@@ -176,7 +300,7 @@ impl TextModel {
                 q_norm: &a.q_norm,
                 k_norm: &a.k_norm,
                 eps: c.rms_norm_eps,
-                inv_freq: &self.inv_freq,
+                inv_freq,
                 section: c.mrope_section,
             };
             let q = b.qkv_rope_append(&qkv, &shape, cursor, kc, vc)?; // [t, heads, head_dim]; k, v cached
@@ -190,16 +314,20 @@ impl TextModel {
             // 3. DeepStack: visual features join the image-token rows after the first layers
             if let Some(ds) = deepstack {
                 if let Some(f) = ds.features.get(l) {
-                    x = b.scatter_rows(&x, ds.rows, f, true)?;
+                    x = b.scatter_rows(&x, ds.rows, &transfer(device, b, f)?, true)?;
                 }
             }
         }
-        // 4. final norm
-        b.rms_norm(&x, &self.norm, c.rms_norm_eps)
+        // 4. final norm, with the LM head; the result back on `b`
+        let hb = self.side(b, self.place.head_on_device);
+        let x = transfer(at, hb, &x)?;
+        transfer(hb, b, &hb.rms_norm(&x, &self.norm, c.rms_norm_eps)?)
     }
 
-    /// `[rows, vocab]` logits of final-normed hidden states `[rows, hidden]`.
+    /// `[rows, vocab]` logits of final-normed hidden states `[rows, hidden]` (on `b`, as the
+    /// result).
     pub fn logits(&self, b: &dyn Backend, hidden: &Tensor) -> Result<Tensor> {
-        b.linear(hidden, &self.lm_head, None)
+        let hb = self.side(b, self.place.head_on_device);
+        transfer(hb, b, &hb.linear(&transfer(b, hb, hidden)?, &self.lm_head, None)?)
     }
 }

@@ -9,7 +9,9 @@
 
 use super::checkpoint::Loader;
 use super::config::VisionConfig;
+use crate::backend::transfer;
 use crate::{Backend, BlockMask, Error, Gelu, Result, Tensor};
+use std::sync::Arc;
 
 /// Checkpoint names of the vision tower.
 pub const PREFIX: &str = "model.visual.";
@@ -122,10 +124,28 @@ pub struct VisionModel {
     blocks: Vec<Block>,
     merger: Merger,
     deepstack: Vec<Merger>,
+    /// The backend the tower was loaded on when that is the host, not the device.
+    host: Option<Arc<dyn Backend>>,
 }
 
 impl VisionModel {
     pub fn new(cfg: &VisionConfig, ld: &mut Loader<'_>) -> Result<VisionModel> {
+        VisionModel::new_placed(cfg, ld, None)
+    }
+
+    /// [`VisionModel::new`] onto `host` when given (the tower then runs there), else onto the
+    /// loader's backend.
+    pub fn new_placed<'a>(cfg: &VisionConfig, ld: &mut Loader<'a>, host: Option<&'a Arc<dyn Backend>>) -> Result<VisionModel> {
+        let device: &'a dyn Backend = ld.backend;
+        if let Some(h) = host {
+            ld.backend = &**h;
+        }
+        let model = VisionModel::load(cfg, ld, host.cloned());
+        ld.backend = device;
+        model
+    }
+
+    fn load(cfg: &VisionConfig, ld: &mut Loader<'_>, host: Option<Arc<dyn Backend>>) -> Result<VisionModel> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let row = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size * cfg.patch_size;
         let side = (cfg.num_position_embeddings as f64).sqrt() as usize;
@@ -163,7 +183,7 @@ impl VisionModel {
         let deepstack = (0..cfg.deepstack_visual_indexes.len())
             .map(|k| Merger::load(ld, &format!("{}deepstack_merger_list.{}", PREFIX, k), cfg, true))
             .collect::<Result<Vec<_>>>()?;
-        Ok(VisionModel { cfg: cfg.clone(), patch_embed, pos_embed, blocks, merger, deepstack })
+        Ok(VisionModel { cfg: cfg.clone(), patch_embed, pos_embed, blocks, merger, deepstack, host })
     }
 
     /// Merged tokens an image of patch grid `grid` becomes.
@@ -192,8 +212,49 @@ impl VisionModel {
         b.add(&x, &b.upload_f32(&[rows, self.cfg.hidden_size], &pos)?)
     }
 
+    /// The backend the tower runs on when the caller's is `b`: `b`, or the host when the tower
+    /// was placed there.
+    pub fn backend<'s>(&'s self, b: &'s dyn Backend) -> &'s dyn Backend {
+        self.host.as_deref().unwrap_or(b)
+    }
+
+    /// Whether the tower runs on the host backend.
+    pub fn on_host(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// Weight bytes of the tower on its backend (rounded as `b`'s pool allocates when the tower
+    /// is on `b`).
+    pub fn placed_bytes(&self, b: &dyn Backend) -> usize {
+        let mut all: Vec<&Tensor> = vec![&self.patch_embed.w, &self.patch_embed.b];
+        for blk in &self.blocks {
+            for l in [&blk.q, &blk.k, &blk.v, &blk.proj, &blk.fc1, &blk.fc2] {
+                all.extend([&l.w, &l.b]);
+            }
+            for n in [&blk.norm1, &blk.norm2] {
+                all.extend([&n.w, &n.b]);
+            }
+        }
+        for m in std::iter::once(&self.merger).chain(&self.deepstack) {
+            all.extend([&m.norm.w, &m.norm.b, &m.fc1.w, &m.fc1.b, &m.fc2.w, &m.fc2.b]);
+        }
+        let vb = self.backend(b);
+        all.into_iter().map(|t| vb.alloc_size(super::text::tensor_bytes(t))).sum()
+    }
+
     /// Runs the tower on `patches [N, C·T·P·P]` of the images with patch grids `grids` (t, h, w).
+    /// The patches are on the tower's backend ([`VisionModel::backend`]); the output is on `b`.
     pub fn forward(&self, b: &dyn Backend, patches: &Tensor, grids: &[[usize; 3]]) -> Result<VisionOutput> {
+        let vb = self.backend(b);
+        let out = self.forward_on(vb, patches, grids)?;
+        if self.host.is_none() {
+            return Ok(out);
+        }
+        let deepstack = out.deepstack.iter().map(|t| transfer(vb, b, t)).collect::<Result<Vec<_>>>()?;
+        Ok(VisionOutput { embeds: transfer(vb, b, &out.embeds)?, deepstack })
+    }
+
+    fn forward_on(&self, b: &dyn Backend, patches: &Tensor, grids: &[[usize; 3]]) -> Result<VisionOutput> {
         let c = &self.cfg;
         let (hidden, heads) = (c.hidden_size, c.num_heads);
         let d = hidden / heads;

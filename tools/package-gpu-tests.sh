@@ -6,12 +6,15 @@
 # which sets QWEN3_VL_EXPECT_GPU=1 (a GPU test then fails instead of skipping when CUDA does
 # not come up), QWEN3_VL_ROOT to the current directory and QWEN3_VL_BIN to the packed qwen3-vl
 # binary (for the CLI and server tests), and runs every test binary.
-# Needs the environment of /opt/rust-cuda-env.sh.
+# Needs the environment of /opt/rust-cuda-env.sh. PACK_PROFILE=release packs release-built
+# test binaries (faster when a release build is already there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.device/gpu-tests}
 rm -rf "$out" && mkdir -p "$out"
-cargo test --workspace --features cuda --no-run --message-format=json 2>/dev/null |
+profile=()
+[ "${PACK_PROFILE:-}" = release ] && profile=(--release)
+cargo test --workspace --features cuda "${profile[@]}" --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:

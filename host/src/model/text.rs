@@ -229,7 +229,7 @@ impl TextModel {
     /// elements each holds: `"q4_k 78%, q6_k 22%"` (one type: just its name).
     pub fn weights_summary(&self) -> String {
         let mut all: Vec<&Tensor> = vec![&self.embed_tokens];
-        if !std::ptr::eq(&self.lm_head, &self.embed_tokens) {
+        if !same_storage(&self.lm_head, &self.embed_tokens) {
             all.push(&self.lm_head);
         }
         for l in &self.layers {

@@ -6,7 +6,7 @@
 //! vectors, else the scalar `gemv_*`. More rows (prefill, the vision tower) take, with the
 //! compute_80 module and 16-bit weights in 16-byte rows, the tensor-core `matmul_mma_*`; else
 //! the SIMT `matmul_big_*` (128 × 128 tiles) from [`BIG_MIN_ROWS`] rows on, and `matmul_*`
-//! (64 × 64) below.
+//! (64 × 64) below. Block-quantized weights go to `qlinear.rs`.
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
@@ -37,6 +37,17 @@ pub enum LinearAlgo {
 }
 
 impl LinearAlgo {
+    /// The kernel of this algorithm for weights of `dtype`.
+    pub fn kernel(self, dtype: DType) -> Result<Kernel> {
+        match self {
+            LinearAlgo::Tiled => Kernel::matmul(dtype),
+            LinearAlgo::Gemv => Kernel::gemv(dtype),
+            LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
+            LinearAlgo::Big => Kernel::matmul_big(dtype),
+            LinearAlgo::Mma(tm, tn) => Kernel::matmul_mma(dtype, (tm, tn)),
+        }
+    }
+
     /// Whether weight rows of `k` elements of `dtype` are whole 16-byte vectors (the condition
     /// of the vector kernels).
     pub fn vector_rows(k: usize, dtype: DType) -> bool {
@@ -118,13 +129,7 @@ pub fn linear(
     c: &DeviceBuffer,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
-    let kernel = match algo {
-        LinearAlgo::Tiled => Kernel::matmul(wdtype)?,
-        LinearAlgo::Gemv => Kernel::gemv(wdtype)?,
-        LinearAlgo::GemvVec => Kernel::gemv_vec(wdtype)?,
-        LinearAlgo::Big => Kernel::matmul_big(wdtype)?,
-        LinearAlgo::Mma(tm, tn) => Kernel::matmul_mma(wdtype, (tm, tn))?,
-    };
+    let kernel = algo.kernel(wdtype)?;
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
     need(kernel, "c", c, m * n * 4)?;
@@ -164,6 +169,13 @@ pub fn linear(
         act,
         _pad: 0,
     };
+    launch(l, algo, kernel, &p, shared)
+}
+
+/// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`
+/// outputs at row stride `p.ldc`): the grid of each algorithm. Empty sizes launch nothing.
+pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearParams, shared: u32) -> Result<()> {
+    let (m, n) = (p.m as usize, p.n as usize);
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -189,7 +201,7 @@ pub fn linear(
             mma_tile::THREADS,
         ),
     };
-    l.launch_shared(kernel, grid, block, shared, &p)
+    l.launch_shared(kernel, grid, block, shared, p)
 }
 
 /// `c[1, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` for one row with 16-byte weight rows,
@@ -270,6 +282,9 @@ impl CudaBackend {
     }
 
     pub(super) fn rms_norm_linear_op(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        if w.dtype().is_quantized() {
+            return self.qlinear_op(x, Some((norm, eps)), w, bias, ACT_NONE, None);
+        }
         let (m, n, k) = ops::linear_dims(x, w, bias)?;
         match self.pick_linear(m, n, k, w.dtype()) {
             LinearAlgo::GemvVec if norm_fits(m, k) => self.linear_normed(LinearAlgo::GemvVec, x, Some((norm, eps)), w, bias, None),
@@ -279,11 +294,21 @@ impl CudaBackend {
     }
 
     pub(super) fn linear_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+        if w.dtype().is_quantized() {
+            return self.qlinear_op(a, None, w, bias, ACT_NONE, residual);
+        }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         self.linear_with(self.pick_linear(m, n, k, w.dtype()), a, w, bias, residual)
     }
 
     pub(super) fn linear_gelu_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: crate::backend::Gelu) -> Result<Tensor> {
+        if w.dtype().is_quantized() {
+            let act = match kind {
+                crate::backend::Gelu::Tanh => ACT_GELU_TANH,
+                crate::backend::Gelu::Erf => ACT_GELU_ERF,
+            };
+            return self.qlinear_op(a, None, w, bias, act, None);
+        }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let algo = self.pick_linear(m, n, k, w.dtype());
         if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big | LinearAlgo::Mma(..)) {
@@ -303,6 +328,9 @@ impl CudaBackend {
         let (m, n, k) = ops::linear_dims(x, gate, None)?;
         if up.shape() != gate.shape() || up.dtype() != gate.dtype() {
             return Err(Error::shape(OP, &[gate.shape(), up.shape()], "gate and up weights must have one shape and dtype"));
+        }
+        if gate.dtype().is_quantized() {
+            return self.qgate_up_op(x, norm, gate, up);
         }
         let fused = self.pick_linear(m, n, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {

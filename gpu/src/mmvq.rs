@@ -5,7 +5,8 @@
 //!
 //! # Kernels and parameters
 //! - `quantize_act_f32` ([`QuantActParams`]): `x [m, k]` f32 (optionally RMS-normed first with
-//!   `norm [k]`, the decoder's norm fused here instead of in the GEMV) into `acts`
+//!   `norm [k]`, the decoder's norm fused here instead of in the GEMV; grid (chunks of 2,048
+//!   values, rows)) into `acts`
 //!   (`qmath::act_layout`): blocks of `block` values (32 against `Q8_0`, 256 against the
 //!   K-quants, as the CPU), scale `d = max|x| / 127`, values `round(x · 127 / max|x|)` (ties to
 //!   even, the CPU's bits), and the sums of every 16 values.
@@ -40,7 +41,7 @@ use crate::mem::{dot16, f16x2_to_f32, ld_f32x4, ld_nc_u16, ld_nc_v4, round_mul};
 use crate::params::qtile::{ROWS, SUPER_LANES, WARPS};
 use crate::params::{QLinearParams, QuantActParams};
 use crate::qmath::{act_layout, q4_k_scale_bytes, q4_k_scale_min, q6_k_center, q6_k_planes, q8_0_d_at, Q4_K_BYTES, QK8_0, QK_K};
-use crate::reduce::{block_sum, shfl_xor, warp_max, warp_sum};
+use crate::reduce::{block_sum, shfl_xor, warp_sum};
 use cuda_std::{kernel, shared_array, thread};
 
 #[inline(always)]
@@ -54,14 +55,16 @@ fn h2f(h: u16) -> f32 {
     f16x2_to_f32(h as u32).0
 }
 
-/// Quantizes rows of activations into 8-bit blocks (see the module docs): one block of threads
-/// per row; with `norm` the block first reduces the row's sum of squares, then each warp
-/// quantizes activation blocks `warp, warp + warps, ...` (a lane holds `block / 32` values).
+/// Quantizes rows of activations into 8-bit blocks (see the module docs). Grid: (chunks of
+/// `ROW_THREADS · 8` values, rows); with `norm` every block first reduces its whole row's sum
+/// of squares (the row is small and L2-resident), then each thread quantizes 8 consecutive
+/// values: an activation block spans `block / 8` lanes (4 or 32), whose maximum and 16-sums
+/// are butterfly reductions over those lanes.
 #[kernel]
 pub unsafe fn quantize_act_f32(p: QuantActParams) {
     let scratch = shared_array![f32; 32];
     let (tid, threads) = (thread::thread_idx_x() as usize, thread::block_dim_x() as usize);
-    let r = thread::block_idx_x() as usize;
+    let r = thread::block_idx_y() as usize;
     let (m, k, block) = (p.m as usize, p.k as usize, p.block as usize);
     let x = (p.x as *const f32).add(r * k);
     let g = p.norm as *const f32;
@@ -79,69 +82,56 @@ pub unsafe fn quantize_act_f32(p: QuantActParams) {
     } else {
         1.0
     };
-    // 2. one activation block per warp and step
+    // 2. 8 values per thread; a block's `block / 8` lanes are all inside the row or all past it
+    //    (k % block == 0); lanes past it take zeros and store nothing, so every shuffle runs
+    //    with the whole warp
+    let at = 8 * (thread::block_idx_x() as usize * threads + tid);
+    let live = at < k;
     let (d_at, bs_at, _) = act_layout(m, k, block);
-    let qs = (p.acts as *mut u8).add(r * k);
-    let nb = k / block;
-    let dd = ((p.acts as *mut u8).add(d_at) as *mut f32).add(r * nb);
-    let bs = ((p.acts as *mut u8).add(bs_at) as *mut i16).add(r * k / 16);
-    let (warp, lane, warps) = (tid / 32, tid % 32, threads / 32);
-    let per = block / 32;
-    let mut b = warp;
-    while b < nb {
-        let at = b * block + lane * per;
-        let mut v = [0.0f32; 8];
-        if per == 8 {
-            let (x0, x1) = (ld_f32x4(x.add(at)), ld_f32x4(x.add(at + 4)));
-            v = [x0[0], x0[1], x0[2], x0[3], x1[0], x1[1], x1[2], x1[3]];
-            if normed {
-                let (g0, g1) = (ld_f32x4(g.add(at)), ld_f32x4(g.add(at + 4)));
-                let gs = [g0[0], g0[1], g0[2], g0[3], g1[0], g1[1], g1[2], g1[3]];
-                for i in 0..8 {
-                    v[i] = v[i] * scale * gs[i];
-                }
-            }
-        } else {
-            v[0] = *x.add(at);
-            if normed {
-                v[0] = v[0] * scale * *g.add(at);
-            }
-        }
-        let mut amax = 0.0f32;
+    let lanes = block / 8;
+    let mut v = [0.0f32; 8];
+    if live {
+        let (x0, x1) = (ld_f32x4(x.add(at)), ld_f32x4(x.add(at + 4)));
+        v = [x0[0], x0[1], x0[2], x0[3], x1[0], x1[1], x1[2], x1[3]];
+    }
+    if normed && live {
+        let (g0, g1) = (ld_f32x4(g.add(at)), ld_f32x4(g.add(at + 4)));
+        let gs = [g0[0], g0[1], g0[2], g0[3], g1[0], g1[1], g1[2], g1[3]];
         for i in 0..8 {
-            amax = amax.max(fabs(v[i]));
+            v[i] = v[i] * scale * gs[i];
         }
-        let amax = warp_max(amax);
-        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        let mut q = [0i32; 8];
-        let mut sum = 0i32;
-        for i in 0..8 {
-            q[i] = round_mul(v[i], id).max(-127).min(127);
-            sum += q[i];
-        }
-        // sums of 16 values: 2 lanes (8 values each) or 16 lanes (1 each)
-        let span = 16 / per;
-        let mut s = sum as f32; // exact: |s| <= 16 · 127
-        let mut o = 1;
-        while o < span {
-            s += shfl_xor(s, o as u32);
-            o *= 2;
-        }
-        if lane % span == 0 {
-            *bs.add(at / 16) = s as i16;
-        }
-        if per == 8 {
-            let pack = |a: usize| (q[a] as u32 & 0xff) | (q[a + 1] as u32 & 0xff) << 8 | (q[a + 2] as u32 & 0xff) << 16 | (q[a + 3] as u32 & 0xff) << 24;
-            let dst = qs.add(at) as *mut u32;
-            *dst = pack(0);
-            *dst.add(1) = pack(4);
-        } else {
-            *qs.add(at) = q[0] as u8;
-        }
-        if lane == 0 {
-            *dd.add(b) = amax / 127.0;
-        }
-        b += warps;
+    }
+    let mut amax = 0.0f32;
+    for i in 0..8 {
+        amax = amax.max(fabs(v[i]));
+    }
+    let mut o = 1;
+    while o < lanes {
+        amax = amax.max(shfl_xor(amax, o as u32));
+        o *= 2;
+    }
+    let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let mut q = [0i32; 8];
+    let mut sum = 0i32;
+    for i in 0..8 {
+        q[i] = round_mul(v[i], id).max(-127).min(127);
+        sum += q[i];
+    }
+    // the sum of 16 values: this lane's 8 and its neighbour's (exact in f32)
+    let s = sum as f32 + shfl_xor(sum as f32, 1);
+    let lane = tid % 32;
+    if !live {
+        return; // after the last shuffle
+    }
+    if lane % 2 == 0 {
+        *((p.acts as *mut u8).add(bs_at) as *mut i16).add((r * k + at) / 16) = s as i16;
+    }
+    let pack = |a: usize| (q[a] as u32 & 0xff) | (q[a + 1] as u32 & 0xff) << 8 | (q[a + 2] as u32 & 0xff) << 16 | (q[a + 3] as u32 & 0xff) << 24;
+    let dst = (p.acts as *mut u8).add(r * k + at) as *mut u32;
+    *dst = pack(0);
+    *dst.add(1) = pack(4);
+    if lane % lanes == 0 {
+        *((p.acts as *mut u8).add(d_at) as *mut f32).add((r * k + at) / block) = amax / 127.0;
     }
 }
 

@@ -97,7 +97,8 @@ pub fn quantize_act(l: &Launcher<'_>, x: &DeviceBuffer, norm: Option<FusedNorm<'
     if m == 0 || k == 0 {
         return Ok(());
     }
-    l.launch(kernel, [grid_dim(kernel, "x", m, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+    let chunks = ceil_div(k, 8 * ROW_THREADS as usize);
+    l.launch(kernel, [grid_dim(kernel, "x", chunks, MAX_GRID_X)?, grid_dim(kernel, "y", m, MAX_GRID_Y)?, 1], ROW_THREADS, &p)
 }
 
 /// `c = acts · wᵀ (+ bias) (+ residual)`, or with `up` `c = silu(acts · wᵀ) ⊙ (acts · upᵀ)`

@@ -15,6 +15,7 @@
 
 pub mod math;
 pub mod params;
+pub mod qmath;
 
 #[cfg(target_os = "cuda")]
 mod mem;
@@ -32,11 +33,15 @@ pub mod flash;
 #[cfg(all(target_os = "cuda", feature = "sm80"))]
 pub mod flash_mma;
 #[cfg(target_os = "cuda")]
+pub mod dequant;
+#[cfg(target_os = "cuda")]
 pub mod gemv;
 #[cfg(target_os = "cuda")]
 pub mod matmul;
 #[cfg(all(target_os = "cuda", feature = "sm80"))]
 pub mod mma;
+#[cfg(target_os = "cuda")]
+pub mod mmvq;
 #[cfg(target_os = "cuda")]
 pub mod norm;
 #[cfg(target_os = "cuda")]

@@ -228,3 +228,51 @@ pub fn ex2(x: f32) -> f32 {
     }
     f32::from_bits(y)
 }
+
+/// `c + Σ a[i] · b[i]` over the four signed bytes of `a` and `b` (`dp4a.s32.s32`, sm_61+):
+/// the integer dot product of the quantized kernels (exact).
+#[inline(always)]
+pub fn dp4a(a: u32, b: u32, c: i32) -> i32 {
+    let d: i32;
+    unsafe {
+        core::arch::asm!("dp4a.s32.s32 {}, {}, {}, {};", out(reg32) d, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack));
+    }
+    d
+}
+
+/// `Σ dp4a` over four words: the dot product of 16 signed bytes with 16 signed bytes.
+#[inline(always)]
+pub fn dot16(a: [u32; 4], b: [u32; 4]) -> i32 {
+    dp4a(a[3], b[3], dp4a(a[2], b[2], dp4a(a[1], b[1], dp4a(a[0], b[0], 0))))
+}
+
+/// `x · y` rounded to f32 (`mul.rn`, never fused into a later add) and then to the nearest
+/// integer, ties to even (`cvt.rni`): the host's `nearest_int(x * y)` bit for bit.
+#[inline(always)]
+pub fn round_mul(x: f32, y: f32) -> i32 {
+    let r: i32;
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .f32 t; mul.rn.f32 t, {x}, {y}; cvt.rni.s32.f32 {r}, t; }}",
+            x = in(reg32) x.to_bits(), y = in(reg32) y.to_bits(), r = out(reg32) r,
+            options(pure, nomem, nostack),
+        );
+    }
+    r
+}
+
+/// A 16-bit word from global memory at `p` (2-byte aligned), read-only path.
+#[inline(always)]
+pub unsafe fn ld_nc_u16(p: *const u16) -> u16 {
+    let v: u16;
+    core::arch::asm!("ld.global.nc.u16 {}, [{}];", out(reg16) v, in(reg64) p, options(pure, readonly, nostack));
+    v
+}
+
+/// Two 32-bit words from global memory at `p` (8-byte aligned), read-only path.
+#[inline(always)]
+pub unsafe fn ld_nc_v2(p: *const u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    core::arch::asm!("ld.global.nc.v2.u32 {{{}, {}}}, [{}];", out(reg32) a, out(reg32) b, in(reg64) p, options(pure, readonly, nostack));
+    [a, b]
+}

@@ -599,3 +599,85 @@ pub struct CastParams {
     pub out: u64,
     pub len: u64,
 }
+
+/// `acts = q8(rms_norm?(x))`: the 8-bit activation blocks the `mmvq_*` kernels read (layout:
+/// `crate::qmath::act_layout`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QuantActParams {
+    /// `[m, k]` f32 activations, row stride `k`.
+    pub x: u64,
+    /// `[k]` f32 RMSNorm weight applied to each row first, or 0.
+    pub norm: u64,
+    /// The activation buffer (`act_layout(m, k, block)` bytes).
+    pub acts: u64,
+    pub m: u32,
+    pub k: u32,
+    /// Values per scale: 32 (against `Q8_0`) or 256 (against K-quants).
+    pub block: u32,
+    pub eps: f32,
+}
+
+/// `c[m, n] = acts · wᵀ (+ bias) (+ residual)`, or with `up` set `c = silu(acts · wᵀ) ⊙
+/// (acts · upᵀ)`: the quantized GEMVs (`mmvq_*`, `mmvq_gate_up_*`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QLinearParams {
+    /// 8-bit activations of `m` rows (`crate::qmath::act_layout`, blocks of 32 for `Q8_0`
+    /// weights, 256 for K-quants).
+    pub acts: u64,
+    /// `[n, k]` weights in the device layout of the kernel's type (`crate::qmath`).
+    pub w: u64,
+    /// `[n, k]` up weights (`mmvq_gate_up_*`), else 0.
+    pub up: u64,
+    /// `[n]` f32 bias, or 0.
+    pub bias: u64,
+    /// `[m, n]` f32 added to the result (row stride `ldc`), or 0; may be `c`.
+    pub residual: u64,
+    /// `[m, n]` f32 output, row stride `ldc`.
+    pub c: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub ldc: u32,
+}
+
+/// `out[r, :] = dequantize(w[row(r), :])` for `r < rows`, `row(r) = ids[r]` (or `row0 + r`
+/// without ids): the embedding lookup and the weight chunks of the prefill path.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DequantParams {
+    /// `[n, k]` weights in the device layout of the kernel's type.
+    pub w: u64,
+    /// `[rows]` u32 row ids (an id `>= n` gives a NaN row), or 0: rows `row0 ..`.
+    pub ids: u64,
+    /// `[rows, k]` f32, or f16 bits when `half` is 1.
+    pub out: u64,
+    pub rows: u32,
+    pub row0: u32,
+    pub n: u32,
+    pub k: u32,
+    pub half: u32,
+    pub _pad: u32,
+}
+
+/// Launch shapes of the quantized-weight kernels.
+pub mod qtile {
+    /// Activation rows one `mmvq_*` warp serves (its weights read once for them); more rows
+    /// take further row groups (grid y).
+    pub const ROWS: usize = 4;
+    /// Rows the backend sends to the quantized GEMVs; more take dequantized tiles and the GEMMs.
+    pub const MMVQ_MAX_M: usize = 8;
+    /// Warps (= output features) per block of `mmvq_*`.
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Lanes sharing one K-quant super-block (each takes 16 bytes of its values).
+    pub const SUPER_LANES: usize = 8;
+    /// Threads per block of `quantize_act_f32` (one block per row) and `dequant_rows_*` (one
+    /// block per output row, 8 values per thread and step).
+    pub const ROW_THREADS: u32 = 256;
+    /// Values a `dequant_rows_*` thread decodes per step.
+    pub const DEQUANT_GROUP: usize = 8;
+    /// Bytes of f16 weights the prefill path dequantizes at a time (a chunk of output features).
+    pub const CHUNK_BYTES: usize = 32 << 20;
+}

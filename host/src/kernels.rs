@@ -157,6 +157,16 @@ kernel_table! {
     FlashAttentionMmaD64F16 = "flash_attention_mma_d64_f16" @ Compute80,
     FlashAttentionMmaD128F32 = "flash_attention_mma_d128_f32" @ Compute80,
     FlashAttentionMmaD128F16 = "flash_attention_mma_d128_f16" @ Compute80,
+    QuantizeActF32 = "quantize_act_f32" @ Compute61,
+    MmvqQ8_0 = "mmvq_q8_0" @ Compute61,
+    MmvqQ4K = "mmvq_q4_k" @ Compute61,
+    MmvqQ6K = "mmvq_q6_k" @ Compute61,
+    MmvqGateUpQ8_0 = "mmvq_gate_up_q8_0" @ Compute61,
+    MmvqGateUpQ4K = "mmvq_gate_up_q4_k" @ Compute61,
+    MmvqGateUpQ6K = "mmvq_gate_up_q6_k" @ Compute61,
+    DequantRowsQ8_0 = "dequant_rows_q8_0" @ Compute61,
+    DequantRowsQ4K = "dequant_rows_q4_k" @ Compute61,
+    DequantRowsQ6K = "dequant_rows_q6_k" @ Compute61,
 }
 
 impl Kernel {
@@ -221,6 +231,33 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// The quantized GEMV (8-bit activations, `dp4a`) for weights of the block type `dtype`.
+    pub fn mmvq(dtype: DType) -> Result<Kernel> {
+        by_block(dtype, [Kernel::MmvqQ8_0, Kernel::MmvqQ4K, Kernel::MmvqQ6K])
+    }
+
+    /// The quantized gate/up SwiGLU GEMV for weights of the block type `dtype`.
+    pub fn mmvq_gate_up(dtype: DType) -> Result<Kernel> {
+        by_block(dtype, [Kernel::MmvqGateUpQ8_0, Kernel::MmvqGateUpQ4K, Kernel::MmvqGateUpQ6K])
+    }
+
+    /// The row dequantizer (to f32 or f16) for weights of the block type `dtype`.
+    pub fn dequant_rows(dtype: DType) -> Result<Kernel> {
+        by_block(dtype, [Kernel::DequantRowsQ8_0, Kernel::DequantRowsQ4K, Kernel::DequantRowsQ6K])
+    }
+}
+
+/// The kernel of `[q8_0, q4_k, q6_k]` for weights of the block type `dtype`.
+fn by_block(dtype: DType, kernels: [Kernel; 3]) -> Result<Kernel> {
+    match dtype {
+        DType::Q8_0 => Ok(kernels[0]),
+        DType::Q4K => Ok(kernels[1]),
+        DType::Q6K => Ok(kernels[2]),
+        other => Err(Error::DType { op: kernels[0].name(), expected: "q8_0, q4_k or q6_k weights", got: other }),
+    }
+}
+
 /// The kernel of `[f32, f16, bf16]` for weights of `dtype`.
 fn by_weight(dtype: DType, kernels: [Kernel; 3]) -> Result<Kernel> {
     match dtype {
@@ -247,8 +284,8 @@ mod tests {
     fn names_are_unique_and_follow_the_scheme() {
         let mut names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
         for n in &names {
-            let dtype = n.rsplit('_').next().unwrap();
-            assert!(["f32", "f16", "bf16", "u32"].contains(&dtype), "{} lacks a dtype suffix", n);
+            let suffixes = ["_f32", "_f16", "_bf16", "_u32", "_q8_0", "_q4_k", "_q6_k"];
+            assert!(suffixes.iter().any(|s| n.ends_with(s)), "{} lacks a dtype suffix", n);
         }
         names.sort_unstable();
         names.dedup();

@@ -145,6 +145,8 @@ mod cuda_bench {
             println!("| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
         }
+        // 2b. the same GEMVs with block-quantized weights (activation quantization included)
+        quant_rows(b, &a, &cfg, copy_gbs, &mut rows)?;
         // 3. split-KV attention of one decode step, f16 cache, at several contexts
         let (heads, kvh) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         for &ctx in &[64usize, 512, 4096, 16384] {
@@ -180,6 +182,32 @@ mod cuda_bench {
         flash_rows(b, &a, &cfg, &mut rows)?;
         if a.json {
             println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "fp32_peak_tflops": peak, "kernels": rows}));
+        }
+        Ok(())
+    }
+
+    /// The decoder's GEMVs (m = 1) with `Q8_0`, `Q4_K` and `Q6_K` weights: weight-read GB/s of
+    /// `linear` / `gate_up_silu` (the 8-bit activation quantizer's launch included). Weight
+    /// rows are 64 quantized random rows repeated (rows are independent blocks).
+    fn quant_rows(b: &CudaBackend, a: &KernelsBenchArgs, cfg: &qwen3_vl::model::TextConfig, copy_gbs: f64, rows: &mut Vec<serde_json::Value>) -> CliResult<()> {
+        let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+        let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        let shapes: Vec<(&str, usize, usize, bool)> = vec![("q_proj / o_proj", h, qd, false), ("k_proj / v_proj", h, kvd, false), ("gate+up (fused)", h, i, true), ("down_proj", i, h, false), ("lm_head", h, cfg.vocab_size, false)];
+        for dt in [DType::Q8_0, DType::Q4K, DType::Q6K] {
+            for &(name, k, nout, fused) in &shapes {
+                let rb = dt.row_bytes(k).ok_or("rows are not whole blocks")?;
+                let seed: Vec<f32> = (0..64 * k).map(|e| ((e * 7919 % 2001) as f32 / 1000.0 - 1.0) * 0.05).collect();
+                let q = qwen3_vl::quant::quantize_vec(dt, &seed).ok_or("quantize")?;
+                let bytes: Vec<u8> = (0..nout).flat_map(|r| q[(r % 64) * rb..(r % 64 + 1) * rb].iter().copied()).collect();
+                let per = nout * rb * if fused { 2 } else { 1 };
+                let copies = (ROTATE_BYTES / per).max(2);
+                let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|_| b.upload_blocks(&[nout, k], dt, qwen3_vl::Blocks::Owned(bytes.clone()))).collect::<Result<_, _>>()?;
+                let x = b.upload_f32(&[1, k], &vec![0.01; k])?;
+                let t = time(b, a.reps, copies, &mut |c| if fused { b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop) } else { b.linear(&x, &ws[c], None).map(drop) })?;
+                let gbs = per as f64 / t / 1e9;
+                println!("| mmvq{}_{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "" }, dt, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+                rows.push(serde_json::json!({"kernel": format!("mmvq_{}", dt), "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
+            }
         }
         Ok(())
     }

@@ -52,6 +52,9 @@ impl CudaBackend {
         if table.shape().len() != 2 || ids.shape().len() != 1 {
             return Err(Error::shape(OP, &[table.shape(), ids.shape()], "table must be [vocab, hidden] and ids [rows]"));
         }
+        if table.dtype().is_quantized() {
+            return self.qembedding_gather_op(table, ids);
+        }
         let (vocab, hidden, rows) = (table.shape()[0], table.shape()[1], ids.shape()[0]);
         let l = self.enter()?;
         let out = self.output(rows * hidden)?;

@@ -10,6 +10,7 @@
 //! [`SPLIT_TARGET_WAVES`] per multiprocessor (few rows: a 64-token prefill), `k` is split into
 //! slices summed by separate blocks into a workspace, and `linear_split_reduce_f32` adds the
 //! slices and applies the epilogue (split-K; deterministic, no atomics).
+//! Block-quantized weights go to `qlinear.rs`.
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
@@ -47,6 +48,17 @@ pub enum LinearAlgo {
 }
 
 impl LinearAlgo {
+    /// The kernel of this algorithm for weights of `dtype`.
+    pub fn kernel(self, dtype: DType) -> Result<Kernel> {
+        match self {
+            LinearAlgo::Tiled => Kernel::matmul(dtype),
+            LinearAlgo::Gemv => Kernel::gemv(dtype),
+            LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
+            LinearAlgo::Big(_) => Kernel::matmul_big(dtype),
+            LinearAlgo::Mma(tm, tn, _) => Kernel::matmul_mma(dtype, (tm, tn)),
+        }
+    }
+
     /// Whether weight rows of `k` elements of `dtype` are whole 16-byte vectors (the condition
     /// of the vector kernels).
     pub fn vector_rows(k: usize, dtype: DType) -> bool {
@@ -151,23 +163,7 @@ pub fn linear(
     ws: Option<&DeviceBuffer>,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
-    let kernel = match algo {
-        LinearAlgo::Tiled => Kernel::matmul(wdtype)?,
-        LinearAlgo::Gemv => Kernel::gemv(wdtype)?,
-        LinearAlgo::GemvVec => Kernel::gemv_vec(wdtype)?,
-        LinearAlgo::Big(_) => Kernel::matmul_big(wdtype)?,
-        LinearAlgo::Mma(tm, tn, _) => Kernel::matmul_mma(wdtype, (tm, tn))?,
-    };
-    // split-K: slices of `depth` k elements (whole shared-memory stages)
-    let (depth, slices) = match algo {
-        LinearAlgo::Big(s) if s > 1 => slice_depth(k, s, matmul_big_tile::BK as usize),
-        LinearAlgo::Mma(_, _, s) if s > 1 => slice_depth(k, s, mma_tile::BK as usize),
-        LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) if s == 0 => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs at least one slice".into() }),
-        _ => (0, 1),
-    };
-    if slices > split_reduce_tile::MAX_SLICES {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("split-K into {} slices, at most {}", slices, split_reduce_tile::MAX_SLICES) });
-    }
+    let kernel = algo.kernel(wdtype)?;
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
     need(kernel, "c", c, m * n * 4)?;
@@ -191,14 +187,6 @@ pub fn linear(
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte weight rows (k = {} of {})", k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
-    let part = match (slices > 1, ws) {
-        (false, _) => None,
-        (true, Some(ws)) => {
-            need(kernel, "split-K workspace", ws, slices as usize * m * n * 4)?;
-            Some(ws)
-        }
-        (true, None) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs a workspace".into() }),
-    };
     let p = LinearParams {
         a: a.addr(),
         w: w.addr(),
@@ -215,13 +203,40 @@ pub fn linear(
         act,
         k_split: 0,
     };
+    launch(l, algo, kernel, &p, shared, ws)
+}
+
+/// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`
+/// outputs at row stride `p.ldc`, `p.k_split` 0): the grid of each algorithm; a split-K
+/// algorithm sums its slices into `ws` (room for `[slices, m, n]` f32) and then launches the
+/// reduce. Empty sizes launch nothing.
+pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearParams, shared: u32, ws: Option<&DeviceBuffer>) -> Result<()> {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    // split-K: slices of `depth` k elements (whole shared-memory stages)
+    let (depth, slices) = match algo {
+        LinearAlgo::Big(s) if s > 1 => slice_depth(k, s, matmul_big_tile::BK as usize),
+        LinearAlgo::Mma(_, _, s) if s > 1 => slice_depth(k, s, mma_tile::BK as usize),
+        LinearAlgo::Big(0) | LinearAlgo::Mma(_, _, 0) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs at least one slice".into() }),
+        _ => (0, 1),
+    };
+    if slices > split_reduce_tile::MAX_SLICES {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("split-K into {} slices, at most {}", slices, split_reduce_tile::MAX_SLICES) });
+    }
+    let part = match (slices > 1, ws) {
+        (false, _) => None,
+        (true, Some(ws)) => {
+            need(kernel, "split-K workspace", ws, slices as usize * m * n * 4)?;
+            Some(ws)
+        }
+        (true, None) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs a workspace".into() }),
+    };
     if m == 0 || n == 0 {
         return Ok(());
     }
     // the slices write raw sums into the workspace; the reduce adds them through the epilogue
     let main = match part {
-        Some(ws) => LinearParams { c: ws.addr(), ldc: p.n, k_split: fits_u32(kernel, "k", depth)?, ..p },
-        None => p,
+        Some(ws) => LinearParams { c: ws.addr(), ldc: p.n, k_split: fits_u32(kernel, "k", depth)?, ..*p },
+        None => *p,
     };
     let (grid, block) = match algo {
         LinearAlgo::Tiled => (
@@ -249,7 +264,7 @@ pub fn linear(
     if let Some(ws) = part {
         let reduce = Kernel::LinearSplitReduceF32;
         let threads = split_reduce_tile::THREADS;
-        let rp = SplitReduceParams { part: ws.addr(), slices, _pad: 0, lin: p };
+        let rp = SplitReduceParams { part: ws.addr(), slices, _pad: 0, lin: *p };
         l.launch(reduce, [grid_dim(reduce, "x", ceil_div(m * n, threads as usize), MAX_GRID_X)?, 1, 1], threads, &rp)?;
     }
     Ok(())
@@ -338,6 +353,9 @@ impl CudaBackend {
     }
 
     pub(super) fn rms_norm_linear_op(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        if w.dtype().is_quantized() {
+            return self.qlinear_op(x, Some((norm, eps)), w, bias, ACT_NONE, None);
+        }
         let (m, n, k) = ops::linear_dims(x, w, bias)?;
         match self.pick_linear(m, n, k, w.dtype()) {
             LinearAlgo::GemvVec if norm_fits(m, k) => self.linear_normed(LinearAlgo::GemvVec, x, Some((norm, eps)), w, bias, None),
@@ -347,11 +365,21 @@ impl CudaBackend {
     }
 
     pub(super) fn linear_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+        if w.dtype().is_quantized() {
+            return self.qlinear_op(a, None, w, bias, ACT_NONE, residual);
+        }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         self.linear_with(self.pick_linear(m, n, k, w.dtype()), a, w, bias, residual)
     }
 
     pub(super) fn linear_gelu_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: crate::backend::Gelu) -> Result<Tensor> {
+        if w.dtype().is_quantized() {
+            let act = match kind {
+                crate::backend::Gelu::Tanh => ACT_GELU_TANH,
+                crate::backend::Gelu::Erf => ACT_GELU_ERF,
+            };
+            return self.qlinear_op(a, None, w, bias, act, None);
+        }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let algo = self.pick_linear(m, n, k, w.dtype());
         if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..)) {
@@ -371,6 +399,9 @@ impl CudaBackend {
         let (m, n, k) = ops::linear_dims(x, gate, None)?;
         if up.shape() != gate.shape() || up.dtype() != gate.dtype() {
             return Err(Error::shape(OP, &[gate.shape(), up.shape()], "gate and up weights must have one shape and dtype"));
+        }
+        if gate.dtype().is_quantized() {
+            return self.qgate_up_op(x, norm, gate, up);
         }
         let fused = self.pick_linear(m, n, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {

@@ -13,10 +13,12 @@ mod linear;
 mod module;
 mod norm;
 mod pool;
+mod qlinear;
 mod rope;
 mod sample;
 
 pub use linear::LinearAlgo;
+pub use qlinear::{chunk_rows, device_layout};
 pub use pool::{bucket, DeviceBuffer, Pool};
 
 use crate::backend::{AttnParams, Backend, BlockMask, DeviceSampling, Gelu, Mark, MemoryStats, QkvRope, Recording};
@@ -214,6 +216,10 @@ impl Backend for CudaBackend {
             return Err(Error::shape("upload_mapped", &[shape], format!("{} bytes of {} given", raw.len(), dtype)));
         }
         self.upload_bytes(shape, dtype, raw.as_ptr(), raw.len())
+    }
+
+    fn upload_blocks(&self, shape: &[usize], dtype: DType, blocks: crate::Blocks) -> Result<Tensor> {
+        self.upload_blocks_op(shape, dtype, blocks)
     }
 
     fn download_f32(&self, t: &Tensor) -> Result<Vec<f32>> {

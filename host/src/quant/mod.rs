@@ -19,9 +19,9 @@ use crate::DType;
 use gpu::math::{bf16_to_f32, f16_to_f32, f32_to_f16_bits};
 
 /// Elements per `Q8_0` block.
-pub const QK8_0: usize = 32;
+pub const QK8_0: usize = gpu::qmath::QK8_0;
 /// Elements per K-quant super-block.
-pub const QK_K: usize = 256;
+pub const QK_K: usize = gpu::qmath::QK_K;
 
 /// ggml's `nearest_int`: round to nearest, ties to even, for |x| < 2²² (the magic-number add).
 #[inline(always)]

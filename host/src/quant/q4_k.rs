@@ -23,14 +23,12 @@ pub fn d_dmin(b: &[u8]) -> (f32, f32) {
     (read_f16(&b[0..2]), read_f16(&b[2..4]))
 }
 
-/// `(sc_j, m_j)` of sub-block `j < 8` from the 12 packed scale bytes (ggml's `get_scale_min_k4`).
+/// `(sc_j, m_j)` of sub-block `j < 8` from the 12 packed scale bytes (ggml's `get_scale_min_k4`;
+/// the formula the GPU kernels share, `gpu::qmath::q4_k_scale_min`).
 #[inline(always)]
 pub fn scale_min(scales: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (scales[j] & 63, scales[j + 4] & 63)
-    } else {
-        ((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4), (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
-    }
+    let s: &[u8; 12] = scales[..12].try_into().expect("12 scale bytes");
+    gpu::qmath::q4_k_scale_min(s, j)
 }
 
 /// The 12 scale bytes of a block.

@@ -169,6 +169,27 @@ pub fn quantize_block(x: &[f32], out: &mut [u8]) {
 mod tests {
     use super::*;
 
+    /// The GPU's per-byte `q - 32` (`gpu::qmath::q6_k_center`) and bit positions
+    /// (`q6_k_bits_at`) agree with [`unpack`].
+    #[test]
+    fn gpu_bit_helpers_match_unpack() {
+        for q in 0..64u32 {
+            let w = q | (63 - q) << 8 | (q / 2) << 16 | 31u32 << 24;
+            let c = gpu::qmath::q6_k_center(w).to_le_bytes();
+            assert_eq!([c[0] as i8 as i32, c[1] as i8 as i32, c[2] as i8 as i32, c[3] as i8 as i32], [q as i32 - 32, 31 - q as i32, (q / 2) as i32 - 32, -1]);
+        }
+        let x: Vec<f32> = (0..QK_K).map(|i| ((i * 7919 % 257) as f32 / 128.0 - 1.0)).collect();
+        let mut b = [0u8; BLOCK_BYTES];
+        quantize_block(&x, &mut b);
+        let mut q = [0u8; QK_K];
+        unpack(&b, &mut q);
+        for (e, &want) in q.iter().enumerate() {
+            let (ql, high, qh, shift) = gpu::qmath::q6_k_bits_at(e);
+            let lo = if high { b[ql] >> 4 } else { b[ql] & 0xF };
+            assert_eq!(lo | ((b[QH + qh] >> shift) & 3) << 4, want, "element {}", e);
+        }
+    }
+
     #[test]
     fn round_trip_error_is_within_a_step() {
         let x: Vec<f32> = (0..QK_K).map(|i| ((i * 7919 % 257) as f32 / 128.0 - 1.0) * (1.0 + (i / 16) as f32 * 0.3)).collect();

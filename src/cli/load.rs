@@ -459,6 +459,6 @@ pub fn placed_report(model: &Model, b: &dyn Backend) -> String {
     if b.kind() == DeviceKind::Cuda {
         format!("weights: {} on the GPU, {} on the CPU", human(gpu), human(cpu))
     } else {
-        format!("weights: {} on the CPU", human(gpu + cpu))
+        format!("placement: everything on the CPU; weights {}", human(gpu + cpu))
     }
 }

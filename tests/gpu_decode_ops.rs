@@ -45,7 +45,8 @@ fn linear_agrees_for_every_kernel_with_bias_residual_and_gelu() {
                 algos.push(LinearAlgo::GemvVec);
             }
             if tensor_cores && dtype != DType::F32 && LinearAlgo::vector_rows(k, dtype) {
-                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().flat_map(|&(tm, tn)| [LinearAlgo::Mma(tm, tn, 1), LinearAlgo::Mma(tm, tn, 3)]));
+                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().map(|&(tm, tn)| LinearAlgo::Mma(tm, tn, 1)));
+                algos.push(LinearAlgo::Mma(64, 64, 3));
             }
             for &algo in &algos {
                 if matches!(algo, LinearAlgo::Gemv | LinearAlgo::GemvVec) && m > 4 {

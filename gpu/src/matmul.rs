@@ -51,11 +51,13 @@ pub(crate) unsafe fn finish(p: &LinearParams, acc: f32, r: usize, col: usize) ->
     v
 }
 
-/// The `k` range `[kb, ke)` of this block's z-slice under split-K (`p.k_split`; 0: all of `k`).
+/// The `k` range `[kb, ke)` of this block's z-slice under split-K (the `_split` kernels,
+/// `SPLIT`; `p.k_split` 0 there also means all of `k`). The whole-`k` kernels compile without
+/// it, so their code is the same as before split-K existed.
 #[inline(always)]
-pub(crate) fn k_slice(p: &LinearParams) -> (usize, usize) {
+pub(crate) fn k_slice<const SPLIT: bool>(p: &LinearParams) -> (usize, usize) {
     let k = p.k as usize;
-    if p.k_split == 0 {
+    if !SPLIT || p.k_split == 0 {
         return (0, k);
     }
     let z = thread::block_idx_z() as usize;
@@ -67,9 +69,9 @@ pub(crate) fn k_slice(p: &LinearParams) -> (usize, usize) {
 /// Stores output element `(r, col)` of a tiled kernel: through the epilogue into `c`, or under
 /// split-K the raw sum into this z-slice's `[m, n]` part of the workspace `c`.
 #[inline(always)]
-pub(crate) unsafe fn store_out(p: &LinearParams, c: *mut f32, acc: f32, r: usize, col: usize) {
+pub(crate) unsafe fn store_out<const SPLIT: bool>(p: &LinearParams, c: *mut f32, acc: f32, r: usize, col: usize) {
     let ldc = p.ldc as usize;
-    if p.k_split == 0 {
+    if !SPLIT || p.k_split == 0 {
         *c.add(r * ldc + col) = finish(p, acc, r, col);
     } else {
         let z = thread::block_idx_z() as usize;
@@ -201,7 +203,7 @@ const GBK: usize = matmul_big_tile::BK as usize;
 ///
 /// Safety: the launcher checks sizes; every thread reaches every barrier.
 #[inline(always)]
-unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
+unsafe fn matmul_big<W: WeightElem, const SPLIT: bool>(p: LinearParams) {
     // shared-space byte addresses of the two staged operands (explicit ld/st.shared)
     let a_s = shared_addr(shared_array![F32x4; 2 * GBK * GBM / 4]);
     let w_s = shared_addr(shared_array![F32x4; 2 * GBK * GBN / 4]);
@@ -238,7 +240,7 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
     };
     let mut acc = [[0.0f32; 8]; 8];
     // split-K: this z-slice sums k in [kb, ke)
-    let (kb, ke) = k_slice(&p);
+    let (kb, ke) = k_slice::<SPLIT>(&p);
     let stages = (ke - kb + GBK - 1) / GBK;
     store(0, load(kb));
     thread::sync_threads();
@@ -271,7 +273,7 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
             for j in 0..8 {
                 let col = col0 + 4 * tx + (j % 4) + 64 * (j / 4);
                 if col < n {
-                    store_out(&p, c, acc[i][j], r, col);
+                    store_out::<SPLIT>(&p, c, acc[i][j], r, col);
                 }
             }
         }
@@ -281,17 +283,36 @@ unsafe fn matmul_big<W: WeightElem>(p: LinearParams) {
 /// `c = act(a · wᵀ + bias) + residual`, f32 weights, 128 × 128 tiles. See [`matmul_big`].
 #[kernel]
 pub unsafe fn matmul_big_f32(p: LinearParams) {
-    matmul_big::<f32>(p)
+    matmul_big::<f32, false>(p)
 }
 
 /// `c = act(a · wᵀ + bias) + residual`, f16 weights, 128 × 128 tiles. See [`matmul_big`].
 #[kernel]
 pub unsafe fn matmul_big_f16(p: LinearParams) {
-    matmul_big::<F16>(p)
+    matmul_big::<F16, false>(p)
 }
 
 /// `c = act(a · wᵀ + bias) + residual`, bf16 weights, 128 × 128 tiles. See [`matmul_big`].
 #[kernel]
 pub unsafe fn matmul_big_bf16(p: LinearParams) {
-    matmul_big::<Bf16>(p)
+    matmul_big::<Bf16, false>(p)
+}
+
+/// [`matmul_big_f32`] over one z-slice of `k` (split-K: raw partial sums into the workspace;
+/// see `LinearParams::k_split`).
+#[kernel]
+pub unsafe fn matmul_big_split_f32(p: LinearParams) {
+    matmul_big::<f32, true>(p)
+}
+
+/// [`matmul_big_f16`] over one z-slice of `k` (split-K).
+#[kernel]
+pub unsafe fn matmul_big_split_f16(p: LinearParams) {
+    matmul_big::<F16, true>(p)
+}
+
+/// [`matmul_big_bf16`] over one z-slice of `k` (split-K).
+#[kernel]
+pub unsafe fn matmul_big_split_bf16(p: LinearParams) {
+    matmul_big::<Bf16, true>(p)
 }

@@ -170,7 +170,7 @@ fn chunk_offset(row: usize, c: usize) -> usize {
 }
 
 #[inline(always)]
-unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearParams) {
+unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool>(p: LinearParams) {
     // 16-byte aligned staging buffers for the largest tile: [2 buffers][rows][32 elements] of
     // 16 bits each, for the activations' high parts, their low parts, and the weights
     let a_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
@@ -185,7 +185,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
     let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
     // split-K: this z-slice sums k in [kb, ke)
-    let (kb, ke) = k_slice(&p);
+    let (kb, ke) = k_slice::<SPLIT>(&p);
     let a = p.a as *const f32;
     let w = p.w as *const u8;
     let (a_sh, l_sh, w_sh) = (shared_addr(a_s), shared_addr(l_s), shared_addr(w_s));
@@ -289,7 +289,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
         for nt in 0..nts {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
-            store_tile(&p, acc[mt][nt], r, col);
+            store_tile::<SPLIT>(&p, acc[mt][nt], r, col);
         }
     }
 }
@@ -298,13 +298,13 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize>(p: LinearPara
 /// `col, col + 1`; `d[2..4]` at row `r + 8` (the mma C layout), through the tiled epilogue
 /// (split-K: raw into this z-slice's part of the workspace).
 #[inline(always)]
-unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
+unsafe fn store_tile<const SPLIT: bool>(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     let c = p.c as *mut f32;
     let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
     for i in 0..4 {
         let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
         if rr < m && cc < n {
-            store_out(p, c, d[i], rr, cc);
+            store_out::<SPLIT>(p, c, d[i], rr, cc);
         }
     }
 }
@@ -313,35 +313,49 @@ unsafe fn store_tile(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
 /// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 128, 128>(p)
+    mma_linear::<Bf16, 128, 128, false>(p)
 }
 
 /// As [`matmul_mma_bf16`], f16 weights.
 #[kernel]
 pub unsafe fn matmul_mma_f16(p: LinearParams) {
-    mma_linear::<F16, 128, 128>(p)
+    mma_linear::<F16, 128, 128, false>(p)
 }
 
 /// As [`matmul_mma_bf16`], 64 × 128 tiles (twice the blocks for medium `m`).
 #[kernel]
 pub unsafe fn matmul_mma_64x128_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 128>(p)
+    mma_linear::<Bf16, 64, 128, false>(p)
 }
 
 /// As [`matmul_mma_f16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_64x128_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 128>(p)
+    mma_linear::<F16, 64, 128, false>(p)
 }
 
 /// As [`matmul_mma_bf16`], 64 × 64 tiles (small `m`: four times the blocks).
 #[kernel]
 pub unsafe fn matmul_mma_64x64_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64>(p)
+    mma_linear::<Bf16, 64, 64, false>(p)
 }
 
 /// As [`matmul_mma_f16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64>(p)
+    mma_linear::<F16, 64, 64, false>(p)
+}
+
+/// [`matmul_mma_64x64_bf16`] over one z-slice of `k` (split-K for few rows: raw partial sums
+/// into the workspace; see `LinearParams::k_split`). Only the smallest tile splits: the
+/// backend splits only when even it gives fewer blocks than multiprocessors.
+#[kernel]
+pub unsafe fn matmul_mma_64x64_split_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 64, true>(p)
+}
+
+/// [`matmul_mma_64x64_f16`] over one z-slice of `k` (split-K).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 64, true>(p)
 }

@@ -141,6 +141,9 @@ kernel_table! {
     MatmulBigF32 = "matmul_big_f32" @ Compute61,
     MatmulBigF16 = "matmul_big_f16" @ Compute61,
     MatmulBigBf16 = "matmul_big_bf16" @ Compute61,
+    MatmulBigSplitF32 = "matmul_big_split_f32" @ Compute61,
+    MatmulBigSplitF16 = "matmul_big_split_f16" @ Compute61,
+    MatmulBigSplitBf16 = "matmul_big_split_bf16" @ Compute61,
     LinearSplitReduceF32 = "linear_split_reduce_f32" @ Compute61,
     MatmulMmaF16 = "matmul_mma_f16" @ Compute80,
     MatmulMmaBf16 = "matmul_mma_bf16" @ Compute80,
@@ -148,6 +151,8 @@ kernel_table! {
     MatmulMma64x128Bf16 = "matmul_mma_64x128_bf16" @ Compute80,
     MatmulMma64x64F16 = "matmul_mma_64x64_f16" @ Compute80,
     MatmulMma64x64Bf16 = "matmul_mma_64x64_bf16" @ Compute80,
+    MatmulMma64x64SplitF16 = "matmul_mma_64x64_split_f16" @ Compute80,
+    MatmulMma64x64SplitBf16 = "matmul_mma_64x64_split_bf16" @ Compute80,
     FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
     FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
     FlashAttentionD128F32 = "flash_attention_d128_f32" @ Compute61,
@@ -180,24 +185,31 @@ impl Kernel {
         by_weight(dtype, [Kernel::MatmulF32, Kernel::MatmulF16, Kernel::MatmulBf16])
     }
 
-    /// The 128 × 128-tile SIMT matmul for weights of `dtype`.
-    pub fn matmul_big(dtype: DType) -> Result<Kernel> {
-        by_weight(dtype, [Kernel::MatmulBigF32, Kernel::MatmulBigF16, Kernel::MatmulBigBf16])
+    /// The 128 × 128-tile SIMT matmul for weights of `dtype` (`split`: its split-K form).
+    pub fn matmul_big(dtype: DType, split: bool) -> Result<Kernel> {
+        if split {
+            by_weight(dtype, [Kernel::MatmulBigSplitF32, Kernel::MatmulBigSplitF16, Kernel::MatmulBigSplitBf16])
+        } else {
+            by_weight(dtype, [Kernel::MatmulBigF32, Kernel::MatmulBigF16, Kernel::MatmulBigBf16])
+        }
     }
 
     /// The tensor-core matmul with `(rows, columns)` tiles (one of `gpu::params::mma_tile::TILES`)
     /// for 16-bit weights of `dtype` (compute_80 module).
-    pub fn matmul_mma(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
+    /// `split`: the split-K form, which only the 64 × 64 tile has.
+    pub fn matmul_mma(dtype: DType, tile: (u32, u32), split: bool) -> Result<Kernel> {
         let pick = |f16: Kernel, bf16: Kernel| match dtype {
             DType::F16 => Ok(f16),
             DType::BF16 => Ok(bf16),
             other => Err(Error::DType { op: "matmul_mma", expected: "f16 or bf16 weights", got: other }),
         };
-        match tile {
-            (128, 128) => pick(Kernel::MatmulMmaF16, Kernel::MatmulMmaBf16),
-            (64, 128) => pick(Kernel::MatmulMma64x128F16, Kernel::MatmulMma64x128Bf16),
-            (64, 64) => pick(Kernel::MatmulMma64x64F16, Kernel::MatmulMma64x64Bf16),
-            other => Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
+        match (tile, split) {
+            ((64, 64), true) => pick(Kernel::MatmulMma64x64SplitF16, Kernel::MatmulMma64x64SplitBf16),
+            (_, true) => Err(Error::Limit { op: "matmul_mma", msg: format!("split-K needs the 64x64 tile, not {}x{}", tile.0, tile.1) }),
+            ((128, 128), false) => pick(Kernel::MatmulMmaF16, Kernel::MatmulMmaBf16),
+            ((64, 128), false) => pick(Kernel::MatmulMma64x128F16, Kernel::MatmulMma64x128Bf16),
+            ((64, 64), false) => pick(Kernel::MatmulMma64x64F16, Kernel::MatmulMma64x64Bf16),
+            (other, false) => Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
         }
     }
 

@@ -54,8 +54,8 @@ impl LinearAlgo {
             LinearAlgo::Tiled => Kernel::matmul(dtype),
             LinearAlgo::Gemv => Kernel::gemv(dtype),
             LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
-            LinearAlgo::Big(_) => Kernel::matmul_big(dtype),
-            LinearAlgo::Mma(tm, tn, _) => Kernel::matmul_mma(dtype, (tm, tn)),
+            LinearAlgo::Big(s) => Kernel::matmul_big(dtype, s > 1),
+            LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1),
         }
     }
 

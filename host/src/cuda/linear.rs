@@ -7,7 +7,7 @@
 //! compute_80 module and 16-bit weights in 16-byte rows, the tensor-core `matmul_mma_*`; else
 //! the SIMT `matmul_big_*` (128 × 128 tiles) from [`BIG_MIN_ROWS`] rows on, and `matmul_*`
 //! (64 × 64) below. When the tiles of `matmul_mma_*` / `matmul_big_*` give fewer blocks than
-//! [`SPLIT_TARGET_WAVES`] per multiprocessor (few rows: a 64-token prefill), `k` is split into
+//! multiprocessors (few rows: a 64-token prefill), `k` is split ([`SplitPolicy`]) into
 //! slices summed by separate blocks into a workspace, and `linear_split_reduce_f32` adds the
 //! slices and applies the epilogue (split-K; deterministic, no atomics).
 //! Block-quantized weights go to `qlinear.rs`.
@@ -23,11 +23,47 @@ use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_ti
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
 /// From this many rows the SIMT path takes the 128 × 128-tile matmul.
 pub const BIG_MIN_ROWS: usize = 128;
-/// Split-K aims at this many blocks per multiprocessor.
-pub const SPLIT_TARGET_WAVES: usize = 2;
-/// Split-K keeps at least this many `k` elements per slice (a slice's fixed cost — the
-/// pipeline's fill and the workspace write — stays small against its loop).
-pub const SPLIT_MIN_K: usize = 512;
+/// How far split-K cuts `k`: aim at `waves` blocks per multiprocessor, keep at least `min_k`
+/// elements per slice (a slice's fixed cost — the pipeline's fill and the workspace write —
+/// stays small against its loop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitPolicy {
+    pub waves: usize,
+    pub min_k: usize,
+}
+
+/// The SIMT `matmul_big_*` (one 48 KiB block per SM at a time is what fits its registers).
+pub const BIG_SPLIT: SplitPolicy = SplitPolicy { waves: 2, min_k: 512 };
+/// The tensor-core 64 × 64 tile. Measured on the H100 (64-token bf16 prefill, tok/s, by
+/// `waves,min_k`): 1,512 → 8,845; 2,512 → 9,271; 3,512 → 9,271; 2,1024 → 8,474; 4,256 → 8,449;
+/// 4,128 → 8,053; 8,128 → 7,008; 1,2048 → 6,498: deeper cuts lose more to the workspace and
+/// the reduce than they gain in parallel blocks.
+pub const MMA_SPLIT: SplitPolicy = SplitPolicy { waves: 2, min_k: 512 };
+
+/// [`MMA_SPLIT`], or `QWEN3_VL_MMA_SPLIT=waves,min_k` when set (a tuning aid for benchmarks;
+/// read once, a malformed value is reported and ignored).
+pub fn mma_split() -> SplitPolicy {
+    static CACHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let c = CACHED.load(std::sync::atomic::Ordering::Relaxed);
+    if c != 0 {
+        return SplitPolicy { waves: (c >> 32) as usize, min_k: (c & 0xffff_ffff) as usize };
+    }
+    let p = match std::env::var("QWEN3_VL_MMA_SPLIT") {
+        Ok(v) => {
+            let parsed: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            match parsed.as_slice() {
+                &[w, k] if w >= 1 && w <= 64 && k >= 32 && k <= 1 << 20 => SplitPolicy { waves: w, min_k: k },
+                _ => {
+                    log::warn!("QWEN3_VL_MMA_SPLIT={:?} is not 'waves,min_k' (1..=64, 32..=1048576): using {:?}", v, MMA_SPLIT);
+                    MMA_SPLIT
+                }
+            }
+        }
+        Err(_) => MMA_SPLIT,
+    };
+    CACHED.store(((p.waves as u64) << 32) | p.min_k as u64, std::sync::atomic::Ordering::Relaxed);
+    p
+}
 
 /// Which kernel computes a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,10 +110,10 @@ impl LinearAlgo {
                 let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
                 let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
                 let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= sms as usize).unwrap_or(last);
-                LinearAlgo::Mma(tm, tn, split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms))
+                LinearAlgo::Mma(tm, tn, split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()))
             } else if m >= BIG_MIN_ROWS {
                 let blocks = ceil_div(m, matmul_big_tile::BM as usize) * ceil_div(n, matmul_big_tile::BN as usize);
-                LinearAlgo::Big(split_slices(blocks, k, matmul_big_tile::BK as usize, sms))
+                LinearAlgo::Big(split_slices(blocks, k, matmul_big_tile::BK as usize, sms, BIG_SPLIT))
             } else {
                 LinearAlgo::Tiled
             }
@@ -89,16 +125,16 @@ impl LinearAlgo {
     }
 }
 
-/// Split-K slices for a tiled launch of `blocks` blocks over `k` (stage depth `bk`): enough to
-/// give every multiprocessor [`SPLIT_TARGET_WAVES`] blocks, each slice at least
-/// [`SPLIT_MIN_K`] deep, at most `split_reduce_tile::MAX_SLICES`; 1 when the tiles alone fill
+/// Split-K slices for a tiled launch of `blocks` blocks over `k` (stage depth `bk`) under
+/// `policy`: enough to give every multiprocessor `policy.waves` blocks, each slice at least
+/// `policy.min_k` deep, at most `split_reduce_tile::MAX_SLICES`; 1 when the tiles alone fill
 /// the device.
-pub fn split_slices(blocks: usize, k: usize, bk: usize, sms: u32) -> u32 {
-    let want = SPLIT_TARGET_WAVES * sms as usize;
+pub fn split_slices(blocks: usize, k: usize, bk: usize, sms: u32, policy: SplitPolicy) -> u32 {
+    let want = policy.waves * sms as usize;
     if blocks >= sms as usize || blocks == 0 {
         return 1;
     }
-    let by_depth = (k / SPLIT_MIN_K.max(bk)).max(1);
+    let by_depth = (k / policy.min_k.max(bk)).max(1);
     ceil_div(want, blocks).min(by_depth).min(split_reduce_tile::MAX_SLICES as usize).max(1) as u32
 }
 
@@ -437,14 +473,17 @@ mod tests {
     #[test]
     fn split_k_fills_the_device_and_keeps_slices_deep() {
         // a full wave of tiles: no split
-        assert_eq!(split_slices(132, 2048, 32, 132), 1);
+        let p = BIG_SPLIT;
+        assert_eq!(split_slices(132, 2048, 32, 132, p), 1);
         // 64-token prefill, o_proj (32 tiles of 64 × 64): 2048 / 512 = 4 slices at most
-        assert_eq!(split_slices(32, 2048, 32, 132), 4);
+        assert_eq!(split_slices(32, 2048, 32, 132, p), 4);
         // down_proj (k 6144): ceil(264 / 32) = 9 slices
-        assert_eq!(split_slices(32, 6144, 32, 132), 9);
+        assert_eq!(split_slices(32, 6144, 32, 132, p), 9);
+        // a deeper policy: four blocks per SM, slices of ≥ 256 (o_proj: 8 slices)
+        assert_eq!(split_slices(32, 2048, 32, 132, SplitPolicy { waves: 4, min_k: 256 }), 8);
         // shallow k: no split; never more than MAX_SLICES
-        assert_eq!(split_slices(1, 300, 8, 132), 1);
-        assert_eq!(split_slices(1, 1 << 20, 8, 132), split_reduce_tile::MAX_SLICES);
+        assert_eq!(split_slices(1, 300, 8, 132, p), 1);
+        assert_eq!(split_slices(1, 1 << 20, 8, 132, p), split_reduce_tile::MAX_SLICES);
         // slices are whole stages and cover k exactly once
         for &(k, s, bk) in &[(2048, 4, 32), (6144, 9, 32), (1000, 3, 32), (40, 3, 32), (8, 3, 8), (0, 3, 32)] {
             let (depth, n) = slice_depth(k, s, bk);

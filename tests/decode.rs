@@ -1,8 +1,9 @@
 //! The decode loop end to end: 32-token greedy continuations on the GPU (recorded graph replays
 //! and plain launches, f32 and f16 caches) equal the CPU's wherever the CPU's logits are not
 //! near-tied, sampled continuations agree between the device and host samplers, and a recorded
-//! step allocates no device memory once it runs. Skipped without a GPU (failing instead with
-//! QWEN3_VL_EXPECT_GPU=1).
+//! step allocates no device memory once it runs (GPU parts skipped without a GPU, failing
+//! instead with QWEN3_VL_EXPECT_GPU=1); sampling on every backend never picks an id past the
+//! model's sampling limit (the tokenizer's vocabulary).
 
 mod common;
 
@@ -120,4 +121,38 @@ fn recorded_steps_allocate_no_device_memory() {
     let after = g.memory_stats();
     assert_eq!(after.device_allocs, before.device_allocs, "decode steps allocated device memory: {:?} -> {:?}", before, after);
     assert_eq!(after.in_use, before.in_use, "decode steps changed the memory in use: {:?} -> {:?}", before, after);
+}
+
+#[test]
+fn sampling_never_picks_ids_past_the_limit_on_any_backend() {
+    // fullvocab's head has 151,936 rows; allowing only the first 1,000 ids makes nearly every
+    // unmasked pick (greedy or sampled) fall outside, so a sampler that ignored the limit
+    // fails at once. Host sampling (top_k 0), device sampling (top_k 40, on a GPU) and greedy.
+    const LIMIT: usize = 1000;
+    let prompt = &prompts("fullvocab")[0];
+    let settings = [
+        SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 3 },
+        SamplingParams { temperature: 2.0, top_k: 40, top_p: 1.0, repetition_penalty: 1.0, seed: 4 },
+        SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.9, repetition_penalty: 1.1, seed: 5 },
+        SamplingParams::greedy(),
+    ];
+    for b in common::backends("sampling limit") {
+        let mut model = load("fullvocab", &*b);
+        let unlimited = {
+            let mut s = Session::with_kv_dtype(&model, &*b, prompt.len() + STEPS, DType::F32).unwrap();
+            s.generate(prompt, STEPS, &mut Sampler::new(settings[1]), &[], &mut |_| true).unwrap().tokens
+        };
+        assert!(unlimited.iter().any(|&t| t as usize >= LIMIT), "{}: the test needs picks past {} without the limit: {:?}", b.describe(), LIMIT, unlimited);
+        model.limit_sampling(LIMIT);
+        assert_eq!(model.sampled_vocab(), LIMIT);
+        for p in settings {
+            for record in [true, false] {
+                let mut s = Session::with_kv_dtype(&model, &*b, prompt.len() + STEPS, DType::F32).unwrap();
+                s.set_recording(record);
+                let got = s.generate(prompt, STEPS, &mut Sampler::new(p), &[], &mut |_| true).unwrap().tokens;
+                assert_eq!(got.len(), STEPS);
+                assert!(got.iter().all(|&t| (t as usize) < LIMIT), "{} {:?} recording {}: picked an id past {}: {:?}", b.describe(), p, record, LIMIT, got);
+            }
+        }
+    }
 }

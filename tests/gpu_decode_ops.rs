@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{agree, agree_host, download_any, gpu, random, upload};
+use common::{agree, agree_host, cpu, download_any, gpu, random, upload};
 use qwen3_vl::gpu::params::{sample_tile, CURSOR_FIELDS};
 use qwen3_vl::backend::{DeviceSampling, QkvRope};
 use qwen3_vl::{Backend, DType, Result, Tensor};
@@ -24,6 +24,8 @@ fn cursor_rows(t: usize, row0: usize, pos0: u32) -> Vec<u32> {
     .collect()
 }
 
+// names the CUDA backend's kernels: built only with the cuda feature
+#[cfg(feature = "cuda")]
 #[test]
 fn linear_agrees_for_every_kernel_with_bias_residual_and_gelu() {
     let g = match gpu("linear kernels") {
@@ -207,23 +209,33 @@ fn sampling_on_the_device_picks_what_the_host_picks() {
         DeviceSampling { temperature: 1.3, top_k: sample_tile::MAX_K, top_p: 1.0, seed: 6 },
         DeviceSampling { temperature: 0.2, top_k: 3, top_p: 0.5, seed: 7 },
     ];
-    for &(rows, vocab) in &[(1usize, 151_936usize), (2, 1000), (1, 70), (3, 5000)] {
-        // spread logits, with exact ties to exercise the id-ascending order
-        let logits: Vec<f32> = random(rows * vocab, 93).iter().enumerate().map(|(i, v)| if i % 97 == 0 { 2.5 } else { v * 3.0 }).collect();
+    // (rows, vocab, candidate ids): the Qwen3-VL head's 151,936 rows with the tokenizer's
+    // 151,669 ids, and padding columns in multi-row batches
+    for &(rows, vocab, n) in &[(1usize, 151_936usize, 151_936usize), (1, 151_936, 151_669), (2, 1000, 1000), (2, 1000, 900), (1, 70, 70), (3, 5000, 4999)] {
+        // spread logits, with exact ties to exercise the id-ascending order, and the padding
+        // columns far above the rest, as a random head can make them
+        let logits: Vec<f32> = random(rows * vocab, 93)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % vocab >= n { 50.0 } else if i % 97 == 0 { 2.5 } else { v * 3.0 })
+            .collect();
         for s in &settings {
-            if s.top_k > vocab {
+            if s.top_k > n {
                 continue;
             }
             for step in 0..6u32 {
                 let op = |b: &dyn Backend| -> Result<Vec<f32>> {
                     let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
                     let mut cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5))?;
-                    b.sample_step(&b.upload_f32(&[rows, vocab], &logits)?, s, &mut ids, &mut cursor)?;
+                    b.sample_step(&b.upload_f32(&[rows, vocab], &logits)?, s, n, &mut ids, &mut cursor)?;
                     let mut out: Vec<f32> = b.download_u32(&ids)?.iter().map(|&i| i as f32).collect();
                     out.extend(b.download_u32(&cursor)?.iter().map(|&c| c as f32));
                     Ok(out)
                 };
-                agree_host(&format!("sample_step rows={} vocab={} {:?} step {}", rows, vocab, s, step), &*g, &op, 0.0, 0.0);
+                let name = format!("sample_step rows={} vocab={} n={} {:?} step {}", rows, vocab, n, s, step);
+                let picks = op(&*cpu()).unwrap();
+                assert!(picks[..rows].iter().all(|&id| (id as usize) < n), "{}: picked a padding id: {:?}", name, &picks[..rows]);
+                agree_host(&name, &*g, &op, 0.0, 0.0);
             }
         }
     }

@@ -371,3 +371,19 @@ fn images_that_cannot_fit_are_refused_before_decoding() {
     assert!(r.json()["usage"]["prompt_tokens"].as_u64().unwrap() > 54);
     s.assert_no_panic();
 }
+
+#[test]
+fn hot_sampling_never_picks_an_id_the_tokenizer_lacks() {
+    // seed 4 at temperature 1 picked padding id 151,891 within 500 tokens before sampling was
+    // limited to the tokenizer's ids (tests/cli.rs, PADDING_SEEDS): a 500 then, and an error
+    // event in a stream
+    let s = Server::start(&[]);
+    let body = |stream: bool| json!({"messages": user("Hi"), "temperature": 1, "seed": 4, "max_tokens": 500, "stream": stream});
+    let r = chat(s.port, &body(false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!content(&r).is_empty());
+    let (text, finish, _) = streamed(&chat(s.port, &body(true)));
+    assert!(!text.is_empty() && (finish == "stop" || finish == "length"), "{} {:?}", finish, text);
+    assert_eq!(text, content(&r), "the same seed streams the same reply");
+    s.assert_no_panic();
+}

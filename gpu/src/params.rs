@@ -558,7 +558,7 @@ pub mod attn_split_tile {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SampleParams {
-    /// `[rows, n]` f32 logits.
+    /// `[rows, ld]` f32 logits; the first `n` of each row are the candidates.
     pub logits: u64,
     /// `[rows, blocks, k]` candidates: f32 logits then u32 ids (two arrays of `rows·blocks·k`).
     pub cand: u64,
@@ -567,7 +567,11 @@ pub struct SampleParams {
     /// `[rows, CURSOR_FIELDS]` u32, advanced by one on every field after the pick.
     pub cursor: u64,
     pub rows: u32,
+    /// Candidate ids per row: `0..n` (columns past `n`, such as a vocabulary's padding rows,
+    /// are never picked).
     pub n: u32,
+    /// Row stride of `logits` in elements (`>= n`).
+    pub ld: u32,
     /// Candidates kept (1: greedy).
     pub k: u32,
     /// Blocks per row of the first stage.

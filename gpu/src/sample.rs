@@ -1,7 +1,8 @@
 //! Token choice on the device, so a decode step copies back one token id instead of the logits.
 //!
 //! # Parameters ([`SampleParams`])
-//! `logits [rows, n]` f32; `cand` scratch for `rows · blocks · k` candidates (f32 logits, then
+//! `logits [rows, ld]` f32, of which the first `n` per row are candidates (padding columns
+//! past `n` are never picked); `cand` scratch for `rows · blocks · k` candidates (f32 logits, then
 //! as many u32 ids); `ids [rows]` u32 out; `cursor [rows, CURSOR_FIELDS]` u32, advanced by one
 //! on every field (rotary position and cache row) once the row's token is chosen.
 //!
@@ -84,7 +85,7 @@ pub unsafe fn sample_topk_f32(p: SampleParams) {
     let slice = (n + blocks - 1) / blocks;
     let x0 = (b * slice).min(n);
     let len = (x0 + slice).min(n) - x0;
-    let row = (p.logits as *const f32).add(r * n + x0);
+    let row = (p.logits as *const f32).add(r * p.ld as usize + x0);
     let mut x = tid;
     while x < len {
         *stage.add(x) = *row.add(x);

@@ -507,16 +507,18 @@ pub trait Backend: Send + Sync {
         attention_block_sparse_composite(self, q, k, v, mask, scale, rope)
     }
 
-    /// Picks the next token of each row of `logits [rows, vocab]` as `s` says, writes the ids to
-    /// `ids [rows]` (u32) and advances every field of `cursor [rows, 4]` by one: the end of a
-    /// decode step, so the next step's inputs are already in place.
-    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        let (rows, vocab) = ops::sample_dims(logits, s, ids, cursor, self.max_device_top_k())?;
+    /// Picks the next token of each row of `logits [rows, vocab]` as `s` says, among the ids
+    /// `0..n` (`n <= vocab`: the columns past `n`, such as the padding rows of an LM head
+    /// larger than the tokenizer, are never picked), writes the ids to `ids [rows]` (u32) and
+    /// advances every field of `cursor [rows, 4]` by one: the end of a decode step, so the next
+    /// step's inputs are already in place.
+    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        let (rows, vocab, n) = ops::sample_dims(logits, s, n, ids, cursor, self.max_device_top_k())?;
         let all = self.download_f32(logits)?;
         let mut cur = self.download_u32(cursor)?;
         let mut picks = Vec::with_capacity(rows);
         for r in 0..rows {
-            let row = &all[r * vocab..(r + 1) * vocab];
+            let row = &all[r * vocab..r * vocab + n];
             let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
             picks.push(crate::generate::sampling::pick(row, s, c[CURSOR_ROW] as u64));
             c.iter_mut().for_each(|f| *f += 1);

@@ -148,9 +148,10 @@ pub fn qkv_rope_dims(qkv: &Tensor, p: &crate::backend::QkvRope<'_>, cursor: &Ten
     Ok(t)
 }
 
-/// `(rows, vocab)` of [`crate::Backend::sample_step`], after checking `logits [rows, vocab]`
-/// f32, `ids [rows]` and `cursor [rows, 4]` u32, and the settings.
-pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, ids: &Tensor, cursor: &Tensor, max_k: usize) -> Result<(usize, usize)> {
+/// `(rows, vocab, n)` of [`crate::Backend::sample_step`], after checking `logits [rows, vocab]`
+/// f32, the candidate count `n` (`1..=vocab`), `ids [rows]` and `cursor [rows, 4]` u32, and
+/// the settings.
+pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, n: usize, ids: &Tensor, cursor: &Tensor, max_k: usize) -> Result<(usize, usize, usize)> {
     const OP: &str = "sample_step";
     expect_f32(OP, logits)?;
     let (rows, vocab) = logits.rows_cols();
@@ -158,11 +159,14 @@ pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, ids: &Te
     if ids.shape() != [rows] || vocab == 0 {
         return Err(Error::shape(OP, &[logits.shape(), ids.shape()], format!("ids must be [{}] and the vocabulary non-empty", rows)));
     }
-    cursor_dims(OP, cursor, rows)?;
-    if !s.is_greedy() && (s.top_k == 0 || s.top_k > max_k.min(vocab) || !(s.top_p > 0.0 && s.top_p <= 1.0)) {
-        return Err(Error::Limit { op: OP, msg: format!("top_k {} (1..={}) / top_p {} (0, 1] cannot be sampled on the device", s.top_k, max_k.min(vocab), s.top_p) });
+    if n == 0 || n > vocab {
+        return Err(Error::Limit { op: OP, msg: format!("{} candidate ids in rows of {} logits (1..={})", n, vocab, vocab) });
     }
-    Ok((rows, vocab))
+    cursor_dims(OP, cursor, rows)?;
+    if !s.is_greedy() && (s.top_k == 0 || s.top_k > max_k.min(n) || !(s.top_p > 0.0 && s.top_p <= 1.0)) {
+        return Err(Error::Limit { op: OP, msg: format!("top_k {} (1..={}) / top_p {} (0, 1] cannot be sampled on the device", s.top_k, max_k.min(n), s.top_p) });
+    }
+    Ok((rows, vocab, n))
 }
 
 /// `(rows, cols)` of [`crate::Backend::narrow_cols`], after checking the f32 matrix and range.

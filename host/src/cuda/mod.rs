@@ -401,8 +401,8 @@ impl Backend for CudaBackend {
         self.attention_block_sparse_op(q, k, v, mask, scale, rope)
     }
 
-    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        self.sample_step_op(logits, s, ids, cursor)
+    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        self.sample_step_op(logits, s, n, ids, cursor)
     }
 
     fn record(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {

@@ -14,15 +14,19 @@ pub fn blocks_for(n: usize) -> usize {
     (sample_tile::BLOCKS as usize).max(ceil_div(n, sample_tile::MAX_SLICE))
 }
 
-/// Both sampling stages for `rows` rows of `n` logits, keeping `k` candidates.
+/// Both sampling stages for `rows` rows of `logits` (row stride `ld`) whose first `n` columns
+/// are the candidates, keeping `k` of them.
 #[allow(clippy::too_many_arguments)]
-pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids: &DeviceBuffer, cursor: &DeviceBuffer, rows: usize, n: usize, s: &DeviceSampling) -> Result<()> {
+pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids: &DeviceBuffer, cursor: &DeviceBuffer, rows: usize, n: usize, ld: usize, s: &DeviceSampling) -> Result<()> {
     let kernel = Kernel::SampleTopkF32;
     let (k, blocks) = (s.candidates(), blocks_for(n));
     if k == 0 || k > sample_tile::MAX_K || k > n || blocks * k > sample_tile::MAX_CAND {
         return Err(Error::Limit { op: kernel.name(), msg: format!("top_k {} over {} logits needs {} candidates (at most {} of {})", k, n, blocks * k, sample_tile::MAX_K, sample_tile::MAX_CAND) });
     }
-    need(kernel, "logits", logits, rows * n * 4)?;
+    if n > ld {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("{} candidates in rows of {} logits", n, ld) });
+    }
+    need(kernel, "logits", logits, rows * ld * 4)?;
     need(kernel, "cand", cand, rows * blocks * k * 8)?;
     need(kernel, "ids", ids, rows * 4)?;
     need(kernel, "cursor", cursor, rows * CURSOR_FIELDS * 4)?;
@@ -33,6 +37,7 @@ pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids:
         cursor: cursor.addr(),
         rows: fits_u32(kernel, "rows", rows)?,
         n: fits_u32(kernel, "n", n)?,
+        ld: fits_u32(kernel, "ld", ld)?,
         k: k as u32,
         blocks: blocks as u32,
         temperature: if s.is_greedy() { 0.0 } else { s.temperature },
@@ -48,14 +53,14 @@ pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids:
 }
 
 impl CudaBackend {
-    pub(super) fn sample_step_op(&self, logits: &Tensor, s: &DeviceSampling, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+    pub(super) fn sample_step_op(&self, logits: &Tensor, s: &DeviceSampling, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
         const OP: &str = "sample_step";
-        let (rows, n) = ops::sample_dims(logits, s, ids, cursor, sample_tile::MAX_K)?;
+        let (rows, ld, n) = ops::sample_dims(logits, s, n, ids, cursor, sample_tile::MAX_K)?;
         if rows > 65_535 {
             return Err(Error::Limit { op: OP, msg: format!("{} rows exceed 65535", rows) });
         }
         let l = self.enter()?;
         let cand = self.output(rows * blocks_for(n) * s.candidates() * 2)?;
-        sample(&l, self.buffer(OP, logits)?, &cand, self.buffer(OP, ids)?, self.buffer(OP, cursor)?, rows, n, s)
+        sample(&l, self.buffer(OP, logits)?, &cand, self.buffer(OP, ids)?, self.buffer(OP, cursor)?, rows, n, ld, s)
     }
 }

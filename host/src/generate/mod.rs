@@ -240,7 +240,7 @@ impl<'a> Session<'a> {
             let h = m.text.forward(b, x, &st.cursor, cache, None)?;
             let logits = m.text.logits(b, &h)?; // [1, vocab]
             match kind {
-                StepKind::Device(s) => b.sample_step(&logits, &s, &mut st.ids, &mut st.cursor),
+                StepKind::Device(s) => b.sample_step(&logits, &s, m.sampled_vocab(), &mut st.ids, &mut st.cursor),
                 StepKind::Logits => {
                     st.logits = Some(logits);
                     Ok(())
@@ -274,6 +274,7 @@ impl<'a> Session<'a> {
                 st.holds = None;
                 let t = st.logits.as_ref().ok_or_else(|| Error::Device { op: "decode", msg: "the step produced no logits".into() })?;
                 let mut logits = b.download_f32(t)?;
+                logits.truncate(m.sampled_vocab());
                 Ok(sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64))
             }
         }
@@ -305,6 +306,7 @@ impl<'a> Session<'a> {
             });
         }
         let mut logits = self.feed_with_images(prompt, images)?;
+        logits.truncate(self.model.sampled_vocab());
         let prefill_secs = start.elapsed().as_secs_f64();
         let start = std::time::Instant::now();
         let mut out = Vec::new();

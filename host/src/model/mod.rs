@@ -31,6 +31,8 @@ pub struct Model {
     pub config: Config,
     pub text: TextModel,
     pub vision: VisionModel,
+    /// Token ids generation may produce: `0..sampled_vocab` (see [`Model::limit_sampling`]).
+    sampled_vocab: usize,
 }
 
 /// The host side of a split load: the backend the parts not on the device go to, and the plan.
@@ -94,7 +96,8 @@ impl Model {
             });
         }
         progress(total, total);
-        Ok(Model { config, text, vision })
+        let sampled_vocab = config.text.vocab_size;
+        Ok(Model { config, text, vision, sampled_vocab })
     }
 
     /// The sizes [`Placement::plan`] works from for the model of `opened` (quantized as `quant`
@@ -109,6 +112,20 @@ impl Model {
     }
 
     /// Where the parts are.
+    /// Generation picks only ids below `n` (the LM head's other rows are never sampled, greedy
+    /// included): the ids the tokenizer has, when its vocabulary is smaller than the head
+    /// (Qwen3-VL's head has 151,936 rows for 151,669 token ids; the rest is padding, which
+    /// random or lightly trained weights can rank first). Clamped to `1..=vocab_size`.
+    pub fn limit_sampling(&mut self, n: usize) {
+        self.sampled_vocab = n.clamp(1, self.config.text.vocab_size);
+    }
+
+    /// Token ids generation may produce: `0..sampled_vocab()` (the LM head's size unless
+    /// [`Model::limit_sampling`] lowered it).
+    pub fn sampled_vocab(&self) -> usize {
+        self.sampled_vocab
+    }
+
     pub fn placement(&self) -> &Placement {
         self.text.placement()
     }

@@ -153,6 +153,9 @@ impl ModelArgs {
         if self.quant.is_some() && matches!(files, ModelFiles::Gguf { .. }) {
             return Err(format!("--quant quantizes a Hugging Face checkpoint; {} is GGUF already (use it as stored, or `qwen3-vl quantize` the original)", self.model.display()).into());
         }
+        if let (Some(mix), ModelFiles::Safetensors(dir)) = (self.quant, &files) {
+            quant_report(mix, &config, dir)?;
+        }
         let tok_path = self.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
         let tokenizer = match opened.tokenizer.take() {
             Some(t) if self.tokenizer.is_none() && !tok_path.exists() => t,
@@ -191,12 +194,14 @@ impl ModelArgs {
     pub fn load(&self, checked: Checked, context: usize) -> CliResult<Loaded> {
         let sel = self.device.select()?;
         let t0 = Instant::now();
-        let (model, host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context)?;
+        let (mut model, host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context)?;
+        // generation never picks an id the tokenizer cannot decode (the LM head's padding rows)
+        model.limit_sampling(checked.tokenizer.vocab_size());
         let c = &model.config.text;
         log::info!(
             "loaded {} ({} weights; {} layers, hidden {}, {} heads / {} KV heads) in {:.1} s",
             self.model.display(),
-            model.text.weights_dtype(),
+            model.text.weights_summary(),
             c.num_hidden_layers,
             c.hidden_size,
             c.num_attention_heads,
@@ -206,10 +211,31 @@ impl ModelArgs {
         log::info!("{}; {} of checkpoint tensors; memory: {}", placed_report(&model, &*sel.backend), human(checked.weight_bytes), memory_report(&*sel.backend));
         if checked.tokenizer.vocab_size() > c.vocab_size {
             log::warn!("the tokenizer knows {} tokens but the model only {}", checked.tokenizer.vocab_size(), c.vocab_size);
+        } else if model.sampled_vocab() < c.vocab_size {
+            log::debug!("sampling ids below {} (the tokenizer's); the LM head's other {} rows are padding and never picked", model.sampled_vocab(), c.vocab_size - model.sampled_vocab());
         }
         let kv_dtype = self.device.kv_dtype(&*sel.backend);
         Ok(Loaded { backend: sel.backend, host, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
     }
+}
+
+/// Says what `--quant MIX` makes of the checkpoint in `dir` (types with bytes; tensors that
+/// cannot take the type asked for) and that it costs time on every start.
+fn quant_report(mix: Mix, config: &Config, dir: &std::path::Path) -> CliResult<()> {
+    let ck = qwen3_vl::model::Checkpoint::open(dir)?;
+    let tensors = ck.names().filter_map(|n| Some((n, ck.shape_of(n)?, ck.dtype_of(n)?)));
+    let r = qwen3_vl::model::quantize::MixReport::of(mix, config, tensors);
+    if let Some(w) = r.warning() {
+        log::warn!("--quant {}: {}", mix.name().to_ascii_lowercase(), w);
+    }
+    log::info!(
+        "--quant {}: quantizing while loading, on every start (slow for a large model: `qwen3-vl quantize {} OUT --type {}` writes GGUF files once, which load as stored); weights as {}",
+        mix.name().to_ascii_lowercase(),
+        dir.display(),
+        mix.name().to_ascii_lowercase(),
+        r.describe()
+    );
+    Ok(())
 }
 
 /// The user's message: `-p TEXT`, `-p -` (standard input) or `--prompt-file FILE`.

@@ -5,7 +5,7 @@
 
 use super::load::CliResult;
 use qwen3_vl::gguf::{meta, names, Writer};
-use qwen3_vl::model::quantize::{type_for, Mix};
+use qwen3_vl::model::quantize::{type_for, Mix, MixReport};
 use qwen3_vl::model::{Checkpoint, Config};
 use qwen3_vl::{DType, Tokenizer};
 use std::path::{Path, PathBuf};
@@ -74,6 +74,16 @@ pub fn run(a: QuantizeArgs) -> CliResult<()> {
             return Err(format!("{}: tensor '{}' has no GGUF name (not a Qwen3-VL checkpoint?)", a.input.display(), name).into());
         }
     }
+    // what the mix makes of each file, and the tensors that cannot take the type asked for
+    let report = |list: &[(String, String, Vec<usize>, DType)]| {
+        MixReport::of(a.mix, &cfg, list.iter().map(|(name, _, shape, _)| (name.as_str(), &shape[..], DType::F32)))
+    };
+    let (text_mix, vision_mix) = (report(&text), report(&vision));
+    for (what, r) in [("text model", &text_mix), ("vision tower", &vision_mix)] {
+        if let Some(w) = r.warning() {
+            log::warn!("{}: {}", what, w);
+        }
+    }
     let patch = patch.ok_or_else(|| format!("{}: no {}", a.input.display(), names::PATCH_EMBED))?;
     if patch.len() != 5 || patch[2] > names::PATCH_SLICES.len() {
         return Err(format!("{}: patch embedding of shape {:?} (expected [hidden, C, T <= 2, P, P])", a.input.display(), patch).into());
@@ -88,7 +98,7 @@ pub fn run(a: QuantizeArgs) -> CliResult<()> {
     }
     let tpath = a.output.join(&tname);
     write(&pool, &w, &tpath, &ck, &text, None)?;
-    eprintln!("wrote {} ({} tensors, {:.2} GB)", tpath.display(), text.len(), std::fs::metadata(&tpath).map(|m| m.len()).unwrap_or(0) as f64 / 1e9);
+    eprintln!("wrote {} ({} tensors, {:.2} GB): {}", tpath.display(), text.len(), std::fs::metadata(&tpath).map(|m| m.len()).unwrap_or(0) as f64 / 1e9, text_mix.describe());
 
     // 3. the vision tower: the Conv3d kernel as its temporal slices, in f32
     let mut w = Writer::new();
@@ -102,7 +112,14 @@ pub fn run(a: QuantizeArgs) -> CliResult<()> {
     }
     let vpath = a.output.join(&vname);
     write(&pool, &w, &vpath, &ck, &vision, Some(&patch))?;
-    eprintln!("wrote {} ({} tensors, {:.2} GB) in {:.1} s", vpath.display(), vision.len() + patch[2], std::fs::metadata(&vpath).map(|m| m.len()).unwrap_or(0) as f64 / 1e9, t0.elapsed().as_secs_f64());
+    eprintln!(
+        "wrote {} ({} tensors, {:.2} GB): {} and the f32 patch embedding, in {:.1} s",
+        vpath.display(),
+        vision.len() + patch[2],
+        std::fs::metadata(&vpath).map(|m| m.len()).unwrap_or(0) as f64 / 1e9,
+        vision_mix.describe(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

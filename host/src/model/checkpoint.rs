@@ -95,6 +95,11 @@ impl Checkpoint {
         self.entries.get(name).map(|e| &e.shape[..])
     }
 
+    /// The stored element type of `name`.
+    pub fn dtype_of(&self, name: &str) -> Option<DType> {
+        self.entries.get(name).map(|e| e.dtype)
+    }
+
     /// Total bytes of tensor data.
     pub fn total_bytes(&self) -> usize {
         self.entries.values().map(|e| e.end - e.start).sum()

@@ -76,8 +76,17 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("model.language_model.layers.")?.split('.').next()?.parse().ok()
 }
 
-/// The type `mix` gives the checkpoint tensor `name` of `shape`, or `None` to keep it as stored.
+/// The type `mix` gives the checkpoint tensor `name` of `shape`, or `None` to keep it as stored:
+/// [`wanted_type`], or `Q8_0` when the rows are not whole blocks of it (then the stored type
+/// when they are not whole `Q8_0` blocks either).
 pub fn type_for(mix: Mix, cfg: &Config, name: &str, shape: &[usize]) -> Option<DType> {
+    let want = wanted_type(mix, cfg, name, shape)?;
+    [want, DType::Q8_0].iter().copied().find(|d| d.row_bytes(shape[1]).is_some())
+}
+
+/// The type `mix`'s rules ask for the checkpoint tensor `name` of `shape`, before any fallback
+/// for rows that are not whole blocks; `None` for tensors the mix keeps as stored.
+pub fn wanted_type(mix: Mix, cfg: &Config, name: &str, shape: &[usize]) -> Option<DType> {
     let is_weight = name.ends_with(".weight") && shape.len() == 2 && !name.contains("norm");
     if !is_weight || name.contains("pos_embed") || name.contains("patch_embed") {
         return None;
@@ -99,8 +108,80 @@ pub fn type_for(mix: Mix, cfg: &Config, name: &str, shape: &[usize]) -> Option<D
             }
         }
     };
-    let cols = shape[1];
-    [want, DType::Q8_0].iter().copied().find(|d| d.row_bytes(cols).is_some())
+    Some(want)
+}
+
+/// What a mix made of a checkpoint: tensors and bytes per type, and the tensors that could not
+/// take the type the mix asked for (rows that are not whole blocks of it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MixReport {
+    /// `(type, tensors, bytes)`, in the order first seen.
+    pub by_type: Vec<(DType, usize, usize)>,
+    /// `(tensor, asked for, got, row length)`.
+    pub fallbacks: Vec<(String, DType, DType, usize)>,
+}
+
+impl MixReport {
+    /// The report of `mix` over the tensors `(name, shape, stored type)` of a checkpoint.
+    pub fn of<'a>(mix: Mix, cfg: &Config, tensors: impl IntoIterator<Item = (&'a str, &'a [usize], DType)>) -> MixReport {
+        let mut r = MixReport::default();
+        for (name, shape, stored) in tensors {
+            let wanted = wanted_type(mix, cfg, name, shape);
+            r.add(name, shape, wanted, type_for(mix, cfg, name, shape).unwrap_or(stored));
+        }
+        r
+    }
+
+    /// Counts tensor `name` of `shape`, stored as `got` where the mix asked for `wanted`.
+    pub fn add(&mut self, name: &str, shape: &[usize], wanted: Option<DType>, got: DType) {
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        let bytes = rows * got.row_bytes(cols).unwrap_or(cols * got.size_of());
+        match self.by_type.iter_mut().find(|(d, _, _)| *d == got) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += bytes;
+            }
+            None => self.by_type.push((got, 1, bytes)),
+        }
+        if let Some(w) = wanted.filter(|&w| w != got) {
+            self.fallbacks.push((name.to_string(), w, got, cols));
+        }
+    }
+
+    /// `q4_k 1.10 GB (168 tensors), q6_k 401.2 MB (30), f32 3.1 MB (113)`, largest first.
+    pub fn describe(&self) -> String {
+        let size = |b: usize| match b as f64 {
+            x if x >= 1e9 => format!("{:.2} GB", x / 1e9),
+            x if x >= 1e6 => format!("{:.1} MB", x / 1e6),
+            x => format!("{:.1} kB", x / 1e3),
+        };
+        let mut v = self.by_type.clone();
+        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v.iter()
+            .enumerate()
+            .map(|(i, (d, n, bytes))| format!("{} {} ({}{})", d, size(*bytes), n, if i == 0 { " tensors" } else { "" }))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A warning naming the tensors that did not get the type asked for, or `None`.
+    pub fn warning(&self) -> Option<String> {
+        let (name, want, got, cols) = self.fallbacks.first()?;
+        let shown: Vec<&str> = self.fallbacks.iter().take(4).map(|f| f.0.as_str()).collect();
+        Some(format!(
+            "{} tensor(s) could not take the type asked for: rows of {} values are not whole {}-value blocks of {}, so {} is {} instead{} ({}{})",
+            self.fallbacks.len(),
+            cols,
+            want.block_size(),
+            want,
+            name,
+            got,
+            if self.fallbacks.len() > 1 { ", and so on" } else { "" },
+            shown.join(", "),
+            if self.fallbacks.len() > shown.len() { ", ..." } else { "" }
+        ))
+    }
 }
 
 /// A source whose weights are quantized as `mix` says while loading.
@@ -153,5 +234,27 @@ mod tests {
     fn more_bits_layers_match_llama_cpp_for_28_layers() {
         let picked: Vec<usize> = (0..28).filter(|&l| use_more_bits(l, 28)).collect();
         assert_eq!(picked, vec![0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]);
+    }
+
+    #[test]
+    fn the_mix_report_counts_bytes_per_type_and_names_fallbacks() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/text/tied_gqa");
+        let cfg = Config::from_dir(&dir).unwrap();
+        // hidden 64: a row is two Q8_0 blocks but no whole 256-value K-quant block
+        let tensors: Vec<(&str, Vec<usize>, DType)> = vec![
+            ("model.language_model.layers.0.mlp.up_proj.weight", vec![128, 64], DType::F32),
+            ("model.language_model.layers.0.mlp.down_proj.weight", vec![64, 128], DType::F32),
+            ("model.language_model.layers.0.input_layernorm.weight", vec![64], DType::F32),
+        ];
+        let r = MixReport::of(Mix::Q4KM, &cfg, tensors.iter().map(|(n, s, d)| (*n, &s[..], *d)));
+        assert_eq!(r.by_type, vec![(DType::Q8_0, 2, 2 * 128 * 2 * 34), (DType::F32, 1, 256)]);
+        assert_eq!(r.fallbacks.len(), 2);
+        let w = r.warning().unwrap();
+        assert!(w.starts_with("2 tensor(s) could not take the type asked for: rows of 64 values are not whole 256-value blocks of q"), "{}", w);
+        assert!(w.contains("up_proj") && w.contains("q8_0 instead"), "{}", w);
+        assert_eq!(r.describe(), "q8_0 17.4 kB (2 tensors), f32 0.3 kB (1)");
+        // Q8_0 takes these rows: nothing to warn about
+        let r = MixReport::of(Mix::Q8_0, &cfg, tensors.iter().map(|(n, s, d)| (*n, &s[..], *d)));
+        assert!(r.warning().is_none() && r.fallbacks.is_empty());
     }
 }

@@ -220,11 +220,6 @@ impl TextModel {
         transfer(eb, b, &eb.embedding(&self.embed_tokens, ids)?)
     }
 
-    /// The element type of the projection weights (as stored in the checkpoint).
-    pub fn weights_dtype(&self) -> crate::DType {
-        self.lm_head.dtype()
-    }
-
     /// The element types of the weight matrices, most common first, with the share of weight
     /// elements each holds: `"q4_k 78%, q6_k 22%"` (one type: just its name).
     pub fn weights_summary(&self) -> String {

@@ -1,8 +1,9 @@
 //! `qwen3-vl bench`: prefill and decode speed of a checkpoint (random weights are fine), as a
-//! table, and with `--json` as one JSON object on the last line. Every number is the median of
-//! `--runs` measured runs after a warm-up run, timed with the backend's marks (device events on
-//! a GPU). Decode is measured after `--context` tokens are already in the KV cache, through the
-//! same decode path as `generate` (recorded CUDA graphs where the backend records).
+//! table, and with `--json` as one JSON object on stdout (the table then goes to stderr).
+//! Every number is the median of `--runs` measured runs after a warm-up run, timed with the
+//! backend's marks (device events on a GPU). Decode is measured after `--context` tokens are
+//! already in the KV cache, through the same decode path as `generate` (recorded CUDA graphs
+//! where the backend records).
 
 use super::load::CliResult;
 use qwen3_vl::model::placement::human;
@@ -45,7 +46,7 @@ pub struct BenchArgs {
     /// Decode with plain launches instead of recorded steps (CUDA graphs), for comparison.
     #[clap(long)]
     no_graphs: bool,
-    /// Print one JSON object with the results as the last line.
+    /// Print the results as one JSON object on stdout (the tables go to stderr).
     #[clap(long)]
     json: bool,
 }
@@ -168,9 +169,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         eprintln!();
         vision_ms = Some(median(times.clone()));
         ttft_ms = Some(median(first));
-        println!("| backend | image | patches | tokens | vision tower ms | first token ms (image + {} text tokens) |", a.prompt_tokens);
-        println!("|---|---|---|---|---|---|");
-        println!(
+        report!(a.json, "| backend | image | patches | tokens | vision tower ms | first token ms (image + {} text tokens) |", a.prompt_tokens);
+        report!(a.json, "|---|---|---|---|---|---|");
+        report!(a.json, 
             "| {} | {}x{} | {} | {} | {:.1} (median of {}) | {:.1} |",
             b.describe(),
             cells * v.patch_size,
@@ -184,9 +185,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     }
     let (p, d) = (median(prefill), median(decode));
     let peak = b.memory_stats().peak;
-    println!("| backend | model (weights) | prompt tokens | prefill tok/s | context | decode tok/s | kv cache | runs |");
-    println!("|---|---|---|---|---|---|---|---|");
-    println!(
+    report!(a.json, "| backend | model (weights) | prompt tokens | prefill tok/s | context | decode tok/s | kv cache | runs |");
+    report!(a.json, "|---|---|---|---|---|---|---|---|");
+    report!(a.json, 
         "| {} | {} layers, hidden {}, {} weights, {} | {} | {:.1} | {} | {:.1} | {} | {} (median) |",
         b.describe(),
         c.num_hidden_layers,
@@ -203,7 +204,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let on_gpu = b.kind() == qwen3_vl::DeviceKind::Cuda;
     let placement = if on_gpu { model.placement().describe() } else { "everything on the CPU".into() };
     let (gpu_bytes, cpu_bytes) = if on_gpu { (gpu_bytes, cpu_bytes) } else { (0, gpu_bytes + cpu_bytes) };
-    println!(
+    report!(a.json, 
         "placement: {}; weights {} on the GPU, {} on the CPU; peak device memory {}{}",
         placement,
         human(gpu_bytes),

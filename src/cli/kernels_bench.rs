@@ -20,7 +20,7 @@ pub struct KernelsBenchArgs {
     /// Repetitions (the median is reported).
     #[clap(long, default_value = "15")]
     reps: usize,
-    /// Print one JSON object with the results as the last line.
+    /// Print the results as one JSON object on stdout (the tables go to stderr).
     #[clap(long)]
     json: bool,
 }
@@ -111,9 +111,9 @@ mod cuda_bench {
         }
         let t = median(t);
         let copy_gbs = 2.0 * (n * 4) as f64 / t / 1e9;
-        println!("device: {}  copy bandwidth (read + write): {:.0} GB/s", b.describe(), copy_gbs);
-        println!("| kernel | shape (k -> n) | bytes read | us | GB/s | % of copy |");
-        println!("|---|---|---|---|---|---|");
+        report!(a.json, "device: {}  copy bandwidth (read + write): {:.0} GB/s", b.describe(), copy_gbs);
+        report!(a.json, "| kernel | shape (k -> n) | bytes read | us | GB/s | % of copy |");
+        report!(a.json, "|---|---|---|---|---|---|");
         // 2. each GEMV of the decoder, m = 1
         let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
@@ -142,7 +142,7 @@ mod cuda_bench {
                 (false, true) => b.rms_norm_linear(&x, &norm_w, 1e-6, &ws[c], None).map(drop),
             })?;
             let gbs = per as f64 / t / 1e9;
-            println!("| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            report!(a.json, "| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
         }
         // 2b. the same GEMVs with block-quantized weights (activation quantization included)
@@ -158,13 +158,13 @@ mod cuda_bench {
             let t = time(b, a.reps, 20, &mut |_| b.attention_cached(&q, &kc, &vc, &cursor, 0.088).map(drop))?;
             let bytes = 2 * ctx * kvh * d * 2;
             let gbs = bytes as f64 / t / 1e9;
-            println!("| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            report!(a.json, "| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": "attention_split_f16", "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
         }
         // 4. prefill / vision matmuls (m = 64, 512, 4096) on the kernel the backend picks
         let peak = b.fp32_peak_tflops();
-        println!("| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);
-        println!("|---|---|---|---|");
+        report!(a.json, "| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);
+        report!(a.json, "|---|---|---|---|");
         let (vh, vi) = (1024usize, 4096usize);
         let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
         for &m in &[64usize, 512, 4096] {
@@ -174,7 +174,7 @@ mod cuda_bench {
                 let x = b.upload_f32(&[m, k], &vec![0.01; m * k])?;
                 let t = time(b, a.reps.min(5), 5, &mut |_| b.linear_with(algo, &x, &w, None, None).map(drop))?;
                 let tflops = 2.0 * (m * k * nout) as f64 / t / 1e12;
-                println!("| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
+                report!(a.json, "| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
                 rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "shape": name, "m": m, "k": k, "n": nout, "us": t * 1e6, "tflops": tflops}));
             }
         }
@@ -205,7 +205,7 @@ mod cuda_bench {
                 let x = b.upload_f32(&[1, k], &vec![0.01; k])?;
                 let t = time(b, a.reps, copies, &mut |c| if fused { b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop) } else { b.linear(&x, &ws[c], None).map(drop) })?;
                 let gbs = per as f64 / t / 1e9;
-                println!("| mmvq{}_{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "" }, dt, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+                report!(a.json, "| mmvq{}_{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "" }, dt, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
                 rows.push(serde_json::json!({"kernel": format!("mmvq_{}", dt), "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
             }
         }
@@ -219,8 +219,8 @@ mod cuda_bench {
     /// head, keys halved when causal).
     fn flash_rows(b: &CudaBackend, a: &KernelsBenchArgs, cfg: &qwen3_vl::model::TextConfig, rows: &mut Vec<serde_json::Value>) -> CliResult<()> {
         let vcfg = Config::from_dir(&a.model)?.vision;
-        println!("| kernel | shape | us | TFLOP/s |");
-        println!("|---|---|---|---|");
+        report!(a.json, "| kernel | shape | us | TFLOP/s |");
+        report!(a.json, "|---|---|---|---|");
         let (heads, kvh, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         for &t in &[512usize, 4096] {
             let kc = b.upload_half(&[t, kvh, d], DType::F16, &random_bits(t * kvh * d, 5))?;
@@ -230,7 +230,7 @@ mod cuda_bench {
             let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
             let secs = time(b, a.reps, 5, &mut |_| b.attention_cached(&q, &kc, &vc, &cursor, 1.0 / (d as f32).sqrt()).map(drop))?;
             let flops = 4.0 * (t * t) as f64 / 2.0 * (d * heads) as f64;
-            println!("| flash attention, causal prefill, f16 cache | t {} heads {}/{} d {} | {:.1} | {:.1} |", t, heads, kvh, d, secs * 1e6, flops / secs / 1e12);
+            report!(a.json, "| flash attention, causal prefill, f16 cache | t {} heads {}/{} d {} | {:.1} | {:.1} |", t, heads, kvh, d, secs * 1e6, flops / secs / 1e12);
             rows.push(serde_json::json!({"kernel": "flash_attention prefill", "t": t, "us": secs * 1e6, "tflops": flops / secs / 1e12}));
         }
         let (vh, vd) = (vcfg.num_heads, vcfg.hidden_size / vcfg.num_heads);
@@ -244,7 +244,7 @@ mod cuda_bench {
             let mask = qwen3_vl::BlockMask::block_diagonal(b, &vec![n / images; images])?;
             let secs = time(b, a.reps, 5, &mut |_| b.attention_block_sparse(&q, &k, &v, &mask, 1.0 / (vd as f32).sqrt(), Some((&cos, &sin))).map(drop))?;
             let flops = 4.0 * (n * n / images) as f64 * (vd * vh) as f64;
-            println!("| flash attention, vision block-sparse + rotary | {} patches in {} image(s), heads {} d {} | {:.1} | {:.1} |", n, images, vh, vd, secs * 1e6, flops / secs / 1e12);
+            report!(a.json, "| flash attention, vision block-sparse + rotary | {} patches in {} image(s), heads {} d {} | {:.1} | {:.1} |", n, images, vh, vd, secs * 1e6, flops / secs / 1e12);
             rows.push(serde_json::json!({"kernel": "flash_attention vision", "patches": n, "images": images, "us": secs * 1e6, "tflops": flops / secs / 1e12}));
         }
         Ok(())

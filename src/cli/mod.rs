@@ -1,5 +1,17 @@
 //! Command-line interface: argument parsing, logging, and one module per subcommand.
 
+/// Prints one line of a human-readable report: on stdout, or on stderr when `--json` keeps
+/// stdout for the one JSON document.
+macro_rules! report {
+    ($json:expr, $($arg:tt)*) => {
+        if $json {
+            eprintln!($($arg)*)
+        } else {
+            println!($($arg)*)
+        }
+    };
+}
+
 mod bench;
 mod chat;
 mod generate;

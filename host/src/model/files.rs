@@ -58,6 +58,26 @@ fn gguf_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     Ok((text, mmproj))
 }
 
+/// File names, comma-separated.
+fn names(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())).collect::<Vec<_>>().join(", ")
+}
+
+/// What a directory holds, in words: `3 entries: a.txt, b/, c.bin` (the first 12, sorted), or
+/// `nothing`.
+fn listing(dir: &Path) -> String {
+    let mut entries: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| format!("{}{}", e.file_name().to_string_lossy(), if e.path().is_dir() { "/" } else { "" })).collect(),
+        Err(e) => return format!("entries that cannot be listed ({})", e),
+    };
+    entries.sort();
+    match entries.len() {
+        0 => "nothing".into(),
+        n if n > 12 => format!("{} entries: {}, ...", n, entries[..12].join(", ")),
+        n => format!("{} {}: {}", n, if n == 1 { "entry" } else { "entries" }, entries.join(", ")),
+    }
+}
+
 fn one(kind: &str, dir: &Path, found: Vec<PathBuf>, hint: &str) -> Result<PathBuf> {
     match found.len() {
         1 => Ok(found.into_iter().next().unwrap_or_default()),
@@ -84,7 +104,14 @@ impl ModelFiles {
             return Ok(ModelFiles::Safetensors(model.to_path_buf()));
         }
         let (text, dir) = if meta.is_dir() {
-            let (texts, _) = gguf_files(model)?;
+            let (texts, mmprojs) = gguf_files(model)?;
+            if texts.is_empty() {
+                let gguf = if mmprojs.is_empty() { String::new() } else { format!(" (the GGUF files here are vision towers only: {})", names(&mmprojs)) };
+                return Err(cfg_err(
+                    model,
+                    format!("is not a model directory: looked for config.json with *.safetensors (a Hugging Face checkpoint) or a GGUF text model (*.gguf, with its mmproj){}; it holds {}", gguf, listing(model)),
+                ));
+            }
             (one("text model", model, texts, "-m FILE.gguf")?, model.to_path_buf())
         } else if is_gguf(model) {
             (model.to_path_buf(), model.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf))

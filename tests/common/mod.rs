@@ -34,8 +34,22 @@ pub fn expect_gpu() -> bool {
     std::env::var(EXPECT_GPU_VAR).map_or(false, |v| v == "1")
 }
 
-/// The CUDA backend, or `None` (with a note on stderr) when this machine has none.
+/// The CUDA backend, or `None` (with a note on stderr, and the test counted as skipped) when
+/// this machine has none.
 pub fn gpu(test: &str) -> Option<Arc<dyn Backend>> {
+    gpu_or_skip(test, Skip::Whole)
+}
+
+/// What a test leaves out when there is no GPU.
+#[derive(Clone, Copy)]
+enum Skip {
+    /// Everything: a GPU test.
+    Whole,
+    /// Its GPU part: a test that also runs on the CPU.
+    Part,
+}
+
+fn gpu_or_skip(test: &str, skip: Skip) -> Option<Arc<dyn Backend>> {
     match select_device(DeviceRequest::Cuda, None) {
         Ok(sel) => {
             assert_eq!(sel.backend.kind(), qwen3_vl::DeviceKind::Cuda);
@@ -44,9 +58,37 @@ pub fn gpu(test: &str) -> Option<Arc<dyn Backend>> {
         Err(e) => {
             assert!(!expect_gpu(), "{}: {}=1 but CUDA is unavailable: {}", test, EXPECT_GPU_VAR, e);
             eprintln!("{}: skipped on this machine: {}", test, e);
+            record_gpu_skip(test, skip, &e.to_string());
             None
         }
     }
+}
+
+/// Where tests that skipped their GPU work leave a note, one file per test
+/// (`whole--BINARY--TEST` for a GPU test, `part--BINARY--TEST` for a CPU and GPU test that ran
+/// on the CPU only): `.ci/run` counts them into its summary (`N passed, N failed, N skipped`),
+/// since cargo counts a test that returned early as passed.
+pub fn gpu_skip_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpu-skipped")
+}
+
+/// Notes that the running test (the test harness names its thread after it; `label` when the
+/// tests run on the main thread) skipped its GPU work. Best effort: a note that cannot be
+/// written only loses a count.
+fn record_gpu_skip(label: &str, skip: Skip, why: &str) {
+    let exe = std::env::current_exe().ok().and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned())).unwrap_or_default();
+    let binary = exe.rsplit_once('-').map_or(exe.as_str(), |(name, _hash)| name).to_string();
+    let test = match std::thread::current().name() {
+        Some(name) if name != "main" => name.to_string(),
+        _ => label.to_string(),
+    };
+    let kind = match skip {
+        Skip::Whole => "whole",
+        Skip::Part => "part",
+    };
+    let file: String = format!("{}--{}--{}", kind, binary, test).chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+    let dir = gpu_skip_dir();
+    let _ = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(dir.join(file), format!("{}: {}\n", label, why)));
 }
 
 pub fn cpu() -> Arc<dyn Backend> {
@@ -57,7 +99,11 @@ pub fn cpu() -> Arc<dyn Backend> {
 /// (`--kernels compute_61`, `compute_80`): the portable FP32 kernels and the tensor-core ones
 /// are tested in turn on one GPU. Empty (with a note) without a GPU.
 pub fn gpus(test: &str) -> Vec<Arc<dyn Backend>> {
-    if gpu(test).is_none() {
+    gpus_or_skip(test, Skip::Whole)
+}
+
+fn gpus_or_skip(test: &str, skip: Skip) -> Vec<Arc<dyn Backend>> {
+    if gpu_or_skip(test, skip).is_none() {
         return Vec::new();
     }
     let mut v = Vec::new();
@@ -76,7 +122,7 @@ pub fn gpus(test: &str) -> Vec<Arc<dyn Backend>> {
 /// tests run on each.
 pub fn backends(test: &str) -> Vec<Arc<dyn Backend>> {
     let mut v = vec![cpu()];
-    v.extend(gpus(test));
+    v.extend(gpus_or_skip(test, Skip::Part));
     v
 }
 

@@ -25,18 +25,20 @@ impl log::Log for Capture {
 fn auto_selects_a_backend_and_logs_why() {
     let logs: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
     log::set_logger(logs).expect("only this test installs a logger");
-    log::set_max_level(log::LevelFilter::Info);
+    // the pure-Rust build says its choice at debug level (there is nothing to fall back from)
+    log::set_max_level(if qwen3_vl::PTX.is_empty() { log::LevelFilter::Debug } else { log::LevelFilter::Info });
     let sel = select_device(DeviceRequest::Auto, Some(2)).expect("auto always yields a backend");
     let logged = logs.0.lock().unwrap().clone();
     assert!(logged.iter().any(|l| l == &sel.reason), "reason {:?} not in log {:?}", sel.reason, logged);
     match sel.backend.kind() {
         DeviceKind::Cpu => {
             assert!(!common::expect_gpu(), "a GPU was expected but auto chose the CPU: {}", sel.reason);
-            assert!(sel.reason.contains("falling back from CUDA: "), "{}", sel.reason);
             // our machines without a GPU: libcuda is present and reports no device
             if !qwen3_vl::PTX.is_empty() {
+                assert!(sel.reason.contains("falling back from CUDA: "), "{}", sel.reason);
                 assert!(sel.reason.contains("CUDA device"), "{}", sel.reason);
             } else {
+                assert!(!sel.reason.contains("falling back"), "{}", sel.reason);
                 assert!(sel.reason.contains("--features cuda"), "{}", sel.reason);
             }
             assert!(sel.reason.contains("2 threads"), "{}", sel.reason);

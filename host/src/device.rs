@@ -49,6 +49,12 @@ pub fn select(request: DeviceRequest, ptx: &[Ptx], kernels: KernelsRequest, cpu_
             let b = try_cuda(ptx, kernels)?;
             Selection { reason: format!("using {}: requested with --device cuda", b.describe()), backend: b }
         }
+        // the pure-Rust build has no GPU path to fall back from: said at debug level only
+        DeviceRequest::Auto if !cfg!(feature = "cuda") => {
+            let sel = cpu("this build has no CUDA support (rebuild with --features cuda for the GPU)".into())?;
+            log::debug!("{}", sel.reason);
+            return Ok(sel);
+        }
         DeviceRequest::Auto => match try_cuda(ptx, kernels) {
             Ok(b) => Selection { reason: format!("using {}: a CUDA device initialized and the kernels loaded", b.describe()), backend: b },
             Err(e) => cpu(format!("falling back from CUDA: {}", e))?,

@@ -147,6 +147,11 @@ impl<'a> Chat<'a> {
             eprintln!("(stopped)");
         } else if !quiet() {
             log::debug!("{}", summary(&g, "--max-tokens reached"));
+            if g.stop == Stop::MaxTokens && budget < self.max_tokens {
+                eprintln!("\n(the reply stopped after {} tokens: the context of {} tokens (--context) is full; the next message drops the oldest turns)", g.tokens.len(), self.capacity);
+            } else if g.stop == Stop::MaxTokens {
+                eprintln!("\n(the reply stopped at --max-tokens {})", self.max_tokens);
+            }
         }
         // 4. remember it; the reply's last token was sampled but not fed: the template closes
         // the turn with <|im_end|>\n, which goes in front of the next user turn

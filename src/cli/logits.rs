@@ -18,7 +18,8 @@ pub struct LogitsArgs {
     /// Feed the prompt as is, without the chat template.
     #[clap(long)]
     raw: bool,
-    /// Output file: vocab_size little-endian f32 values; "-" for stdout.
+    /// Output file: vocab_size little-endian f32 values; "-" for stdout. Nothing else goes to
+    /// stdout (the prompt's token count is in the log on stderr).
     #[clap(long, short = 'o')]
     out: PathBuf,
 }
@@ -86,7 +87,6 @@ fn write(out: &mut Out, ids: usize, logits: &[f32]) -> CliResult<()> {
         Out::File(path, f) => {
             f.write_all(&bytes).map_err(|e| qwen3_vl::Error::io(&*path, e))?;
             f.flush()?;
-            println!("{}", ids);
             log::info!("{} prompt tokens; wrote {} logits to {}", ids, logits.len(), path.display());
         }
     }

@@ -114,13 +114,22 @@ pub fn decode_image_limited(bytes: &[u8], name: &str, max_pixels: usize) -> Resu
     Ok(orient(rgb, meta::orientation(bytes, format)))
 }
 
+/// The first bytes of a file in words: `0x47 0x49 0x46 0x38 ("GIF8")`, printable ASCII
+/// shown as is and the rest as `.`.
+fn head_bytes(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(8)];
+    let hex: Vec<String> = head.iter().map(|b| format!("0x{:02x}", b)).collect();
+    let text: String = head.iter().map(|&b| if (0x20..0x7f).contains(&b) { b as char } else { '.' }).collect();
+    format!("bytes {} ({:?})", hex.join(" "), text)
+}
+
 /// The format of `bytes`, or an error saying what they start with.
 fn sniff_or_fail(bytes: &[u8], name: &str) -> Result<Format> {
     let fail = |msg: String| Error::Image { file: name.to_string(), msg };
     if bytes.is_empty() {
         return Err(fail("empty file".into()));
     }
-    Format::sniff(bytes).ok_or_else(|| fail(format!("unsupported image format (not JPEG, PNG or WebP; starts with {:02x?})", &bytes[..bytes.len().min(8)])))
+    Format::sniff(bytes).ok_or_else(|| fail(format!("unsupported image format (not JPEG, PNG or WebP; starts with {})", head_bytes(bytes))))
 }
 
 /// Decodes with the `image` crate's allocations capped at `max_alloc` bytes.
@@ -216,6 +225,11 @@ mod tests {
                 Err(Error::Image { file, msg }) => assert!(file == "x.bin" && msg.contains(needle), "{}", msg),
                 other => panic!("{:?}", other.map(|i| (i.width, i.height))),
             }
+        }
+        // the first bytes in hex that reads as hex, with their text
+        match decode_image(b"GIF89a\x01\x02", "x.gif") {
+            Err(Error::Image { msg, .. }) => assert!(msg.contains(r#"bytes 0x47 0x49 0x46 0x38 0x39 0x61 0x01 0x02 ("GIF89a..")"#), "{}", msg),
+            other => panic!("{:?}", other.map(|i| (i.width, i.height))),
         }
     }
 }

@@ -226,8 +226,11 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
         other => return Err(format!("unknown unit '{}' in '{}' (B, KiB, MiB, GiB, TiB, K, M, G, KB, MB, GB)", other, s)),
     };
     let bytes = value * mult;
-    if !bytes.is_finite() || bytes < 1.0 || bytes >= usize::MAX as f64 {
-        return Err(format!("size '{}' is out of range", s));
+    if bytes < 1.0 {
+        return Err(format!("size '{}' is less than one byte: a GPU budget must hold at least one text layer and the workspace (to run without the GPU, use --device cpu)", s));
+    }
+    if !bytes.is_finite() || bytes >= usize::MAX as f64 {
+        return Err(format!("size '{}' is larger than this machine can address", s));
     }
     Ok(bytes as usize)
 }
@@ -257,7 +260,9 @@ mod tests {
         assert_eq!(parse_size("2G"), Ok(2 << 30));
         assert_eq!(parse_size("123"), Ok(123));
         assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
-        assert!(parse_size("two").is_err() && parse_size("2 parsecs").is_err() && parse_size("0").is_err());
+        assert!(parse_size("two").is_err() && parse_size("2 parsecs").is_err());
+        assert!(parse_size("0").unwrap_err().contains("--device cpu"));
+        assert!(parse_size("1e30").is_err() && parse_size("99999999999TiB").unwrap_err().contains("larger than"));
     }
 
     #[test]

@@ -267,3 +267,78 @@ fn device_ids_embedding_narrowing_and_f16_rows_agree() {
     };
     agree_host("write_rows into f16", &*g, &op, 0.0, 0.0);
 }
+
+/// Rows of `[m, k]` activations with massive values (real LLMs have channels of 10^5 and more
+/// in the MLP's down-projection input): row 0 scaled to reach 3·10^5, row 1 tiny (10^-4),
+/// every fourth row one spike of 2·10^5 among ordinary values, the rest ordinary.
+fn massive_rows(m: usize, k: usize, seed: u32) -> Vec<f32> {
+    let mut a = random(m * k, seed);
+    for r in 0..m {
+        let row = &mut a[r * k..(r + 1) * k];
+        match r % 4 {
+            0 => row.iter_mut().for_each(|v| *v *= 3.0e5),
+            1 => row.iter_mut().for_each(|v| *v *= 1.0e-4),
+            2 => row[(r * 7) % k] = 2.0e5,
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Each output against the CPU's f32 product within `rel` of the row's Σ|a·w| (the scale a
+/// dot product's rounding error has), plus a tiny absolute floor.
+fn assert_products_close(name: &str, got: &[f32], want: &[f32], a: &[f32], w: &[f32], (m, n, k): (usize, usize, usize), rel: f32) {
+    for r in 0..m {
+        for c in 0..n {
+            let mag: f32 = (0..k).map(|j| (a[r * k + j] * w[c * k + j]).abs()).sum();
+            let (g, x) = (got[r * n + c], want[r * n + c]);
+            assert!(g.is_finite(), "{}: row {} column {}: {} (an f16 overflow?)", name, r, c, g);
+            assert!((g - x).abs() <= rel * mag + 1e-6, "{}: row {} column {}: {} vs {} (Σ|a·w| = {:.3e})", name, r, c, g, x, mag);
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn activations_past_the_f16_range_give_the_f32_product() {
+    use qwen3_vl::cuda::LinearAlgo;
+    use qwen3_vl::Blocks;
+    let cpu = cpu();
+    for g in common::gpus("massive activations") {
+        let cuda = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>().expect("the GPU backend is CUDA");
+        let tensor_cores = cuda.kernels_module().0 >= qwen3_vl::kernels::Arch::Compute80;
+        for (i, &(m, n, k)) in [(9usize, 130usize, 256usize), (130, 257, 1024), (300, 64, 2048)].iter().enumerate() {
+            let a = massive_rows(m, k, 70 + i as u32);
+            let w = random(n * k, 80 + i as u32);
+            // f16 weights: every kernel this module has for them, and the default pick
+            let wf16: Vec<f32> = w.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+            let mut algos: Vec<Option<LinearAlgo>> = vec![None, Some(LinearAlgo::Big(1)), Some(LinearAlgo::Big(3))];
+            if tensor_cores {
+                algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().map(|&(tm, tn)| Some(LinearAlgo::Mma(tm, tn, 1))));
+                algos.push(Some(LinearAlgo::Mma(64, 64, 3)));
+            }
+            let want = cpu.download_f32(&cpu.linear(&cpu.upload_f32(&[m, k], &a).unwrap(), &upload(&*cpu, &[n, k], &w, DType::F16).unwrap(), None).unwrap()).unwrap();
+            for algo in algos {
+                let (at, wt) = (g.upload_f32(&[m, k], &a).unwrap(), upload(&*g, &[n, k], &w, DType::F16).unwrap());
+                g.set_poison_outputs(true);
+                let out = match algo {
+                    Some(algo) => cuda.linear_with(algo, &at, &wt, None, None),
+                    None => g.linear(&at, &wt, None),
+                }
+                .unwrap();
+                let name = format!("{} f16 {:?} m={} n={} k={}", g.describe(), algo, m, n, k);
+                assert_products_close(&name, &g.download_f32(&out).unwrap(), &want, &a, &wf16, (m, n, k), 2e-5);
+            }
+            // Q8_0 weights: more than 8 rows take the dequantize-to-f16 GEMM
+            let q = qwen3_vl::quant::quantize_vec(DType::Q8_0, &w).unwrap();
+            let deq = qwen3_vl::quant::dequantize_vec(DType::Q8_0, &q, n * k).unwrap();
+            let want = cpu.download_f32(&cpu.linear(&cpu.upload_f32(&[m, k], &a).unwrap(), &cpu.upload_f32(&[n, k], &deq).unwrap(), None).unwrap()).unwrap();
+            let wq = g.upload_blocks(&[n, k], DType::Q8_0, Blocks::Owned(q)).unwrap();
+            g.set_poison_outputs(true);
+            let out = g.linear(&g.upload_f32(&[m, k], &a).unwrap(), &wq, None).unwrap();
+            // the prefill path dequantizes Q8_0 to f16 (scale × int8 rounded to 11 bits: up to
+            // 2^-11 of each weight, README), so the bound is that rounding, not the split's
+            assert_products_close(&format!("{} q8_0 m={} n={} k={}", g.describe(), m, n, k), &g.download_f32(&out).unwrap(), &want, &a, &deq, (m, n, k), 5e-4);
+        }
+    }
+}

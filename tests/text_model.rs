@@ -145,13 +145,12 @@ fn a_prompt_fed_in_pieces_gives_the_same_logits_as_in_one_go() {
     }
 }
 
-#[test]
-fn an_f16_checkpoint_gives_the_reference_logits() {
-    // the fixture's weights are bf16-representable, so converting them to f16 is exact for
-    // all but vanishingly small values: the f16 path must reproduce the reference
+/// A copy of fixture `case` in f16 (in a scratch directory named after `tag`), each tensor's
+/// f32 values passed through `edit(name, values)` first.
+fn f16_copy(case: &str, tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
     use safetensors::tensor::{Dtype, TensorView};
-    let src = case_dir("tied_gqa");
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-f16-{}", std::process::id()));
+    let src = case_dir(case);
+    let dir = std::env::temp_dir().join(format!("qwen3-vl-{}-{}", tag, std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
@@ -162,12 +161,22 @@ fn an_f16_checkpoint_gives_the_reference_logits() {
         .into_iter()
         .map(|(name, v)| {
             assert_eq!(v.dtype(), Dtype::F32);
-            let data = v.data().chunks_exact(4).flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits().to_le_bytes()).collect();
+            let mut f: Vec<f32> = v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            edit(&name, &mut f);
+            let data = f.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect();
             (name, v.shape().to_vec(), data)
         })
         .collect();
     let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
     safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+#[test]
+fn an_f16_checkpoint_gives_the_reference_logits() {
+    // the fixture's weights are bf16-representable, so converting them to f16 is exact for
+    // all but vanishingly small values: the f16 path must reproduce the reference
+    let dir = f16_copy("tied_gqa", "f16", &|_, _| {});
     let r = reference("tied_gqa");
     for b in common::backends("f16 checkpoint") {
         let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
@@ -179,5 +188,48 @@ fn an_f16_checkpoint_gives_the_reference_logits() {
                 common::assert_close_to_std(&what, &got, &read_f32("tied_gqa", p["last_logits_file"].as_str().unwrap()), common::logits_tolerance(&*b, kv));
             }
         }
+    }
+}
+
+#[test]
+fn massive_mlp_activations_in_f16_and_q8_0_weights_give_the_f32_answer() {
+    // layer 0's post-attention norm scaled by 300: its MLP's down-projection input reaches
+    // 2·10^5 to 5·10^5 at every token (as "massive activations" do in real LLMs), past f16's
+    // 65504, which the f16 tensor-core GEMM's operand split and the dequantized-weight prefill
+    // once overflowed. Both GPU modules against the CPU on the same weights: f16 as stored, and
+    // Q8_0 quantized while loading (the GPU's prefill dequantizes it to f16 for its GEMM).
+    let dir = f16_copy("tied_gqa", "massive", &|name, v| {
+        if name == "model.language_model.layers.0.post_attention_layernorm.weight" {
+            v.iter_mut().for_each(|x| *x *= 300.0);
+        }
+    });
+    let r = reference("tied_gqa");
+    let cpu = common::cpu();
+    let files = qwen3_vl::model::ModelFiles::Safetensors(dir.clone()).open().unwrap();
+    let want_model = Model::load(&dir, &*cpu, &mut |_, _| {}).unwrap();
+    let want_q8 = Model::load_opened(&files, Some(qwen3_vl::model::Mix::Q8_0), &*cpu, &mut |_, _| {}).unwrap();
+    let mut compared = 0;
+    for b in common::gpus("massive activations, model") {
+        let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
+        let q8 = Model::load_opened(&files, Some(qwen3_vl::model::Mix::Q8_0), &*b, &mut |_, _| {}).unwrap();
+        for p in r["prompts"].as_array().unwrap() {
+            let prompt = ids(&p["ids"]);
+            if prompt.len() <= 8 {
+                continue; // decode-sized inputs take the GEMV paths, f32 activations throughout
+            }
+            let want = Session::with_kv_dtype(&want_model, &*cpu, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+            assert!(want.iter().all(|v| v.is_finite()));
+            let got = Session::with_kv_dtype(&model, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+            common::assert_close_to_std(&format!("massive f16 on {}", b.describe()), &got, &want, common::logits_tolerance(&*b, DType::F32));
+            // the CPU's Q8_0 path rounds activations to 8 bits per block: the quantized
+            // prefill bound of tests/gpu_quant.rs (0.15 of the std; an overflow was 4.9)
+            let want = Session::with_kv_dtype(&want_q8, &*cpu, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+            let got = Session::with_kv_dtype(&q8, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+            common::assert_close_to_std(&format!("massive q8_0 on {}", b.describe()), &got, &want, 0.15);
+            compared += 1;
+        }
+    }
+    if common::gpu("massive activations, count").is_some() {
+        assert!(compared > 0, "no prompt was long enough for the GEMM path");
     }
 }

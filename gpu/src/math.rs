@@ -232,6 +232,27 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
     sign | (half + round) as u16
 }
 
+/// Largest power-of-two exponent [`f16_row_scale`] brings a row's largest magnitude to:
+/// scaled rows lie in `[2^14, 2^15)`, so a value and its f16 remainder both stay finite (f16's
+/// largest is 65504) and the remainder keeps f16's precision far below the row's largest value.
+pub const F16_ROW_EXP: i32 = 14;
+
+/// The exact power of two `2^-e` that the tensor-core f16 GEMM multiplies a row of activations
+/// by before splitting it into f16 parts (and divides the row's sums by afterwards), for a row
+/// whose largest magnitude is `max_abs`: `e = exponent(max_abs) - F16_ROW_EXP`, at least -100
+/// (so `2^-e` is a normal f32; it is at most 113 anyway); 1 for a row of zeros or f32
+/// subnormals, and for one that holds an infinity or NaN (which the product then carries as
+/// f32 would). Shared by the `row_scale_f32` kernel and the CPU tests.
+#[inline(always)]
+pub fn f16_row_scale(max_abs: f32) -> f32 {
+    let exp = ((max_abs.to_bits() >> 23) & 0xff) as i32;
+    if exp == 0 || exp == 0xff {
+        return 1.0;
+    }
+    let e = (exp - 127 - F16_ROW_EXP).max(-100);
+    f32::from_bits(((127 - e) as u32) << 23)
+}
+
 /// The rotary axis (0 = t, 1 = h, 2 = w) whose position drives frequency `j` of interleaved
 /// MRoPE with sections `section` (t, h, w): `j % 3 == 1` takes h while `j < 3 · section[1]`,
 /// `j % 3 == 2` takes w while `j < 3 · section[2]`, everything else t.
@@ -436,6 +457,24 @@ mod tests {
         for i in 0..4 {
             assert!((count[i] as f64 / n as f64 - p[i] / z).abs() < 0.01, "{} {:?}", i, count);
         }
+    }
+
+    #[test]
+    fn f16_row_scales_bring_rows_into_range_exactly() {
+        for &m in &[3.0e5f32, 65504.0, 65505.0, 1.0, 1e-3, 3.4e38, 1.5e-20, 16384.0, 32767.9, f32::MAX] {
+            let s = f16_row_scale(m);
+            assert_eq!(s.to_bits() & 0x7f_ffff, 0, "{}: a power of two", m);
+            let scaled = m * s;
+            assert!((16384.0..32768.0).contains(&scaled), "{} scaled by {} is {}", m, s, scaled);
+            assert_eq!(scaled / s, m, "{}: undone exactly", m);
+            assert!(f16_to_f32(f32_to_f16_bits(scaled)).is_finite());
+        }
+        // beyond the clamp, zeros, subnormals, inf and NaN
+        assert_eq!(f16_row_scale(0.0), 1.0);
+        assert_eq!(f16_row_scale(1e-40), 1.0);
+        assert_eq!(f16_row_scale(f32::INFINITY), 1.0);
+        assert_eq!(f16_row_scale(f32::NAN), 1.0);
+        assert_eq!(f16_row_scale(1e-36), 2f32.powi(100));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! # Parameters ([`LinearParams`])
 //! `a` `[m, k]` f32 activations (row stride `lda`), split as they are staged into a high part in
-//! the weights' 16-bit type and the low remainder `a - hi` in the same type, each multiplied
+//! the weights' 16-bit type and the low remainder `a - hi` in the same type (f16: each row first
+//! multiplied by its exact power-of-two `row_scale`, undone before the epilogue, so values past
+//! f16's 65504 split into finite parts; `row_scale_f32` makes the factors), each multiplied
 //! with the weights by its own mma (the products with 16-bit weights are exact in the f32
 //! accumulator, so the result is as precise as f32 activations to about 2^-16 relative, not the
 //! 2^-9 of bf16 activations: the fixtures' logits stay within 1e-3 of f32); `w` `[n, k]` bf16/f16
@@ -37,11 +39,13 @@
 //! thread reaches every barrier (loop counts are uniform); out-of-range rows and columns are
 //! zero-filled on load and skipped on store.
 
-use crate::math::{Bf16, F16};
+use crate::math::{f16_row_scale, Bf16, F16};
 use crate::matmul::{k_slice, store_out};
 use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
 use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
-use crate::params::LinearParams;
+use crate::params::row_scale_tile::ROWS;
+use crate::params::{LinearParams, RowScaleParams};
+use crate::reduce::warp_max;
 use cuda_std::{kernel, shared_array, thread};
 
 const TBM: usize = BM as usize;
@@ -64,9 +68,14 @@ pub trait MmaElem {
     fn high(v: u32) -> f32;
     /// `d += a · b` for one m16n8k16 tile.
     unsafe fn mma(d: &mut [f32; 4], a: &[u32; 4], b: &[u32; 2]);
+    /// Whether activations are scaled per row into this type's range (`LinearParams::row_scale`):
+    /// f16 (largest 65504), not bf16 (f32's exponent range).
+    const ROW_SCALE: bool;
 }
 
 impl MmaElem for Bf16 {
+    const ROW_SCALE: bool = false;
+
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
         let d: u32;
@@ -98,6 +107,8 @@ impl MmaElem for Bf16 {
 }
 
 impl MmaElem for F16 {
+    const ROW_SCALE: bool = true;
+
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
         let d: u32;
@@ -187,6 +198,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
     // split-K: this z-slice sums k in [kb, ke)
     let (kb, ke) = k_slice::<SPLIT>(&p);
     let a = p.a as *const f32;
+    let row_scale = p.row_scale as *const f32;
     let w = p.w as *const u8;
     let (a_sh, l_sh, w_sh) = (shared_addr(a_s), shared_addr(l_s), shared_addr(w_s));
     // staging: thread t takes 16-byte chunks t, t + 256, ... of each tile (4 chunks per row)
@@ -197,11 +209,13 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
             let ch = tid + 256 * i;
             let (r, kk) = (row0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
             if r < m {
+                // f16 operands: the row's exact power-of-two scale keeps its parts finite
+                let s = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(r) } else { 1.0 };
                 for q in 0..2 {
                     if kk + 4 * q < k {
                         let x = ld_f32x4(a.add(r * lda + kk + 4 * q));
                         for e in 0..4 {
-                            v[i][4 * q + e] = x[e];
+                            v[i][4 * q + e] = if W::ROW_SCALE { x[e] * s } else { x[e] };
                         }
                     }
                 }
@@ -289,7 +303,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
         for nt in 0..nts {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
-            store_tile::<SPLIT>(&p, acc[mt][nt], r, col);
+            store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
         }
     }
 }
@@ -297,15 +311,49 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
 /// Writes one thread's share of an m16n8 accumulator tile: `d[0..2]` at row `r`, columns
 /// `col, col + 1`; `d[2..4]` at row `r + 8` (the mma C layout), through the tiled epilogue
 /// (split-K: raw into this z-slice's part of the workspace).
+/// With f16 operands the sums are first divided by the row's scale (exactly: a power of two).
 #[inline(always)]
-unsafe fn store_tile<const SPLIT: bool>(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
+unsafe fn store_tile<W: MmaElem, const SPLIT: bool>(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     let c = p.c as *mut f32;
-    let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+    let (m, n) = (p.m as usize, p.n as usize);
+    let row_scale = p.row_scale as *const f32;
     for i in 0..4 {
         let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
         if rr < m && cc < n {
-            store_out::<SPLIT>(p, c, d[i], rr, cc);
+            let v = if W::ROW_SCALE && !row_scale.is_null() { d[i] / *row_scale.add(rr) } else { d[i] };
+            store_out::<SPLIT>(p, c, v, rr, cc);
         }
+    }
+}
+
+/// `out[r] = f16_row_scale(max_j |a[r, j]|)`: the per-row factors of the f16 tensor-core
+/// kernels (see `LinearParams::row_scale`).
+///
+/// Parameters: [`RowScaleParams`]: `a` `[m, k]` f32 (row stride `lda`), `out` `[m]` f32.
+/// Thread mapping: one warp per row (`row_scale_tile::ROWS` rows per 256-thread block, grid x
+/// over `m`), lanes striding over `k`, a warp maximum. NaN is skipped by the comparison; an
+/// infinity gives the factor 1.
+/// Safety: the launcher checks the sizes; no barrier.
+#[kernel]
+pub unsafe fn row_scale_f32(p: RowScaleParams) {
+    let tid = thread::thread_idx_x() as usize;
+    let r = thread::block_idx_x() as usize * ROWS as usize + tid / 32;
+    if r >= p.m as usize {
+        return;
+    }
+    let row = (p.a as *const f32).add(r * p.lda as usize);
+    let mut mx = 0.0f32;
+    let mut j = tid % 32;
+    while j < p.k as usize {
+        let v = f32::from_bits((*row.add(j)).to_bits() & 0x7fff_ffff);
+        if v > mx {
+            mx = v;
+        }
+        j += 32;
+    }
+    let mx = warp_max(mx);
+    if tid % 32 == 0 {
+        *(p.out as *mut f32).add(r) = f16_row_scale(mx);
     }
 }
 

@@ -37,6 +37,31 @@ pub struct LinearParams {
     /// `[slices, m, n]` f32 workspace of partial sums (row stride `ldc` = `n`) and no epilogue is
     /// applied: `linear_split_reduce_f32` adds the slices and applies it.
     pub k_split: u32,
+    /// `[m]` f32 exact powers of two (`row_scale_f32`, see `math::f16_row_scale`): the f16
+    /// tensor-core kernels (`matmul_mma_*_f16`) multiply each row of `a` by its factor as they
+    /// stage it and divide the row's sums by it before the epilogue, so activations beyond
+    /// f16's range split into finite parts. Required by those kernels (the launcher makes it);
+    /// 0 elsewhere.
+    pub row_scale: u64,
+}
+
+/// `row_scale_f32`: `out[r] = f16_row_scale(max_j |a[r, j]|)` for the rows of `a` `[m, k]`
+/// (row stride `lda`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RowScaleParams {
+    pub a: u64,
+    pub out: u64,
+    pub m: u32,
+    pub k: u32,
+    pub lda: u32,
+    pub _pad: u32,
+}
+
+/// Launch shape of `row_scale_f32`: one warp per row.
+pub mod row_scale_tile {
+    pub const THREADS: u32 = 256;
+    pub const ROWS: u32 = THREADS / 32;
 }
 
 /// `linear_split_reduce_f32`: `lin.c[r, col] = epilogue(Σ_z part[z, r, col])` with the bias,

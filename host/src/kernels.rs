@@ -153,6 +153,7 @@ kernel_table! {
     MatmulMma64x64Bf16 = "matmul_mma_64x64_bf16" @ Compute80,
     MatmulMma64x64SplitF16 = "matmul_mma_64x64_split_f16" @ Compute80,
     MatmulMma64x64SplitBf16 = "matmul_mma_64x64_split_bf16" @ Compute80,
+    RowScaleF32 = "row_scale_f32" @ Compute80,
     FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
     FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
     FlashAttentionD128F32 = "flash_attention_d128_f32" @ Compute61,

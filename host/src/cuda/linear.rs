@@ -9,7 +9,9 @@
 //! (64 × 64) below. When the tiles of `matmul_mma_*` / `matmul_big_*` give fewer blocks than
 //! multiprocessors (few rows: a 64-token prefill), `k` is split ([`SplitPolicy`]) into
 //! slices summed by separate blocks into a workspace, and `linear_split_reduce_f32` adds the
-//! slices and applies the epilogue (split-K; deterministic, no atomics).
+//! slices and applies the epilogue (split-K; deterministic, no atomics). The f16 tensor-core
+//! kernels scale each activation row by an exact power of two first ([`row_scales`]), so no
+//! activation overflows f16 whatever its size.
 //! Block-quantized weights go to `qlinear.rs`.
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
@@ -17,7 +19,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use crate::kernels::Arch;
-use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, split_reduce_tile, GateUpParams, LinearParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
+use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
@@ -183,7 +185,8 @@ fn norm_fields(kernel: Kernel, norm: Option<FusedNorm<'_>>, m: usize, k: usize) 
 
 /// `c[m, n] = a[m, k] · w[n, k]ᵀ (+ bias) (+ residual)`, all contiguous; with `norm` (vector
 /// GEMV only) the rows of `a` are RMS-normed first. A split-K algorithm needs `ws`, room for
-/// `[slices, m, n]` f32 partial sums. Empty sizes launch nothing.
+/// `[slices, m, n]` f32 partial sums; the f16 tensor-core kernels need `row_scale`, `[m]` f32
+/// from [`row_scales`] ([`needs_row_scale`]). Empty sizes launch nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn linear(
     l: &Launcher<'_>,
@@ -197,9 +200,13 @@ pub fn linear(
     act: u32,
     c: &DeviceBuffer,
     ws: Option<&DeviceBuffer>,
+    row_scale: Option<&DeviceBuffer>,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
     let kernel = algo.kernel(wdtype)?;
+    if let Some(s) = row_scale {
+        need(kernel, "row_scale", s, m * 4)?;
+    }
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
     need(kernel, "c", c, m * n * 4)?;
@@ -238,8 +245,30 @@ pub fn linear(
         eps,
         act,
         k_split: 0,
+        row_scale: row_scale.map_or(0, |s| s.addr()),
     };
     launch(l, algo, kernel, &p, shared, ws)
+}
+
+/// Whether `algo` with weights of `dtype` needs per-row activation scales
+/// (`LinearParams::row_scale`): the f16 tensor-core kernels, whose operands cannot hold
+/// activations past 65504.
+pub fn needs_row_scale(algo: LinearAlgo, dtype: DType) -> bool {
+    matches!(algo, LinearAlgo::Mma(..)) && dtype == DType::F16
+}
+
+/// `out[r]` = the exact power of two that brings row `r` of `a` `[m, k]` (row stride `k`) into
+/// f16's range for the f16 tensor-core kernels (`gpu::math::f16_row_scale` of its largest
+/// magnitude): one warp per row.
+pub fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (usize, usize)) -> Result<()> {
+    let kernel = Kernel::RowScaleF32;
+    need(kernel, "a", a, m * k * 4)?;
+    need(kernel, "out", out, m * 4)?;
+    let p = RowScaleParams { a: a.addr(), out: out.addr(), m: fits_u32(kernel, "m", m)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, _pad: 0 };
+    if m == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(m, row_scale_tile::ROWS as usize), MAX_GRID_X)?, 1, 1], row_scale_tile::THREADS, &p)
 }
 
 /// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`
@@ -248,6 +277,10 @@ pub fn linear(
 /// reduce. Empty sizes launch nothing.
 pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearParams, shared: u32, ws: Option<&DeviceBuffer>) -> Result<()> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let f16_mma = matches!(kernel, Kernel::MatmulMmaF16 | Kernel::MatmulMma64x128F16 | Kernel::MatmulMma64x64F16 | Kernel::MatmulMma64x64SplitF16);
+    if f16_mma && p.row_scale == 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() });
+    }
     // split-K: slices of `depth` k elements (whole shared-memory stages)
     let (depth, slices) = match algo {
         LinearAlgo::Big(s) if s > 1 => slice_depth(k, s, matmul_big_tile::BK as usize),
@@ -384,7 +417,14 @@ impl CudaBackend {
             _ => 0,
         };
         let ws = if slices > 0 { Some(self.output(slices * m * n)?) } else { None };
-        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, ws.as_ref(), (m, n, k))?;
+        let scales = if needs_row_scale(algo, w.dtype()) {
+            let s = self.output(m)?;
+            row_scales(&l, ab, &s, (m, k))?;
+            Some(s)
+        } else {
+            None
+        };
+        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, ws.as_ref(), scales.as_ref(), (m, n, k))?;
         Ok(Self::wrap(out_shape, DType::F32, out))
     }
 

@@ -289,6 +289,14 @@ impl CudaBackend {
         if let Some(r) = rb {
             need(kernel, "residual", r, m * n * 4)?;
         }
+        // the activations' row scales, once for every chunk (f16 tensor cores)
+        let scales = if linear::needs_row_scale(algo, DType::F16) {
+            let s = self.pool.alloc(m * 4)?;
+            linear::row_scales(&l, xb, &s, (m, k))?;
+            Some(s)
+        } else {
+            None
+        };
         let mut c0 = 0;
         while c0 < n {
             let cn = chunk.min(n - c0);
@@ -308,6 +316,7 @@ impl CudaBackend {
                 eps: 0.0,
                 act,
                 k_split: 0,
+                row_scale: scales.as_ref().map_or(0, |s| s.addr()),
             };
             if matches!(algo, LinearAlgo::GemvVec) {
                 return Err(Error::Limit { op: kernel.name(), msg: format!("the dequantized path needs a GEMM for m = {}", m) });

@@ -67,6 +67,8 @@ fn compare(e: &Value, cfg_name: &str, ours: &ImagePatches) -> f32 {
     assert_eq!(ours.grid_thw.to_vec(), grid, "{} [{}]: grid_thw", file, cfg_name);
     assert_eq!(ours.row_len, r["row_len"].as_u64().unwrap() as usize, "{} [{}]: row_len", file, cfg_name);
     assert_eq!(ours.patches.len(), ours.rows() * ours.row_len);
+    // a NaN would hide from the maxima below
+    assert!(ours.patches.iter().all(|v| v.is_finite()), "{} [{}]: a patch value is not finite", file, cfg_name);
     if let Some(path) = r["patches"].as_str() {
         let bytes = std::fs::read(fixture(path)).expect("patch fixture");
         let reference: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();

@@ -186,13 +186,16 @@ pub fn tower_tolerance(b: &dyn Backend) -> f64 {
     }
 }
 
-/// Asserts max |got - want| <= rel · std(want), naming the worst element. With
-/// QWEN3_VL_REPORT=1 every comparison prints its measured max |diff| / std.
+/// Asserts max |got - want| <= rel · std(want), naming the worst element; a NaN or infinity
+/// where the reference is finite counts as an infinite difference. With QWEN3_VL_REPORT=1
+/// every comparison prints its measured max |diff| / std.
 pub fn assert_close_to_std(what: &str, got: &[f32], want: &[f32], rel: f64) {
     assert_eq!(got.len(), want.len(), "{}: length", what);
+    assert!(want.iter().all(|v| v.is_finite()), "{}: the reference is not finite", what);
     let m = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
     let std = (want.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
-    let (i, worst) = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).enumerate().fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
+    let diff = |g: f32, w: f32| if g.is_finite() { (g as f64 - w as f64).abs() } else { f64::INFINITY };
+    let (i, worst) = got.iter().zip(want).map(|(g, w)| diff(*g, *w)).enumerate().fold((0, 0.0), |a, (i, d)| if d > a.1 { (i, d) } else { a });
     if std::env::var("QWEN3_VL_REPORT").map_or(false, |v| v == "1") {
         eprintln!("report: {}: max |diff| / std = {:.2e} (tolerance {:.0e})", what, worst / std, rel);
     }

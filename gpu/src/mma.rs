@@ -43,9 +43,9 @@ use crate::math::{f16_row_scale, Bf16, F16};
 use crate::matmul::{k_slice, store_out};
 use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
 use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
-use crate::params::row_scale_tile::ROWS;
+use crate::params::row_scale_tile::THREADS as ROW_SCALE_THREADS;
 use crate::params::{LinearParams, RowScaleParams};
-use crate::reduce::warp_max;
+use crate::reduce::block_max;
 use cuda_std::{kernel, shared_array, thread};
 
 const TBM: usize = BM as usize;
@@ -209,13 +209,11 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
             let ch = tid + 256 * i;
             let (r, kk) = (row0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
             if r < m {
-                // f16 operands: the row's exact power-of-two scale keeps its parts finite
-                let s = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(r) } else { 1.0 };
                 for q in 0..2 {
                     if kk + 4 * q < k {
                         let x = ld_f32x4(a.add(r * lda + kk + 4 * q));
                         for e in 0..4 {
-                            v[i][4 * q + e] = if W::ROW_SCALE { x[e] * s } else { x[e] };
+                            v[i][4 * q + e] = x[e];
                         }
                     }
                 }
@@ -223,13 +221,25 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
         }
         v
     };
+    // f16 operands: each staged row's exact power-of-two scale keeps its parts finite. A
+    // thread stages the same rows at every k step, so their scales are read once, and applied
+    // where the loaded values are consumed (after the math), not as they arrive.
+    let mut scale = [1.0f32; 2];
+    if W::ROW_SCALE && !row_scale.is_null() {
+        for i in 0..a_chunks {
+            let r = row0 + (tid + 256 * i) / CHUNKS;
+            if r < m {
+                scale[i] = *row_scale.add(r);
+            }
+        }
+    }
     let store_a = |buf: usize, v: &[[f32; 8]; 2]| {
         for i in 0..a_chunks {
             let ch = tid + 256 * i;
             let mut hi = [0u32; 4];
             let mut lo = [0u32; 4];
             for q in 0..4 {
-                let (x0, x1) = (v[i][2 * q], v[i][2 * q + 1]);
+                let (x0, x1) = if W::ROW_SCALE { (v[i][2 * q] * scale[i], v[i][2 * q + 1] * scale[i]) } else { (v[i][2 * q], v[i][2 * q + 1]) };
                 hi[q] = W::pack(x0, x1);
                 lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
             }
@@ -330,29 +340,52 @@ unsafe fn store_tile<W: MmaElem, const SPLIT: bool>(p: &LinearParams, d: [f32; 4
 /// kernels (see `LinearParams::row_scale`).
 ///
 /// Parameters: [`RowScaleParams`]: `a` `[m, k]` f32 (row stride `lda`), `out` `[m]` f32.
-/// Thread mapping: one warp per row (`row_scale_tile::ROWS` rows per 256-thread block, grid x
-/// over `m`), lanes striding over `k`, a warp maximum. NaN is skipped by the comparison; an
-/// infinity gives the factor 1.
-/// Safety: the launcher checks the sizes; no barrier.
+/// Thread mapping: one 256-thread block per row (grid x = `m`): each thread takes 16-byte
+/// chunks `tid, tid + 256, ...` of the row (two in flight per step) when `k` and `lda` are
+/// multiples of 4 (16-byte rows), else single values, then a block maximum. A NaN is skipped
+/// by the comparison; an infinity gives the factor 1.
+/// Safety: the launcher checks the sizes; every thread reaches both barriers of `block_max`.
 #[kernel]
 pub unsafe fn row_scale_f32(p: RowScaleParams) {
+    let scratch = shared_array![f32; 32];
     let tid = thread::thread_idx_x() as usize;
-    let r = thread::block_idx_x() as usize * ROWS as usize + tid / 32;
-    if r >= p.m as usize {
-        return;
-    }
-    let row = (p.a as *const f32).add(r * p.lda as usize);
+    let r = thread::block_idx_x() as usize;
+    let (k, lda) = (p.k as usize, p.lda as usize);
+    let row = (p.a as *const f32).add(r * lda);
+    let abs = |v: f32| f32::from_bits(v.to_bits() & 0x7fff_ffff);
     let mut mx = 0.0f32;
-    let mut j = tid % 32;
-    while j < p.k as usize {
-        let v = f32::from_bits((*row.add(j)).to_bits() & 0x7fff_ffff);
+    let mut take = |v: f32| {
+        let v = abs(v);
         if v > mx {
             mx = v;
         }
-        j += 32;
+    };
+    if k % 4 == 0 && lda % 4 == 0 {
+        let step = ROW_SCALE_THREADS as usize * 4;
+        let mut j = tid * 4;
+        while j + step < k {
+            let (x, y) = (ld_f32x4(row.add(j)), ld_f32x4(row.add(j + step)));
+            for e in 0..4 {
+                take(x[e]);
+                take(y[e]);
+            }
+            j += 2 * step;
+        }
+        if j < k {
+            let x = ld_f32x4(row.add(j));
+            for e in 0..4 {
+                take(x[e]);
+            }
+        }
+    } else {
+        let mut j = tid;
+        while j < k {
+            take(*row.add(j));
+            j += ROW_SCALE_THREADS as usize;
+        }
     }
-    let mx = warp_max(mx);
-    if tid % 32 == 0 {
+    let mx = block_max(mx, scratch);
+    if tid == 0 {
         *(p.out as *mut f32).add(r) = f16_row_scale(mx);
     }
 }

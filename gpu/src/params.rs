@@ -58,10 +58,9 @@ pub struct RowScaleParams {
     pub _pad: u32,
 }
 
-/// Launch shape of `row_scale_f32`: one warp per row.
+/// Launch shape of `row_scale_f32`: one block per row.
 pub mod row_scale_tile {
     pub const THREADS: u32 = 256;
-    pub const ROWS: u32 = THREADS / 32;
 }
 
 /// `linear_split_reduce_f32`: `lin.c[r, col] = epilogue(Σ_z part[z, r, col])` with the bias,

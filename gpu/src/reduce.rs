@@ -83,6 +83,29 @@ pub unsafe fn block_sum(v: f32, scratch: *mut f32) -> f32 {
     total
 }
 
+/// Maximum over the whole block; same contract as [`block_sum`].
+#[inline(always)]
+pub unsafe fn block_max(v: f32, scratch: *mut f32) -> f32 {
+    let tid = thread::thread_idx_x() as usize;
+    let warps = (thread::block_dim_x() / 32) as usize;
+    let v = warp_max(v);
+    if tid % 32 == 0 {
+        *scratch.add(tid / 32) = v;
+    }
+    thread::sync_threads();
+    let mut m = *scratch;
+    let mut i = 1;
+    while i < warps {
+        let o = *scratch.add(i);
+        if o > m {
+            m = o;
+        }
+        i += 1;
+    }
+    thread::sync_threads();
+    m
+}
+
 /// Online-softmax merge over the whole block; same contract as [`block_sum`], with `scratch`
 /// of at least 64 floats.
 #[inline(always)]

@@ -259,7 +259,7 @@ pub fn needs_row_scale(algo: LinearAlgo, dtype: DType) -> bool {
 
 /// `out[r]` = the exact power of two that brings row `r` of `a` `[m, k]` (row stride `k`) into
 /// f16's range for the f16 tensor-core kernels (`gpu::math::f16_row_scale` of its largest
-/// magnitude): one warp per row.
+/// magnitude): one block per row.
 pub fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (usize, usize)) -> Result<()> {
     let kernel = Kernel::RowScaleF32;
     need(kernel, "a", a, m * k * 4)?;
@@ -268,7 +268,7 @@ pub fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k)
     if m == 0 {
         return Ok(());
     }
-    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(m, row_scale_tile::ROWS as usize), MAX_GRID_X)?, 1, 1], row_scale_tile::THREADS, &p)
+    l.launch(kernel, [grid_dim(kernel, "x", m, MAX_GRID_X)?, 1, 1], row_scale_tile::THREADS, &p)
 }
 
 /// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`

@@ -171,7 +171,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         ttft_ms = Some(median(first));
         report!(a.json, "| backend | image | patches | tokens | vision tower ms | first token ms (image + {} text tokens) |", a.prompt_tokens);
         report!(a.json, "|---|---|---|---|---|---|");
-        report!(a.json, 
+        report!(a.json,
             "| {} | {}x{} | {} | {} | {:.1} (median of {}) | {:.1} |",
             b.describe(),
             cells * v.patch_size,
@@ -187,7 +187,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let peak = b.memory_stats().peak;
     report!(a.json, "| backend | model (weights) | prompt tokens | prefill tok/s | context | decode tok/s | kv cache | runs |");
     report!(a.json, "|---|---|---|---|---|---|---|---|");
-    report!(a.json, 
+    report!(a.json,
         "| {} | {} layers, hidden {}, {} weights, {} | {} | {:.1} | {} | {:.1} | {} | {} (median) |",
         b.describe(),
         c.num_hidden_layers,
@@ -204,7 +204,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let on_gpu = b.kind() == qwen3_vl::DeviceKind::Cuda;
     let placement = if on_gpu { model.placement().describe() } else { "everything on the CPU".into() };
     let (gpu_bytes, cpu_bytes) = if on_gpu { (gpu_bytes, cpu_bytes) } else { (0, gpu_bytes + cpu_bytes) };
-    report!(a.json, 
+    report!(a.json,
         "placement: {}; weights {} on the GPU, {} on the CPU; peak device memory {}{}",
         placement,
         human(gpu_bytes),

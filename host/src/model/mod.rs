@@ -111,7 +111,6 @@ impl Model {
         }
     }
 
-    /// Where the parts are.
     /// Generation picks only ids below `n` (the LM head's other rows are never sampled, greedy
     /// included): the ids the tokenizer has, when its vocabulary is smaller than the head
     /// (Qwen3-VL's head has 151,936 rows for 151,669 token ids; the rest is padding, which
@@ -126,6 +125,7 @@ impl Model {
         self.sampled_vocab
     }
 
+    /// Where the parts are.
     pub fn placement(&self) -> &Placement {
         self.text.placement()
     }

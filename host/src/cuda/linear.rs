@@ -253,14 +253,14 @@ pub fn linear(
 /// Whether `algo` with weights of `dtype` needs per-row activation scales
 /// (`LinearParams::row_scale`): the f16 tensor-core kernels, whose operands cannot hold
 /// activations past 65504.
-pub fn needs_row_scale(algo: LinearAlgo, dtype: DType) -> bool {
+fn needs_row_scale(algo: LinearAlgo, dtype: DType) -> bool {
     matches!(algo, LinearAlgo::Mma(..)) && dtype == DType::F16
 }
 
 /// `out[r]` = the exact power of two that brings row `r` of `a` `[m, k]` (row stride `k`) into
 /// f16's range for the f16 tensor-core kernels (`gpu::math::f16_row_scale` of its largest
 /// magnitude): one block per row.
-pub fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (usize, usize)) -> Result<()> {
+fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (usize, usize)) -> Result<()> {
     let kernel = Kernel::RowScaleF32;
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "out", out, m * 4)?;
@@ -370,6 +370,17 @@ pub fn gate_up(
 }
 
 impl CudaBackend {
+    /// The row scales of `a` `[m, k]` when `algo` with weights of `dtype` needs them
+    /// ([`needs_row_scale`]), else `None`.
+    pub(super) fn row_scales_for(&self, l: &Launcher<'_>, algo: LinearAlgo, dtype: DType, a: &DeviceBuffer, (m, k): (usize, usize)) -> Result<Option<DeviceBuffer>> {
+        if !needs_row_scale(algo, dtype) {
+            return Ok(None);
+        }
+        let s = self.output(m)?;
+        row_scales(l, a, &s, (m, k))?;
+        Ok(Some(s))
+    }
+
     /// A linear layer with an explicit kernel choice (tests and benchmarks use this to cover
     /// every kernel; [`crate::Backend::linear`] picks with [`LinearAlgo::pick`]).
     pub fn linear_with(&self, algo: LinearAlgo, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
@@ -417,13 +428,7 @@ impl CudaBackend {
             _ => 0,
         };
         let ws = if slices > 0 { Some(self.output(slices * m * n)?) } else { None };
-        let scales = if needs_row_scale(algo, w.dtype()) {
-            let s = self.output(m)?;
-            row_scales(&l, ab, &s, (m, k))?;
-            Some(s)
-        } else {
-            None
-        };
+        let scales = self.row_scales_for(&l, algo, w.dtype(), ab, (m, k))?;
         linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, ws.as_ref(), scales.as_ref(), (m, n, k))?;
         Ok(Self::wrap(out_shape, DType::F32, out))
     }

@@ -290,13 +290,7 @@ impl CudaBackend {
             need(kernel, "residual", r, m * n * 4)?;
         }
         // the activations' row scales, once for every chunk (f16 tensor cores)
-        let scales = if linear::needs_row_scale(algo, DType::F16) {
-            let s = self.pool.alloc(m * 4)?;
-            linear::row_scales(&l, xb, &s, (m, k))?;
-            Some(s)
-        } else {
-            None
-        };
+        let scales = self.row_scales_for(&l, algo, DType::F16, xb, (m, k))?;
         let mut c0 = 0;
         while c0 < n {
             let cn = chunk.min(n - c0);

@@ -23,28 +23,9 @@ fn prompts(case: &str) -> Vec<Vec<u32>> {
     r["prompts"].as_array().unwrap().iter().map(|p| p["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()).collect()
 }
 
-/// The CPU's greedy continuation and how many of its steps are decided by a clear margin: the
-/// prefix before the first step whose top-two logits are within 1e-2 of the logits' std.
+/// The CPU's greedy continuation and how many of its steps are decided by a clear margin.
 fn cpu_reference(model: &Model, prompt: &[u32]) -> (Vec<u32>, usize) {
-    let cpu = common::cpu();
-    let mut s = Session::with_kv_dtype(model, &*cpu, prompt.len() + STEPS, DType::F32).unwrap();
-    let mut logits = s.feed(prompt).unwrap();
-    let (mut tokens, mut clear) = (Vec::new(), None);
-    for step in 0..STEPS {
-        let mut sorted = logits.clone();
-        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
-        let mean = logits.iter().sum::<f32>() / logits.len() as f32;
-        let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
-        if clear.is_none() && sorted[0] - sorted[1] < 1e-2 * std {
-            clear = Some(step);
-        }
-        let t = qwen3_vl::generate::sampling::argmax(&logits);
-        tokens.push(t);
-        if step + 1 < STEPS {
-            logits = s.feed(&[t]).unwrap();
-        }
-    }
-    (tokens, clear.unwrap_or(STEPS))
+    common::greedy_alone(model, &*common::cpu(), DType::F32, prompt, STEPS)
 }
 
 #[test]

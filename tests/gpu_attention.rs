@@ -207,3 +207,73 @@ fn vision_attention_with_fused_rotary_agrees() {
         }
     }
 }
+
+/// A paged cache for [`paged_case`]: `rows` sequences of `lens[i]` keys in blocks of `block` rows
+/// taken from a shuffled pool (ids far apart and out of order), with `spare` unused blocks.
+fn paged_tables(rng: &mut Rng, lens: &[usize], block: usize, spare: usize) -> (Vec<Vec<u32>>, usize) {
+    let need: usize = lens.iter().map(|l| (l + block - 1) / block).sum();
+    let total = need + spare;
+    let mut ids: Vec<u32> = (0..total as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    let mut at = 0;
+    let tables = lens.iter().map(|l| {
+        let n = (l + block - 1) / block;
+        at += n;
+        ids[at - n..at].to_vec()
+    }).collect();
+    (tables, total * block)
+}
+
+#[test]
+fn the_composite_paged_attention_is_attention_over_each_rows_keys() {
+    // the CPU's composite body against dense attention over each row's keys laid out contiguously
+    let b = cpu();
+    let mut rng = Rng(0x5eed);
+    let (heads, kvh, d, block) = (4, 2, 16, 4);
+    let lens = [1usize, 4, 5, 13, 32];
+    let (tables, slots) = paged_tables(&mut rng, &lens, block, 3);
+    let (kp, vp) = (random(slots * kvh * d, 11), random(slots * kvh * d, 12));
+    let q = random(lens.len() * heads * d, 13);
+    let rows: Vec<(&[u32], usize)> = tables.iter().zip(&lens).map(|(t, &l)| (t.as_slice(), l)).collect();
+    let pages = qwen3_vl::Pages::new(&*b, block, slots, &rows).unwrap();
+    let (kt, vt) = (b.upload_f32(&[slots, kvh, d], &kp).unwrap(), b.upload_f32(&[slots, kvh, d], &vp).unwrap());
+    let got = b.download_f32(&b.attention_paged(&b.upload_f32(&[lens.len(), heads, d], &q).unwrap(), &kt, &vt, &pages, 0.25).unwrap()).unwrap();
+    for (i, &n) in lens.iter().enumerate() {
+        let slot = |j: usize| tables[i][j / block] as usize * block + j % block;
+        let gather = |pool: &[f32]| -> Vec<f32> { (0..n).flat_map(|j| pool[slot(j) * kvh * d..(slot(j) + 1) * kvh * d].to_vec()).collect() };
+        let (k, v) = (b.upload_f32(&[n, kvh, d], &gather(&kp)).unwrap(), b.upload_f32(&[n, kvh, d], &gather(&vp)).unwrap());
+        let qi = b.upload_f32(&[1, heads, d], &q[i * heads * d..(i + 1) * heads * d]).unwrap();
+        let want = b.download_f32(&b.attention(&qi, &k, &v, AttnParams { kv_len: n, q_pos0: 0, causal: false, scale: 0.25 }).unwrap()).unwrap();
+        assert_eq!(&got[i * heads * d..(i + 1) * heads * d], &want[..], "row {} of {} keys", i, n);
+    }
+    // tables that do not hold their keys, or point outside the cache, are refused
+    assert!(qwen3_vl::Pages::new(&*b, block, slots, &[(&tables[0][..], 5)]).is_err());
+    assert!(qwen3_vl::Pages::new(&*b, block, block, &[(&[7u32][..], 1)]).is_err());
+    assert!(qwen3_vl::Pages::new(&*b, 3, slots, &[(&tables[0][..], 1)]).is_err());
+}
+
+#[test]
+fn paged_decode_attention_agrees_over_rows_lengths_and_groups() {
+    for g in gpus("paged attention") {
+        let mut rng = Rng(0xbeef);
+        for &(heads, kvh, d) in &[(16usize, 8usize, 128usize), (4, 1, 64), (8, 8, 32), (32, 4, 128), (2, 1, 256)] {
+            for &(rows, max_len) in &[(1usize, 40usize), (5, 300), (16, 1000), (64, 130)] {
+                let lens: Vec<usize> = (0..rows).map(|i| if i == 0 { max_len } else { 1 + rng.below(max_len) }).collect();
+                let block = [16usize, 4, 32][rows % 3];
+                let (tables, slots) = paged_tables(&mut rng, &lens, block, 2);
+                let (kp, vp, q) = (random(slots * kvh * d, rows as u32), random(slots * kvh * d, 9 + d as u32), random(rows * heads * d, 17));
+                for kv in [DType::F32, DType::F16] {
+                    let op = |b: &dyn Backend| -> Result<Tensor> {
+                        let rs: Vec<(&[u32], usize)> = tables.iter().zip(&lens).map(|(t, &l)| (t.as_slice(), l)).collect();
+                        let pages = qwen3_vl::Pages::new(b, block, slots, &rs)?;
+                        b.attention_paged(&b.upload_f32(&[rows, heads, d], &q)?, &upload(b, &[slots, kvh, d], &kp, kv)?, &upload(b, &[slots, kvh, d], &vp, kv)?, &pages, 1.0 / (d as f32).sqrt())
+                    };
+                    // the paged split kernel is FP32 SIMT on every module
+                    agree(&format!("paged attention {} rows up to {} keys, heads {}/{} d {} blocks of {}, {} cache, {}", rows, max_len, heads, kvh, d, block, kv, g.describe()), &*g, &op, 1e-5, 1e-4);
+                }
+            }
+        }
+    }
+}

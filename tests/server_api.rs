@@ -299,7 +299,8 @@ fn metric(port: u16, line_start: &str) -> f64 {
 
 #[test]
 fn a_full_queue_answers_429_and_a_disconnect_cancels() {
-    let s = Server::start(&["--queue", "1", "--max-output-tokens", "100000"]);
+    // a batch of one: the second request waits in the queue
+    let s = Server::start(&["--queue", "1", "--max-batch", "1", "--max-output-tokens", "100000"]);
     // 1. one request generating, one waiting: the next is refused with Retry-After
     let long = start_long_stream(s.port, 100_000);
     let port = s.port;
@@ -334,6 +335,35 @@ fn a_full_queue_answers_429_and_a_disconnect_cancels() {
     let t0 = Instant::now();
     while metric(s.port, "qwen3vl_requests_finished_total{reason=\"cancelled\"}") < 2.0 {
         assert!(t0.elapsed() < Duration::from_secs(30), "the non-streamed request was not cancelled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.assert_no_panic();
+}
+
+#[test]
+fn requests_run_together_and_leaving_clients_free_their_kv_blocks() {
+    let s = Server::start(&["--max-batch", "3", "--max-output-tokens", "100000"]);
+    // 1. three long streams generate at once (one batch), a fourth waits in the queue
+    let streams: Vec<_> = (0..3).map(|_| start_long_stream(s.port, 100_000)).collect();
+    let t0 = Instant::now();
+    while metric(s.port, "qwen3vl_requests_running") < 3.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the three requests never ran together");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(metric(s.port, "qwen3vl_kv_blocks_used") >= 3.0);
+    // a short request still finishes while they run: it waits for a slot, then runs beside two
+    let port = s.port;
+    let short = std::thread::spawn(move || chat(port, &json!({"messages": user("Hi"), "max_tokens": 3})));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut streams = streams.into_iter();
+    drop(streams.next());
+    let r = short.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // 2. the other clients leave: every block is free again
+    drop(streams);
+    let t0 = Instant::now();
+    while metric(s.port, "qwen3vl_requests_finished_total{reason=\"cancelled\"}") < 3.0 || metric(s.port, "qwen3vl_kv_blocks_used") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the cancelled requests kept their blocks");
         std::thread::sleep(Duration::from_millis(50));
     }
     s.assert_no_panic();

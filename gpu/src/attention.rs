@@ -30,6 +30,11 @@
 //! counter: one launch per decode attention, and the counters stay zero for the next launch
 //! (or graph replay).
 //!
+//! Paged mode (`table` non-zero; the batched decode of many sequences): every query row is a
+//! sequence of its own with keys `0 .. lens[i]` in the KV blocks of its row of `table`, so grid
+//! z = `t · ceil(group / MAX_QV)` and a block serves vectors of one row only; a key's cache row
+//! is looked up per key (`Paging::row`), everything else is as above.
+//!
 //! # Safety
 //! The launchers validate sizes and shapes (`d` in 32, 64, 128, 256 for the split path).
 //! Warps past the last item exit as a whole, so shuffles have all 32 lanes; in the split kernel
@@ -118,6 +123,26 @@ pub unsafe fn attention_f16(p: AttentionParams) {
     attention::<F16>(p)
 }
 
+/// Where logical key `j` of a block's sequence sits in the cache: row `j` (contiguous), or in
+/// paged mode row `table[j >> shift] << shift | (j & mask)`.
+#[derive(Clone, Copy)]
+struct Paging {
+    /// The sequence's block ids, or null for a contiguous cache.
+    table: *const u32,
+    shift: u32,
+}
+
+impl Paging {
+    #[inline(always)]
+    unsafe fn row(&self, j: usize) -> usize {
+        if self.table.is_null() {
+            j
+        } else {
+            ((*self.table.add(j >> self.shift) as usize) << self.shift) | (j & ((1usize << self.shift) - 1))
+        }
+    }
+}
+
 /// The running softmax state of one query vector in one warp: max, sum, and this lane's 8
 /// output elements (lanes `l < d / 8` hold dims `8l ..`; after `finish_warp`).
 #[derive(Clone, Copy)]
@@ -135,6 +160,7 @@ struct WarpState {
 #[inline(always)]
 unsafe fn warp_block<C: KvVec8, const QV: usize>(
     (k, v, kv_row): (*const C, *const C, usize),
+    pg: Paging,
     d: usize,
     qs: *const f32,
     (kb, nk): (usize, usize),
@@ -147,7 +173,7 @@ unsafe fn warp_block<C: KvVec8, const QV: usize>(
     let mut s = [0.0f32; QV];
     let j = kb + lane;
     if lane < nk {
-        let row = k.add(j * kv_row);
+        let row = k.add(pg.row(j) * kv_row);
         // QK_VECS vectors of the row in flight at a time (a 128-wide f16 row in two rounds)
         const QK_VECS: usize = 8;
         let mut c = 0;
@@ -198,7 +224,7 @@ unsafe fn warp_block<C: KvVec8, const QV: usize>(
         for u in 0..BATCH {
             idx[u] = i0 + u * per_step + sub;
             if idx[u] < nk {
-                vv[u] = C::load8(v.add((kb + idx[u]) * kv_row + 8 * sl));
+                vv[u] = C::load8(v.add(pg.row(kb + idx[u]) * kv_row + 8 * sl));
             }
         }
         for u in 0..BATCH {
@@ -230,6 +256,23 @@ fn finish_warp<const QV: usize>(d: usize, st: &mut [WarpState; QV]) {
     }
 }
 
+/// The query vectors block z serves: the first (`v0`, counting over rows × group heads), how
+/// many (`qvs`, at most `qv`), and where their keys are. Contiguous mode: vectors `z · MAX_QV ..`
+/// of all rows. Paged mode: `ceil(group / MAX_QV)` blocks per query row, each inside its row,
+/// whose table row the keys follow.
+#[inline(always)]
+unsafe fn block_vectors(p: &SplitAttnParams, group: usize, qv: usize) -> (usize, usize, Paging) {
+    let z = thread::block_idx_z() as usize;
+    if p.table == 0 {
+        let v0 = z * MAX_QV;
+        return (v0, (p.t as usize * group).saturating_sub(v0).min(qv), Paging { table: core::ptr::null(), shift: 0 });
+    }
+    let per_row = (group + MAX_QV - 1) / MAX_QV;
+    let (i, zz) = (z / per_row, z % per_row);
+    let table = (p.table as *const u32).add(i * p.table_stride as usize);
+    (i * group + zz * MAX_QV, (group - zz * MAX_QV).min(qv), Paging { table, shift: p.block_shift })
+}
+
 /// One block's work: its query vectors' scores against the keys of chunk `[c0, c1)`, the warps'
 /// states merged into the chunk's (written as the output when it is the only active chunk, else
 /// as a partial state), and the hand-over to the last block of the group. Every thread of the
@@ -242,14 +285,13 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize,
     let (lane, w) = (tid % 32, tid / 32);
     let (heads, kv_heads, d) = (p.heads as usize, p.kv_heads as usize, p.d as usize);
     let group = heads / kv_heads;
-    let v0 = thread::block_idx_z() as usize * MAX_QV;
-    let qvs = (p.t as usize * group).saturating_sub(v0).min(QV);
+    let (v0, qvs, pg) = block_vectors(p, group, QV);
     // 1. the block's scaled queries into shared memory; each vector's last visible key
     let mut vis = [0usize; QV];
     for vi in 0..QV {
         let (i, h) = ((v0 + vi) / group, g * group + (v0 + vi) % group);
         if vi < qvs {
-            vis[vi] = *(p.cursor as *const u32).add(i * CURSOR_FIELDS + CURSOR_ROW) as usize;
+            vis[vi] = if pg.table.is_null() { *(p.cursor as *const u32).add(i * CURSOR_FIELDS + CURSOR_ROW) as usize } else { (*(p.lens as *const u32).add(i) as usize).saturating_sub(1) };
             let mut e = tid;
             while e < d {
                 *qs.add(vi * MAX_D + e) = *(p.q as *const f32).add((i * heads + h) * d + e) * p.scale;
@@ -263,7 +305,7 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize,
     let kv = ((p.k as *const C).add(g * d), (p.v as *const C).add(g * d), kv_heads * d);
     let mut kb = c0 + 32 * w;
     while kb < c1 {
-        warp_block::<C, QV>(kv, d, qs, (kb, (c1 - kb).min(32)), &vis, qvs, &mut st);
+        warp_block::<C, QV>(kv, pg, d, qs, (kb, (c1 - kb).min(32)), &vis, qvs, &mut st);
         kb += 32 * SPLIT_WARPS as usize;
     }
     finish_warp::<QV>(d, &mut st);
@@ -413,15 +455,21 @@ unsafe fn merge_chunks(p: &SplitAttnParams, g: usize, v0: usize, qvs: usize, act
 unsafe fn attention_split<C: KvVec8>(p: SplitAttnParams) {
     // the keys every row sees (the last row sees the most), cut into `active` chunks of at
     // least MIN_KEYS (at most the launched `splits`): short contexts take one chunk and no merge
-    let cur = p.cursor as *const u32;
+    // (paged: the keys of the block's own row)
     let mut kv_len = 0usize;
-    for i in 0..p.t as usize {
-        let r = *cur.add(i * CURSOR_FIELDS + CURSOR_ROW) as usize + 1;
-        if r > kv_len {
-            kv_len = r;
+    if p.table == 0 {
+        let cur = p.cursor as *const u32;
+        for i in 0..p.t as usize {
+            let r = *cur.add(i * CURSOR_FIELDS + CURSOR_ROW) as usize + 1;
+            if r > kv_len {
+                kv_len = r;
+            }
         }
+        kv_len = kv_len.min(p.cap as usize);
+    } else {
+        let per_row = ((p.heads / p.kv_heads) as usize + MAX_QV - 1) / MAX_QV;
+        kv_len = *(p.lens as *const u32).add(thread::block_idx_z() as usize / per_row) as usize;
     }
-    let kv_len = kv_len.min(p.cap as usize);
     let active = ((kv_len + MIN_KEYS - 1) / MIN_KEYS).clamp(1, p.splits as usize);
     let split = thread::block_idx_x() as usize;
     if split >= active {
@@ -431,7 +479,8 @@ unsafe fn attention_split<C: KvVec8>(p: SplitAttnParams) {
     let c0 = (split * chunk).min(kv_len);
     let c1 = (c0 + chunk).min(kv_len);
     let g = thread::block_idx_y() as usize;
-    let qvs = p.t as usize * (p.heads / p.kv_heads) as usize;
+    let group = (p.heads / p.kv_heads) as usize;
+    let qvs = if p.table == 0 { p.t as usize * group } else { group };
     if qvs <= 1 {
         split_chunk::<C, 1>(&p, g, (c0, c1, active))
     } else {

@@ -547,6 +547,13 @@ pub struct SplitAttnParams {
     /// `[kv_heads · blocks per group]` u32 arrival counters, zero before the launch; the
     /// kernel leaves them zero.
     pub counters: u64,
+    /// Paged mode when non-zero: `[t, table_stride]` u32 block ids, row `i`'s keys in the KV
+    /// blocks `table[i][0], table[i][1], ...` (`1 << block_shift` rows each; logical key `j` at
+    /// cache row `table[i][j >> block_shift] << block_shift | (j & (block - 1))`). Each query row
+    /// is its own sequence: grid z = `t · ceil(group / MAX_QV)`, and the cursor is not read.
+    pub table: u64,
+    /// Paged mode: `[t]` u32, the keys query row `i` sees (`0 .. lens[i]`).
+    pub lens: u64,
     pub t: u32,
     pub heads: u32,
     pub kv_heads: u32,
@@ -554,6 +561,8 @@ pub struct SplitAttnParams {
     pub cap: u32,
     pub splits: u32,
     pub scale: f32,
+    pub table_stride: u32,
+    pub block_shift: u32,
     pub _pad: u32,
 }
 

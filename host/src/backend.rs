@@ -4,6 +4,7 @@
 //! and both backends check them before doing any work.
 
 use crate::model::rope::{mrope_tables, Pos3};
+use crate::pages::{gather_cache_rows, Pages};
 use crate::{ops, Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use gpu::params::{block_mask, CURSOR_FIELDS, CURSOR_ROW};
 
@@ -194,6 +195,20 @@ pub fn attention_block_sparse_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, 
         };
         let o = b.attention(&b.take_rows(&q, r0, r1 - r0)?, &ks, &vs, full(n))?;
         b.write_rows(&mut out, r0, &o)?;
+    }
+    Ok(out)
+}
+
+/// The composite body of [`Backend::attention_paged`] (the CPU path and the test oracle): per
+/// row, its keys and values gathered out of the caches, then one dense [`Backend::attention`].
+pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, pages: &Pages, scale: f32) -> Result<Tensor> {
+    let (t, heads, _, d) = ops::paged_dims(q, k_pool, v_pool, pages)?;
+    let mut out = b.zeros(&[t, heads, d])?;
+    for i in 0..t {
+        let (n, slots) = (pages.len(i), pages.slots(i, pages.len(i)));
+        let (k, v) = (gather_cache_rows(b, k_pool, &slots)?, gather_cache_rows(b, v_pool, &slots)?);
+        let o = b.attention(&b.take_rows(q, i, 1)?, &k, &v, AttnParams { kv_len: n, q_pos0: n - 1, causal: false, scale })?;
+        b.write_rows(&mut out, i, &o)?;
     }
     Ok(out)
 }
@@ -461,12 +476,10 @@ pub trait Backend: Send + Sync {
     /// `qkv [t, (heads + 2 kv_heads) · d]`, RMS-norms the q and k heads, rotates them with
     /// interleaved MRoPE at the positions of `cursor [t, 4]` (u32: t, h, w, cache row), writes
     /// keys and values into `k_cache`, `v_cache` `[cap, kv_heads, d]` at the cursor's cache rows
-    /// (consecutive), and returns the queries `[t, heads, d]`.
+    /// (any rows: a paged cache's jump at block bounds), and returns the queries `[t, heads, d]`.
     fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor) -> Result<Tensor> {
         let t = ops::qkv_rope_dims(qkv, p, cursor, k_cache, v_cache)?;
         let cur = self.download_u32(cursor)?;
-        ops::cursor_rows_consecutive("qkv_rope_append", &cur)?;
-        let row0 = cur.get(CURSOR_ROW).map_or(0, |&r| r as usize);
         let (qd, kvd) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
         // 1. rotary tables for the cursor's positions: cos, sin [t, d / 2]
         let pos: Vec<Pos3> = cur.chunks(CURSOR_FIELDS).map(|r| [r[0], r[1], r[2]]).collect();
@@ -479,9 +492,20 @@ pub trait Backend: Send + Sync {
         let v = self.narrow_cols(qkv, qd + kvd, kvd)?.reshape(&[t, p.kv_heads, p.head_dim])?;
         let q = self.rope(&self.rms_norm(&q, p.q_norm, p.eps)?, &cos, &sin)?;
         let k = self.rope(&self.rms_norm(&k, p.k_norm, p.eps)?, &cos, &sin)?;
-        // 3. append to the cache
-        self.write_rows(k_cache, row0, &k)?;
-        self.write_rows(v_cache, row0, &v)?;
+        // 3. append to the cache, one write per run of consecutive cache rows (a paged cache's
+        //    rows jump at block bounds)
+        let rows: Vec<usize> = cur.chunks(CURSOR_FIELDS).map(|r| r[CURSOR_ROW] as usize).collect();
+        let mut i0 = 0;
+        while i0 < t {
+            let mut i1 = i0 + 1;
+            while i1 < t && rows[i1] == rows[i1 - 1] + 1 {
+                i1 += 1;
+            }
+            let (kr, vr) = if i0 == 0 && i1 == t { (k.clone(), v.clone()) } else { (self.take_rows(&k, i0, i1 - i0)?, self.take_rows(&v, i0, i1 - i0)?) };
+            self.write_rows(k_cache, rows[i0], &kr)?;
+            self.write_rows(v_cache, rows[i0], &vr)?;
+            i0 = i1;
+        }
         Ok(q)
     }
 
@@ -494,6 +518,14 @@ pub trait Backend: Send + Sync {
         let t = cur.len() / CURSOR_FIELDS;
         let row0 = if t == 0 { 0 } else { cur[CURSOR_ROW] as usize };
         self.attention(q, k_cache, v_cache, AttnParams { kv_len: row0 + t, q_pos0: row0, causal: true, scale })
+    }
+
+    /// Attention for a batched decode step: `q [t, heads, d]`, each row a sequence of its own,
+    /// row `i` seeing keys `0 .. pages.len(i)` of the paged caches `k_pool`, `v_pool`
+    /// `[slots, kv_heads, d]` (f32 or f16) through its block table (`pages` made for this
+    /// backend). Returns `[t, heads, d]`.
+    fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, pages: &Pages, scale: f32) -> Result<Tensor> {
+        attention_paged_composite(self, q, k_pool, v_pool, pages, scale)
     }
 
     /// Block-sparse attention (non-causal): `q [t, heads, d]` against `k`, `v`

@@ -11,6 +11,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod image;
@@ -19,11 +20,13 @@ mod error;
 pub mod kernels;
 pub mod model;
 pub mod ops;
+pub mod pages;
 pub mod quant;
 mod tensor;
 pub mod tokenizer;
 
 pub use backend::{AttnParams, Backend, BlockMask, Gelu, Mark, MemoryStats};
+pub use pages::Pages;
 /// The kernels crate: launch parameters, tile sizes and the math shared with the kernels.
 pub use gpu;
 pub use device::{select, DeviceRequest, Selection};

@@ -324,3 +324,19 @@ pub fn scatter_rows_dims(x: &Tensor, rows: &[usize], src: &Tensor) -> Result<(us
     }
     Ok((n, width))
 }
+
+/// `(t, heads, kv_heads, d)` of [`crate::Backend::attention_paged`], after checking `q [t, heads,
+/// d]` f32, the caches `[slots, kv_heads, d]` of one dtype (f32 or f16) with at least the rows
+/// `pages` was made for, and one table row per query row.
+pub fn paged_dims(q: &Tensor, k: &Tensor, v: &Tensor, pages: &crate::Pages) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "attention_paged";
+    expect_f32(OP, q)?;
+    if k.dtype() != v.dtype() || !matches!(k.dtype(), DType::F32 | DType::F16) {
+        return Err(Error::DType { op: OP, expected: "f32 or f16 caches of one type", got: if k.dtype() == v.dtype() { k.dtype() } else { v.dtype() } });
+    }
+    let (qs, ks) = (q.shape(), k.shape());
+    if qs.len() != 3 || ks.len() != 3 || v.shape() != ks || qs[2] != ks[2] || ks[1] == 0 || qs[1] % ks[1] != 0 || qs[0] != pages.rows() || ks[0] < pages.cache_rows() {
+        return Err(Error::shape(OP, &[qs, ks, v.shape()], format!("q must be [t, heads, d] with t = {} table rows, k and v [slots >= {}, kv_heads, d] with heads a multiple of kv_heads", pages.rows(), pages.cache_rows())));
+    }
+    Ok((qs[0], qs[1], ks[1], qs[2]))
+}

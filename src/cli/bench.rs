@@ -49,6 +49,13 @@ pub struct BenchArgs {
     /// Print the results as one JSON object on stdout (the tables go to stderr).
     #[clap(long)]
     json: bool,
+    /// Run N sequences at once through the batching engine (as llama-batched-bench): prefill,
+    /// aggregate and per-sequence decode tok/s.
+    #[clap(long)]
+    batch: Option<usize>,
+    /// With --batch: prompt tokens read per engine step at most.
+    #[clap(long, default_value = "2048")]
+    max_prefill_tokens: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -89,7 +96,16 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         let cells = side / (v.patch_size * v.spatial_merge_size) * v.spatial_merge_size;
         cells * cells / (v.spatial_merge_size * v.spatial_merge_size) + a.prompt_tokens + 3
     });
-    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, capacity.max(image_session))?;
+    if let Some(n) = a.batch {
+        if n == 0 || a.image_side.is_some() || a.context.is_some() {
+            return Err("--batch takes a count of at least 1, and neither --image-side nor --context".into());
+        }
+    }
+    let sessions = a.batch.unwrap_or(1);
+    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session))?;
+    if let Some(n) = a.batch {
+        return run_batched(&a, b, &model, n);
+    }
     let weights = model.text.weights_summary();
     let (gpu_bytes, cpu_bytes) = model.placed_bytes(b);
     let c = &model.config.text;
@@ -233,6 +249,53 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "placement": placement,
             "kv_cache": kv.name(),
             "graphs": !a.no_graphs,
+            "runs": a.runs,
+        });
+        println!("{}", j);
+    }
+    Ok(())
+}
+
+/// `bench --batch N`: the engine's batched runs, reported as the single-stream numbers are.
+fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n: usize) -> CliResult<()> {
+    let kv = a.device.kv_dtype(b);
+    let vocab = model.config.text.vocab_size as u64;
+    let (mut prefill, mut decode, mut steps) = (Vec::new(), Vec::new(), 0);
+    for run in 0..=a.runs {
+        progress("batched run", run, a.runs);
+        let r = super::bench_batch::run_batch(model, b, kv, n, a.prompt_tokens, a.gen_tokens, a.max_prefill_tokens, &|len, salt| prompt(len, vocab, salt))?;
+        if run > 0 {
+            prefill.push(r.prefill_tokens_per_s);
+            decode.push(r.decode_tokens_per_s);
+            steps = r.steps;
+        }
+    }
+    eprintln!();
+    let (p, d) = (median(prefill), median(decode));
+    let peak = b.memory_stats().peak;
+    let c = &model.config.text;
+    report!(a.json, "| backend | model (weights) | batch | prompt tokens | gen tokens | prefill tok/s | decode tok/s (all) | decode tok/s (per sequence) | steps | kv cache | runs |");
+    report!(a.json, "|---|---|---|---|---|---|---|---|---|---|---|");
+    report!(a.json,
+        "| {} | {} layers, hidden {}, {} weights, {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} (median) |",
+        b.describe(), c.num_hidden_layers, c.hidden_size, model.text.weights_summary(), a.model.display(), n, a.prompt_tokens, a.gen_tokens, p, d, d / n as f64, steps, kv, a.runs
+    );
+    report!(a.json, "peak device memory {}", human(peak));
+    if a.json {
+        let j = serde_json::json!({
+            "device": b.describe(),
+            "kernels_module": kernels_module(b),
+            "batch": n,
+            "prompt_tokens": a.prompt_tokens,
+            "gen_tokens": a.gen_tokens,
+            "max_prefill_tokens": a.max_prefill_tokens,
+            "prefill_tokens_per_s": p,
+            "decode_tokens_per_s": d,
+            "decode_tokens_per_s_per_sequence": d / n as f64,
+            "steps": steps,
+            "peak_device_bytes": peak,
+            "weights_dtype": model.text.weights_summary(),
+            "kv_cache": kv.name(),
             "runs": a.runs,
         });
         println!("{}", j);

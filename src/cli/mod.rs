@@ -13,6 +13,7 @@ macro_rules! report {
 }
 
 mod bench;
+mod bench_batch;
 mod chat;
 mod generate;
 mod info;

@@ -55,6 +55,18 @@ pub struct ServeArgs {
     /// Seconds a client has to send a whole request, and that an idle connection stays open.
     #[clap(long, default_value = "30", value_parser = ranges::seconds, allow_hyphen_values = true)]
     read_timeout: u64,
+    /// Requests generated at once, continuously batched (1 to 1024).
+    #[clap(long, default_value = "16", value_parser = ranges::queue, allow_hyphen_values = true)]
+    max_batch: usize,
+    /// Tokens the KV cache holds over all running requests (default: 1,024 per --max-batch
+    /// request up to 16,384, at least one request's prompt and output); requests wait for
+    /// blocks beyond it.
+    #[clap(long, value_parser = ranges::max_tokens, allow_hyphen_values = true)]
+    kv_cache_tokens: Option<usize>,
+    /// Prompt tokens read per engine step at most, so a long prompt does not stall the other
+    /// streams (an image prompt is read whole).
+    #[clap(long, default_value = "2048", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
+    max_prefill_tokens: usize,
     #[clap(flatten)]
     sampling: SamplingArgs,
 }
@@ -91,6 +103,9 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         cfg.tokens.max_output = n.min(context);
     }
     cfg.queue_capacity = a.queue;
+    cfg.max_batch = a.max_batch;
+    cfg.kv_cache_tokens = a.kv_cache_tokens;
+    cfg.max_prefill_tokens = a.max_prefill_tokens;
     cfg.max_connections = a.max_connections;
     cfg.read_timeout = Duration::from_secs(a.read_timeout);
     cfg.idle_timeout = Duration::from_secs(a.read_timeout);
@@ -101,7 +116,14 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         log::warn!("listening on {}, reachable from the network{}", addr, if cfg.api_key.is_none() { " without an API key (--api-key)" } else { "" });
     }
     // 3. the weights
-    let l = a.model.load(checked, (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context))?;
+    let per_request = (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context);
+    if let Some(n) = cfg.kv_cache_tokens {
+        if n < per_request {
+            return Err(format!("--kv-cache-tokens {} is less than one request may need ({} prompt + {} output tokens)", n, cfg.tokens.max_prompt, cfg.tokens.max_output).into());
+        }
+    }
+    // the placement plans for the whole KV cache of the engine
+    let l = a.model.load(checked, cfg.kv_cache_tokens.unwrap_or_else(|| server::default_kv_tokens(cfg.max_batch, per_request)))?;
     cfg.defaults = a.sampling.params(&l.defaults);
     cfg.kv_dtype = Some(l.kv_dtype);
     log::info!(

@@ -44,6 +44,15 @@ pub struct Metrics {
     decode_us: AtomicU64,
     pub running: AtomicUsize,
     pub connections: AtomicUsize,
+    /// The engine after its last step: waiting sequences, rows of the step, KV blocks used and
+    /// free, preemptions so far, and steps and their seconds.
+    waiting: AtomicUsize,
+    batch: AtomicUsize,
+    blocks_used: AtomicUsize,
+    blocks_free: AtomicUsize,
+    preemptions: AtomicU64,
+    steps: AtomicU64,
+    step_us: AtomicU64,
     ttft: Mutex<Histogram>,
     /// Decode tokens/s of the last finished request, as f64 bits.
     last_tps: AtomicU64,
@@ -67,6 +76,22 @@ impl Metrics {
 
     pub fn time_to_first_token(&self, secs: f64) {
         lock(&self.ttft).observe(secs, &TTFT_BUCKETS);
+    }
+
+    /// Records the engine's state (after a step, or after sequences left it).
+    pub fn engine(&self, running: usize, waiting: usize, batch: usize, blocks_used: usize, blocks_free: usize, preemptions: u64) {
+        self.running.store(running, Ordering::Relaxed);
+        self.waiting.store(waiting, Ordering::Relaxed);
+        self.batch.store(batch, Ordering::Relaxed);
+        self.blocks_used.store(blocks_used, Ordering::Relaxed);
+        self.blocks_free.store(blocks_free, Ordering::Relaxed);
+        self.preemptions.store(preemptions, Ordering::Relaxed);
+    }
+
+    /// Counts one engine step of `secs`.
+    pub fn step(&self, secs: f64) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_us.fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
     }
 
     /// Counts one finished generation.
@@ -104,6 +129,13 @@ impl Metrics {
         c("qwen3vl_queue_depth", "Requests waiting for the model.", queue_depth.to_string(), "gauge", &mut metric);
         c("qwen3vl_queue_capacity", "Most requests that may wait.", queue_capacity.to_string(), "gauge", &mut metric);
         c("qwen3vl_requests_running", "Requests being generated.", self.running.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_sequences_waiting", "Sequences in the engine waiting for KV blocks or a batch slot.", self.waiting.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_batch_rows", "Rows (decode and prefill) of the engine's last step.", self.batch.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_kv_blocks_used", "KV-cache blocks held by sequences.", self.blocks_used.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_kv_blocks_free", "KV-cache blocks free.", self.blocks_free.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_preemptions_total", "Sequences preempted for KV blocks (re-read later).", self.preemptions.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
+        c("qwen3vl_engine_steps_total", "Engine steps run.", self.steps.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
+        c("qwen3vl_engine_step_seconds_total", "Time spent in engine steps.", format!("{:.6}", self.step_us.load(Ordering::Relaxed) as f64 / 1e6), "counter", &mut metric);
         c("qwen3vl_open_connections", "Open client connections.", self.connections.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
         let h = lock(&self.ttft);
         let mut lines: Vec<String> = TTFT_BUCKETS

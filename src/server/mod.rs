@@ -58,6 +58,12 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// KV-cache element type of the sessions (`None`: the backend's default).
     pub kv_dtype: Option<host::DType>,
+    /// Requests generated at once (the engine's batch).
+    pub max_batch: usize,
+    /// The engine's KV cache in tokens (`None`: [`default_kv_tokens`]).
+    pub kv_cache_tokens: Option<usize>,
+    /// Prompt tokens the engine reads per step at most.
+    pub max_prefill_tokens: usize,
 }
 
 impl ServerConfig {
@@ -77,6 +83,9 @@ impl ServerConfig {
             idle_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),
             kv_dtype: None,
+            max_batch: 16,
+            kv_cache_tokens: None,
+            max_prefill_tokens: 2048,
         }
     }
 }
@@ -109,6 +118,13 @@ impl Shared {
     }
 }
 
+/// The KV cache's size when `--kv-cache-tokens` is not given: room for one request at its
+/// largest, or 1,024 tokens per running sequence, whichever is more (at most 16,384 beyond the
+/// one request).
+pub fn default_kv_tokens(max_batch: usize, per_request: usize) -> usize {
+    per_request.max((max_batch * 1024).min(16_384))
+}
+
 /// Serves on `listener` until `shutdown()` turns true and the accepted work is done. The
 /// model runs on the calling thread.
 pub fn serve(
@@ -139,7 +155,12 @@ pub fn serve(
     };
     // 2. the model loop, on this thread, until shut down and drained
     let kv_dtype = shared.cfg.kv_dtype.unwrap_or_else(|| backend.default_kv_dtype());
-    let engine = queue::Engine { model, backend, tokenizer: &tokenizer, stop_ids, kv_dtype };
+    let per_request = shared.cfg.tokens.max_prompt + shared.cfg.tokens.max_output;
+    let kv_tokens = shared.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(shared.cfg.max_batch, per_request));
+    let mut ecfg = host::engine::EngineConfig::new(shared.cfg.max_batch, kv_tokens, kv_dtype);
+    ecfg.max_prefill_tokens = shared.cfg.max_prefill_tokens;
+    log::info!("engine: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
+    let engine = queue::Worker { model, backend, tokenizer: &tokenizer, stop_ids, engine: ecfg };
     let stopping = || {
         if shutdown() {
             shared.shutting_down.store(true, Ordering::SeqCst);

@@ -1,14 +1,16 @@
 //! The bounded queue between connection threads and the one thread that runs the model, and
-//! that thread's loop: one request at a time, its text streamed back as events.
+//! that thread's loop: up to `--max-batch` requests at once through the batching engine, their
+//! text streamed back as events.
 
 use super::images::PreparedImage;
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::generate::sampling::OutputPenalties;
-use crate::generate::{Sampler, SamplingParams, Session, Stop};
-use crate::model::{Images, Model};
-use crate::{Backend, Tokenizer};
-use std::collections::VecDeque;
+use crate::generate::{Sampler, SamplingParams, Stop};
+use crate::model::Model;
+use crate::{Backend, StreamDecoder, Tokenizer};
+use host::engine::{Engine, EngineConfig, Event as EngineEvent, ImageInput, Request, SeqId};
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -99,6 +101,11 @@ impl JobQueue {
         Ok(s.jobs.len())
     }
 
+    /// The next job if one waits (never blocks).
+    pub fn try_next(&self) -> Option<Job> {
+        self.lock().jobs.pop_front()
+    }
+
     /// The next job, waiting for one. Once `stopping()` says so and the queue is empty, the
     /// queue closes (later submits are refused) and `None` is returned.
     pub fn next(&self, stopping: &dyn Fn() -> bool) -> Option<Job> {
@@ -117,121 +124,216 @@ impl JobQueue {
 }
 
 /// The model and what generation needs besides it.
-pub struct Engine<'a> {
+pub struct Worker<'a> {
     pub model: &'a Model,
     pub backend: &'a dyn Backend,
     pub tokenizer: &'a Tokenizer,
     /// Token ids that end a reply.
     pub stop_ids: Vec<u32>,
-    /// KV-cache element type of the sessions.
-    pub kv_dtype: host::DType,
+    /// The batching engine's settings (running sequences, cache size, cache type).
+    pub engine: EngineConfig,
 }
 
-impl Engine<'_> {
-    /// Runs jobs until the queue closes. A panic inside one job fails that job only.
+/// A job the engine runs: where its text goes and the state of its stream.
+struct Active<'t> {
+    job: Job,
+    dec: StreamDecoder<'t>,
+    matcher: StopMatcher,
+    first: bool,
+    generated: usize,
+}
+
+/// The engine's counts into the metrics' gauges.
+fn publish(engine: &Engine<'_>, metrics: &Metrics) {
+    let st = engine.stats();
+    metrics.engine(st.running, st.waiting, st.last_batch, st.blocks_used, st.blocks_free, st.preemptions);
+}
+
+impl Worker<'_> {
+    /// Runs jobs until the queue closes: up to `max_batch` at once through the engine, new
+    /// ones joining between its steps. A failed or panicking step fails the jobs it ran (the
+    /// server goes on).
     pub fn run(&self, queue: &JobQueue, metrics: &Metrics, stopping: &dyn Fn() -> bool, mut on_finished: impl FnMut(f64)) {
-        while let Some(job) = queue.next(stopping) {
-            if job.cancel.load(Ordering::SeqCst) {
-                metrics.finished("cancelled", 0, 0, 0.0, 0.0);
+        let mut engine = match Engine::new(self.model, self.backend, self.engine.clone()) {
+            Ok(e) => e,
+            Err(e) => {
+                log::error!("the engine does not start: {}; failing every request", e);
+                while let Some(job) = queue.next(stopping) {
+                    let _ = job.events.send(Event::Failed(format!("the engine does not start: {}", e)));
+                }
+                return;
+            }
+        };
+        let mut active: HashMap<SeqId, Active<'_>> = HashMap::new();
+        loop {
+            // 1. new jobs while there is room in the batch (waiting for one when idle)
+            while active.len() < self.engine.max_batch {
+                let job = if active.is_empty() {
+                    match queue.next(stopping) {
+                        Some(j) => j,
+                        None => return,
+                    }
+                } else {
+                    match queue.try_next() {
+                        Some(j) => j,
+                        None => break,
+                    }
+                };
+                self.start(&mut engine, &mut active, job, metrics);
+            }
+            // 2. jobs whose clients went away end now, their blocks freed
+            let gone: Vec<SeqId> = active.iter().filter(|(_, a)| a.job.cancel.load(Ordering::SeqCst)).map(|(&id, _)| id).collect();
+            for id in gone {
+                engine.cancel(id);
+                if let Some(a) = active.remove(&id) {
+                    metrics.finished("cancelled", a.job.prompt.len(), a.generated, 0.0, 0.0);
+                    on_finished(a.job.received.elapsed().as_secs_f64());
+                }
+            }
+            publish(&engine, metrics);
+            if active.is_empty() {
                 continue;
             }
-            metrics.running.store(1, Ordering::Relaxed);
+            // 3. one step of every running sequence
             let t0 = Instant::now();
-            let events = job.events.clone();
-            if catch_unwind(AssertUnwindSafe(|| self.run_job(job, metrics))).is_err() {
-                log::error!("a request failed with a panic; the server goes on");
-                metrics.finished("error", 0, 0, 0.0, 0.0);
-                let _ = events.send(Event::Failed("internal error while generating".into()));
+            let events = match catch_unwind(AssertUnwindSafe(|| engine.step())) {
+                Ok(Ok(ev)) => ev,
+                failed => {
+                    let msg = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "internal error while generating".to_string(),
+                    };
+                    log::error!("a batch step failed ({} requests): {}; the server goes on", active.len(), msg);
+                    engine.abort_all();
+                    for (_, a) in active.drain() {
+                        metrics.finished("error", a.job.prompt.len(), a.generated, 0.0, 0.0);
+                        let _ = a.job.events.send(Event::Failed(msg.clone()));
+                    }
+                    publish(&engine, metrics);
+                    continue;
+                }
+            };
+            metrics.step(t0.elapsed().as_secs_f64());
+            // 4. tokens out as text, finished jobs closed
+            for ev in events {
+                match ev {
+                    EngineEvent::Token { id, token } => {
+                        let stop = match active.get_mut(&id) {
+                            Some(a) => self.token(a, token, metrics),
+                            None => None,
+                        };
+                        if let Some(reason) = stop {
+                            engine.cancel(id);
+                            if let Some(a) = active.remove(&id) {
+                                self.finish(a, reason, metrics, 0.0, 0.0);
+                                on_finished(t0.elapsed().as_secs_f64());
+                            }
+                        }
+                    }
+                    EngineEvent::Finished { id, stop, prefill_secs, decode_secs, .. } => {
+                        if let Some(a) = active.remove(&id) {
+                            let reason = if matches!(stop, Stop::StopToken(_)) { "stop" } else { "length" };
+                            on_finished(a.job.received.elapsed().as_secs_f64());
+                            self.finish(a, reason, metrics, prefill_secs, decode_secs);
+                        }
+                    }
+                }
             }
-            metrics.running.store(0, Ordering::Relaxed);
-            on_finished(t0.elapsed().as_secs_f64());
+            publish(&engine, metrics);
         }
     }
 
-    /// Generates one reply, sending its text as it comes.
-    fn run_job(&self, job: Job, metrics: &Metrics) {
+    /// Hands `job` to the engine (or fails it: a prompt the engine refuses).
+    fn start<'t>(&'t self, engine: &mut Engine<'_>, active: &mut HashMap<SeqId, Active<'t>>, job: Job, metrics: &Metrics) {
+        if job.cancel.load(Ordering::SeqCst) {
+            metrics.finished("cancelled", 0, 0, 0.0, 0.0);
+            return;
+        }
         let _ = job.events.send(Event::Started);
-        let fail = |msg: String| {
-            log::error!("generation failed: {}", msg);
-            metrics.finished("error", 0, 0, 0.0, 0.0);
-            let _ = job.events.send(Event::Failed(msg));
-        };
-        // 1. a session sized for this request
-        let mut session = match Session::with_kv_dtype(self.model, self.backend, job.prompt.len() + job.max_tokens, self.kv_dtype) {
-            Ok(s) => s,
-            Err(e) => return fail(e.to_string()),
-        };
-        let patches: Vec<f32> = job.images.iter().flat_map(|i| i.patches.iter().copied()).collect();
-        let grids: Vec<[usize; 3]> = job.images.iter().map(|i| i.grid).collect();
-        let images = Images { patches: &patches, row_len: job.images.first().map_or(0, |i| i.row_len), grids: &grids };
-        let mut sampler = Sampler::new(job.params).with_output_penalties(job.penalties);
-        // 2. generate, streaming text through the stop-string matcher
-        let mut dec = self.tokenizer.stream_decoder(true);
-        let mut matcher = StopMatcher::new(job.stop.clone());
-        let (mut cancelled, mut stop_string, mut first) = (false, false, true);
-        let mut decode_error = None;
-        let result = session.generate_with_images(&job.prompt, if grids.is_empty() { None } else { Some(&images) }, job.max_tokens, &mut sampler, &self.stop_ids, &mut |t| {
-            if first {
-                first = false;
-                metrics.time_to_first_token(job.received.elapsed().as_secs_f64());
-            }
-            log::trace!("token {}", t);
-            if job.cancel.load(Ordering::SeqCst) {
-                cancelled = true;
-                return false;
-            }
-            if self.stop_ids.contains(&t) {
-                return false;
-            }
-            let piece = match dec.push(t) {
-                Ok(p) => p,
-                Err(e) => {
-                    decode_error = Some(e.to_string());
-                    return false;
-                }
-            };
-            let (text, stopped) = matcher.push(&piece);
-            if !text.is_empty() && job.events.send(Event::Text(text)).is_err() {
-                cancelled = true;
-                return false;
-            }
-            stop_string = stopped;
-            !stopped
-        });
-        let g = match result {
-            Ok(g) => g,
-            Err(e) => return fail(e.to_string()),
-        };
-        if let Some(e) = decode_error {
-            return fail(e);
-        }
-        // 3. the end: flush held-back text, say why it stopped
-        let finish_reason = if cancelled {
-            "cancelled"
-        } else if stop_string || matches!(g.stop, Stop::StopToken(_)) {
-            "stop"
+        let images = if job.images.is_empty() {
+            None
         } else {
-            "length"
+            Some(ImageInput {
+                patches: job.images.iter().flat_map(|i| i.patches.iter().copied()).collect(),
+                row_len: job.images[0].row_len,
+                grids: job.images.iter().map(|i| i.grid).collect(),
+            })
         };
-        if !cancelled && !stop_string {
-            let (text, _) = matcher.push(&dec.finish());
-            let rest = text + &matcher.finish();
-            if !rest.is_empty() {
-                let _ = job.events.send(Event::Text(rest));
+        let req = Request {
+            prompt: job.prompt.clone(),
+            images,
+            max_new: job.max_tokens,
+            sampler: Sampler::new(job.params).with_output_penalties(job.penalties),
+            stop_ids: self.stop_ids.clone(),
+        };
+        match engine.add(req) {
+            Ok(id) => {
+                let a = Active { dec: self.tokenizer.stream_decoder(true), matcher: StopMatcher::new(job.stop.clone()), first: true, generated: 0, job };
+                active.insert(id, a);
+            }
+            Err(e) => {
+                log::error!("generation failed: {}", e);
+                metrics.finished("error", 0, 0, 0.0, 0.0);
+                let _ = job.events.send(Event::Failed(e.to_string()));
             }
         }
-        metrics.finished(finish_reason, g.prompt_tokens, g.tokens.len(), g.prefill_secs, g.decode_secs);
-        log::info!(
-            "{} prompt + {} generated tokens, prefill {:.2} s, decode {:.2} s, {}",
-            g.prompt_tokens,
-            g.tokens.len(),
-            g.prefill_secs,
-            g.decode_secs,
-            finish_reason
-        );
-        if !cancelled {
-            let _ = job.events.send(Event::Done { finish_reason, prompt_tokens: g.prompt_tokens, completion_tokens: g.tokens.len() });
+    }
+
+    /// A new token of `a`: its text through the stop-string matcher to the client. Returns the
+    /// finish reason when the job ends here (a stop string, a client gone, text that does not
+    /// decode).
+    fn token(&self, a: &mut Active<'_>, t: u32, metrics: &Metrics) -> Option<&'static str> {
+        if a.first {
+            a.first = false;
+            metrics.time_to_first_token(a.job.received.elapsed().as_secs_f64());
         }
+        a.generated += 1;
+        log::trace!("token {}", t);
+        if self.stop_ids.contains(&t) {
+            return None; // the engine reports the end next
+        }
+        let piece = match a.dec.push(t) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = a.job.events.send(Event::Failed(e.to_string()));
+                return Some("error");
+            }
+        };
+        let (text, stopped) = a.matcher.push(&piece);
+        if !text.is_empty() && a.job.events.send(Event::Text(text)).is_err() {
+            return Some("cancelled");
+        }
+        if stopped {
+            return Some("stop_string");
+        }
+        None
+    }
+
+    /// Closes a job: held-back text flushed (unless a stop string cut it), `Done` sent.
+    fn finish(&self, mut a: Active<'_>, reason: &'static str, metrics: &Metrics, prefill_secs: f64, decode_secs: f64) {
+        let (prompt, generated) = (a.job.prompt.len(), a.generated);
+        let reason = match reason {
+            "error" => {
+                metrics.finished("error", prompt, generated, prefill_secs, decode_secs);
+                return;
+            }
+            "cancelled" => {
+                metrics.finished("cancelled", prompt, generated, prefill_secs, decode_secs);
+                return;
+            }
+            "stop_string" => "stop",
+            r => {
+                let (text, _) = a.matcher.push(&a.dec.finish());
+                let rest = text + &a.matcher.finish();
+                if !rest.is_empty() {
+                    let _ = a.job.events.send(Event::Text(rest));
+                }
+                r
+            }
+        };
+        metrics.finished(reason, prompt, generated, prefill_secs, decode_secs);
+        log::info!("{} prompt + {} generated tokens, prefill {:.2} s, decode {:.2} s, {}", prompt, generated, prefill_secs, decode_secs, reason);
+        let _ = a.job.events.send(Event::Done { finish_reason: reason, prompt_tokens: prompt, completion_tokens: generated });
     }
 }
 

@@ -284,3 +284,29 @@ pub fn download_any(b: &dyn Backend, t: &Tensor) -> Result<Vec<f32>> {
 
 pub mod gguf;
 pub mod server;
+
+/// A prompt's greedy continuation of `steps` tokens through a session of its own on `b` (KV cache
+/// of `kv`), and how many of its first tokens are decided by a clear margin: the steps before
+/// the first whose top two logits are within 1e-2 of the logits' std. Another path (another
+/// backend, a batch) may differ from it only after those.
+pub fn greedy_alone(model: &qwen3_vl::model::Model, b: &dyn Backend, kv: DType, prompt: &[u32], steps: usize) -> (Vec<u32>, usize) {
+    let mut s = qwen3_vl::generate::Session::with_kv_dtype(model, b, prompt.len() + steps, kv).unwrap();
+    let mut logits = s.feed(prompt).unwrap();
+    let (mut tokens, mut clear) = (Vec::new(), None);
+    for step in 0..steps {
+        logits.truncate(model.sampled_vocab());
+        let mut sorted = logits.clone();
+        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        let mean = logits.iter().sum::<f32>() / logits.len() as f32;
+        let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
+        if clear.is_none() && sorted[0] - sorted[1] < 1e-2 * std {
+            clear = Some(step);
+        }
+        let t = qwen3_vl::generate::sampling::argmax(&logits);
+        tokens.push(t);
+        if step + 1 < steps {
+            logits = s.feed(&[t]).unwrap();
+        }
+    }
+    (tokens, clear.unwrap_or(steps))
+}

@@ -7,7 +7,8 @@
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
-use crate::backend::{attention_block_sparse_composite, AttnParams, BlockMask};
+use crate::backend::{attention_block_sparse_composite, attention_paged_composite, AttnParams, BlockMask};
+use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
 use gpu::params::{attention_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D, ROW_THREADS};
@@ -182,6 +183,12 @@ pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBu
     l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
 }
 
+/// Logs once per process that paged attention of this shape takes the composite path.
+fn log_unpaged(s: &AttnShape) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| log::warn!("attention_paged: {} rows of heads {} / kv_heads {} / head_dim {} are outside the paged split kernel's range; gathering each row's keys instead", s.t, s.heads, s.kv_heads, s.d));
+}
+
 /// Logs once per process that head dims the flash kernels do not take use the slower paths.
 fn log_unflashed(d: usize) {
     static ONCE: Once = Once::new();
@@ -203,40 +210,74 @@ pub fn split_count(cap: usize, kv_heads: usize, sms: u32) -> usize {
     fill.min(ceil_div(cap, attn_split_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS)
 }
 
+/// The paged mode of [`attention_split`]: `[t, stride]` u32 block ids, `[t]` u32 key counts,
+/// `1 << shift` cache rows per block.
+pub struct SplitPages<'a> {
+    pub table: &'a DeviceBuffer,
+    pub lens: &'a DeviceBuffer,
+    pub stride: usize,
+    pub shift: u32,
+}
+
+/// Whether the paged split kernel takes this shape: a head dim of 32, 64, 128 or 256 and at
+/// most `MAX_GROUP_QV` query heads per KV head (any number of rows: a block per row and group).
+pub fn split_paged_fits(s: &AttnShape) -> bool {
+    s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.heads / s.kv_heads <= attn_split_tile::MAX_GROUP_QV && s.d.is_power_of_two() && (32..=attn_split_tile::MAX_D).contains(&s.d)
+}
+
 /// Split-KV attention: chunk states into `partial`, merged into `out` by the last block of
-/// each group; `counters` (zero, at least `kv_heads · ceil(qvs / MAX_QV)` u32) are left zero.
+/// each group; `counters` (zero, at least `kv_heads · ceil(qvs / MAX_QV)` u32, or in paged
+/// mode `kv_heads · t · ceil(group / MAX_QV)`) are left zero. Contiguous mode reads the
+/// positions from the cursor; paged mode (`pages`) from the tables.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_split(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32) -> Result<()> {
+pub fn attention_split(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32, pages: Option<&SplitPages<'_>>) -> Result<()> {
     let kernel = Kernel::by_kv(kv_dtype, [Kernel::AttentionSplitF32, Kernel::AttentionSplitF16])?;
-    if !split_fits(s) || splits == 0 || splits > attn_split_tile::MAX_SPLITS {
+    let fits = if pages.is_some() { split_paged_fits(s) } else { split_fits(s) };
+    if !fits || splits == 0 || splits > attn_split_tile::MAX_SPLITS {
         return Err(Error::Limit { op: kernel.name(), msg: format!("shape t={} heads={} kv_heads={} d={} splits={} is outside the split kernel's range", s.t, s.heads, s.kv_heads, s.d, splits) });
     }
     check_common(kernel, b, s, kv_dtype)?;
-    let cursor = b.cursor.ok_or_else(|| Error::Limit { op: kernel.name(), msg: "needs the device cursor".into() })?;
+    let cursor = match (b.cursor, pages) {
+        (Some(c), _) => c.addr(),
+        (None, Some(_)) => 0,
+        (None, None) => return Err(Error::Limit { op: kernel.name(), msg: "needs the device cursor".into() }),
+    };
     need(kernel, "partial", partial, s.t * s.heads * splits * (s.d + 2) * 4)?;
-    let blocks_per_group = ceil_div(s.t * (s.heads / s.kv_heads), attn_split_tile::MAX_QV);
+    let group = s.heads / s.kv_heads;
+    let blocks_per_group = match pages {
+        Some(_) => s.t * ceil_div(group, attn_split_tile::MAX_QV),
+        None => ceil_div(s.t * group, attn_split_tile::MAX_QV),
+    };
     need(kernel, "counters", counters, s.kv_heads * blocks_per_group * 4)?;
+    if let Some(pg) = pages {
+        need(kernel, "table", pg.table, s.t * pg.stride * 4)?;
+        need(kernel, "lens", pg.lens, s.t * 4)?;
+    }
     let params = SplitAttnParams {
         q: b.q.addr(),
         k: b.k.addr(),
         v: b.v.addr(),
-        cursor: cursor.addr(),
+        cursor,
         partial: partial.addr(),
         out: b.out.addr(),
         counters: counters.addr(),
-        t: s.t as u32,
+        table: pages.map_or(0, |p| p.table.addr()),
+        lens: pages.map_or(0, |p| p.lens.addr()),
+        t: fits_u32(kernel, "t", s.t)?,
         heads: fits_u32(kernel, "heads", s.heads)?,
         kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
         d: s.d as u32,
         cap: fits_u32(kernel, "cap", s.cap)?,
         splits: splits as u32,
         scale,
+        table_stride: pages.map_or(Ok(0), |p| fits_u32(kernel, "table stride", p.stride))?,
+        block_shift: pages.map_or(0, |p| p.shift),
         _pad: 0,
     };
     if s.t == 0 {
         return Ok(());
     }
-    l.launch(kernel, [splits as u32, grid_dim(kernel, "y", s.kv_heads, 65_535)?, blocks_per_group as u32], attn_split_tile::THREADS, &params)
+    l.launch(kernel, [splits as u32, grid_dim(kernel, "y", s.kv_heads, 65_535)?, grid_dim(kernel, "z", blocks_per_group, 65_535)?], attn_split_tile::THREADS, &params)
 }
 
 impl CudaBackend {
@@ -316,7 +357,30 @@ impl CudaBackend {
         let out = self.output(t * heads * d)?;
         let partial = self.output(t * heads * splits * (d + 2))?;
         let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: Some(self.buffer(OP, cursor)?) };
-        attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale)?;
+        attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale, None)?;
+        Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
+    }
+
+    pub(super) fn attention_paged_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, pages: &Pages, scale: f32) -> Result<Tensor> {
+        const OP: &str = "attention_paged";
+        let (t, heads, kv_heads, d) = ops::paged_dims(q, k, v, pages)?;
+        let shape = AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
+        let zblocks = t * ceil_div(heads / kv_heads, attn_split_tile::MAX_QV);
+        if !split_paged_fits(&shape) || kv_heads * zblocks > super::ATTENTION_COUNTERS || zblocks > 65_535 {
+            log_unpaged(&shape);
+            return attention_paged_composite(self, q, k, v, pages, scale);
+        }
+        // chunks: enough blocks for four per multiprocessor over the rows, no more than the
+        // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
+        // recorded step keeps it)
+        let fill = ceil_div(4 * self.sms as usize, kv_heads * zblocks);
+        let splits = fill.min(ceil_div(pages.stride() * pages.block(), attn_split_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS);
+        let l = self.enter()?;
+        let out = self.output(t * heads * d)?;
+        let partial = self.output(t * heads * splits * (d + 2))?;
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None };
+        let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
+        attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale, Some(&sp))?;
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
     }
 }

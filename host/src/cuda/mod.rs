@@ -53,7 +53,7 @@ pub struct CudaBackend {
 }
 
 /// Arrival counters kept for split-KV attention (one per KV head and query block).
-const ATTENTION_COUNTERS: usize = 1 << 16;
+pub(crate) const ATTENTION_COUNTERS: usize = 1 << 16;
 
 // SAFETY: the driver API is thread-safe; every entry point makes the (primary) context current
 // on the calling thread before using the module or stream.
@@ -395,6 +395,10 @@ impl Backend for CudaBackend {
 
     fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
         self.attention_cached_op(q, k_cache, v_cache, cursor, scale)
+    }
+
+    fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, pages: &crate::Pages, scale: f32) -> Result<Tensor> {
+        self.attention_paged_op(q, k_pool, v_pool, pages, scale)
     }
 
     fn attention_block_sparse(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {

@@ -31,13 +31,7 @@ impl KvCache {
             return Err(Error::Context { tokens: capacity, limit: cfg.max_position_embeddings, msg: "KV cache capacity above max_position_embeddings".into() });
         }
         let shape = [capacity, cfg.num_key_value_heads, cfg.head_dim];
-        let zeros = |backend: &dyn Backend| -> Result<Tensor> {
-            match dtype {
-                DType::F32 => backend.zeros(&shape),
-                DType::F16 => backend.upload_half(&shape, DType::F16, &vec![0u16; shape.iter().product()]),
-                other => Err(Error::DType { op: "KvCache::new", expected: "f32 or f16", got: other }),
-            }
-        };
+        let zeros = |backend: &dyn Backend| cache_zeros(backend, &shape, dtype, "KvCache::new");
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for &backend in per_layer {
@@ -91,5 +85,15 @@ impl KvCache {
     /// Forgets everything (the tensors are reused).
     pub fn clear(&mut self) {
         self.len = 0;
+    }
+}
+
+/// A zeroed cache tensor of `shape` and `dtype` (f32 or f16) on `b`; `op` names the caller in
+/// the error for another type.
+pub fn cache_zeros(b: &dyn Backend, shape: &[usize], dtype: DType, op: &'static str) -> Result<Tensor> {
+    match dtype {
+        DType::F32 => b.zeros(shape),
+        DType::F16 => b.upload_half(shape, DType::F16, &vec![0u16; shape.iter().product()]),
+        other => Err(Error::DType { op, expected: "f32 or f16", got: other }),
     }
 }

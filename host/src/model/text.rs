@@ -64,6 +64,24 @@ struct HostSide {
     inv_freq: Tensor,
 }
 
+/// What a decoder layer's attention reads and writes: the keys and values of the tokens before
+/// this forward's, and where this forward's go.
+pub trait LayerKv {
+    /// Layer `layer`'s attention on backend `b`: from `qkv [t, (heads + 2 kv_heads) · d]`, the
+    /// normed and rotated queries against the keys before them and their own (causal), the
+    /// new keys and values stored at the cursor's cache rows. Returns `[t, heads, d]`.
+    fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor>;
+}
+
+impl LayerKv for KvCache {
+    fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
+        let (kc, vc) = self.layer_mut(layer);
+        let q = b.qkv_rope_append(qkv, shape, cursor, kc, vc)?; // [t, heads, head_dim]; k, v cached
+        let (kc, vc) = self.layer(layer);
+        b.attention_cached(&q, kc, vc, cursor, scale)
+    }
+}
+
 /// Whether two tensors share their storage (a tied LM head).
 fn same_storage(a: &Tensor, b: &Tensor) -> bool {
     match (a.storage(), b.storage()) {
@@ -210,8 +228,12 @@ impl TextModel {
 
     /// An empty KV cache for `capacity` tokens, each layer's part on its layer's backend.
     pub fn new_cache(&self, b: &dyn Backend, capacity: usize, dtype: DType) -> Result<KvCache> {
-        let per_layer: Vec<&dyn Backend> = (0..self.layers.len()).map(|l| self.side(b, l < self.place.device_layers)).collect();
-        KvCache::new_on(&per_layer, &self.cfg, capacity, dtype)
+        KvCache::new_on(&self.layer_backends(b), &self.cfg, capacity, dtype)
+    }
+
+    /// The backend of each layer when `b` is the device.
+    pub fn layer_backends<'s>(&'s self, b: &'s dyn Backend) -> Vec<&'s dyn Backend> {
+        (0..self.layers.len()).map(|l| self.side(b, l < self.place.device_layers)).collect()
     }
 
     /// `[ids.len(), hidden]` token embeddings.
@@ -262,6 +284,12 @@ impl TextModel {
     /// Inputs and output are on `b`; layers placed on the host run there, the hidden state and
     /// the cursor crossing at the boundary.
     pub fn forward(&self, b: &dyn Backend, x: Tensor, cursor: &Tensor, cache: &mut KvCache, deepstack: Option<&Deepstack<'_>>) -> Result<Tensor> {
+        self.forward_kv(b, x, cursor, cache, deepstack)
+    }
+
+    /// [`TextModel::forward`] over any [`LayerKv`]: a contiguous [`KvCache`], or a batched step
+    /// of a paged cache (the engine's), whose cursor rows are the cache rows to write.
+    pub fn forward_kv(&self, b: &dyn Backend, x: Tensor, cursor: &Tensor, kv: &mut dyn LayerKv, deepstack: Option<&Deepstack<'_>>) -> Result<Tensor> {
         let c = &self.cfg;
         let t = x.shape()[0];
         if cursor.shape() != [t, CURSOR_FIELDS] {
@@ -287,7 +315,6 @@ impl TextModel {
             // 1. attention block: x [t, hidden] += o_proj(attn(rope(norm(q)), rope(norm(k)), v))
             let a = &layer.attn;
             let qkv = b.rms_norm_linear(&x, &layer.input_layernorm, c.rms_norm_eps, &a.qkv_proj, a.qkv_bias.as_ref())?; // [t, (heads + 2 kv_heads) * head_dim]
-            let (kc, vc) = cache.layer_mut(l);
             let shape = QkvRope {
                 heads: c.num_attention_heads,
                 kv_heads: c.num_key_value_heads,
@@ -298,9 +325,7 @@ impl TextModel {
                 inv_freq,
                 section: c.mrope_section,
             };
-            let q = b.qkv_rope_append(&qkv, &shape, cursor, kc, vc)?; // [t, heads, head_dim]; k, v cached
-            let (kc, vc) = cache.layer(l);
-            let o = b.attention_cached(&q, kc, vc, cursor, scale)?.reshape(&[t, c.num_attention_heads * c.head_dim])?;
+            let o = kv.attend(l, b, &qkv, &shape, cursor, scale)?.reshape(&[t, c.num_attention_heads * c.head_dim])?; // [t, heads * head_dim]
             x = b.linear_residual(&o, &a.o_proj, a.o_bias.as_ref(), &x)?;
             // 2. MLP block: x [t, hidden] += down(silu(gate(norm(x))) * up(norm(x)))
             let m = &layer.mlp;

@@ -1,0 +1,482 @@
+//! The engine: many sequences on one model at once. Between the model (pure functions of
+//! weights and inputs) and its callers (the server; the batched bench): sequences, the
+//! scheduler and the KV blocks.
+//!
+//! Every [`Engine::step`] runs one forward over a batch of rows: one decode row for each
+//! running sequence past its prompt, then prefill chunks of sequences still reading their
+//! prompts (at most `max_prefill_tokens` rows of them per step, so a long prompt does not
+//! freeze the other streams), and samples the next token of every sequence whose rows reach
+//! its end. The keys and values live in a paged cache ([`paged`]): fixed-size blocks of one
+//! pool, taken as sequences grow ([`blocks`]). A request waits while the blocks for its prompt
+//! are not free; when a running sequence needs a block and none is left, the newest running
+//! sequence is preempted: its blocks freed, it waits again at the front of the queue and reads
+//! its prompt and what it generated again when it comes back (so nothing fails mid-stream).
+
+pub mod blocks;
+pub mod paged;
+
+use crate::backend::DeviceSampling;
+use crate::generate::{Sampler, Stop};
+use crate::model::positions::multimodal_positions;
+use crate::model::text::Deepstack;
+use crate::model::vision::VisionOutput;
+use crate::model::{Model, Pos3};
+use crate::{Backend, DType, Error, Result, Tensor};
+use blocks::BlockPool;
+use gpu::params::CURSOR_FIELDS;
+use paged::{PagedKv, PagedStep, StepRows};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// How the engine batches and how large its cache is.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Running sequences at most (the decode batch).
+    pub max_batch: usize,
+    /// Prompt tokens read per step at most, over all sequences (an image prompt is read whole).
+    pub max_prefill_tokens: usize,
+    /// Cache rows per KV block (a power of two).
+    pub block: usize,
+    /// Tokens the KV cache holds over all sequences.
+    pub kv_tokens: usize,
+    pub kv_dtype: DType,
+}
+
+impl EngineConfig {
+    /// 16-token blocks, prefill chunks of 2048 tokens.
+    pub fn new(max_batch: usize, kv_tokens: usize, kv_dtype: DType) -> EngineConfig {
+        EngineConfig { max_batch, max_prefill_tokens: 2048, block: 16, kv_tokens, kv_dtype }
+    }
+}
+
+/// A sequence's handle.
+pub type SeqId = u64;
+
+/// Images of a request, already preprocessed: patches `[Σ t·h·w, row_len]` and their grids.
+pub struct ImageInput {
+    pub patches: Vec<f32>,
+    pub row_len: usize,
+    pub grids: Vec<[usize; 3]>,
+}
+
+/// One generation to run.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub images: Option<ImageInput>,
+    /// Tokens to generate at most.
+    pub max_new: usize,
+    pub sampler: Sampler,
+    /// Token ids that end the generation (the stop token is reported, not fed back).
+    pub stop_ids: Vec<u32>,
+}
+
+/// What a step did for one sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A new token (a stop token included).
+    Token { id: SeqId, token: u32 },
+    /// The sequence ended (after its last `Token`); its blocks are free again.
+    Finished { id: SeqId, stop: Stop, prompt_tokens: usize, generated: usize, prefill_secs: f64, decode_secs: f64 },
+}
+
+/// Counts for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub blocks_used: usize,
+    pub blocks_free: usize,
+    /// Rows of the last step's forward (decode rows plus prefill rows).
+    pub last_batch: usize,
+    pub preemptions: u64,
+}
+
+struct Seq {
+    id: SeqId,
+    /// The prompt, then the generated tokens.
+    tokens: Vec<u32>,
+    /// The rotary position of each token.
+    pos: Vec<Pos3>,
+    /// The rotary position of the next generated token.
+    next_pos: u32,
+    prompt_len: usize,
+    /// Tokens whose keys and values are in the cache.
+    cached: usize,
+    blocks: Vec<u32>,
+    images: Option<ImageInput>,
+    /// The tower's output for the images (made on the first prefill, kept across preemption).
+    vision: Option<VisionOutput>,
+    generated: usize,
+    max_new: usize,
+    sampler: Sampler,
+    stop_ids: Vec<u32>,
+    added: Instant,
+    first_token: Option<Instant>,
+}
+
+impl Seq {
+    /// Tokens fed in rows still to come (1: a decode row).
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.cached
+    }
+
+    fn has_images(&self) -> bool {
+        self.images.as_ref().map_or(false, |im| !im.grids.is_empty())
+    }
+}
+
+/// A row group of one step: a decode row or a prefill chunk of sequence `seq` (an index into
+/// `running`), tokens `from .. from + n` of it.
+struct Part {
+    seq: usize,
+    from: usize,
+    n: usize,
+    /// A decode row (the sequence's last known token, against its blocks), else a prefill chunk.
+    decode: bool,
+}
+
+pub struct Engine<'a> {
+    model: &'a Model,
+    backend: &'a dyn Backend,
+    cfg: EngineConfig,
+    kv: PagedKv,
+    pool: BlockPool,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    next_id: SeqId,
+    stats: EngineStats,
+}
+
+impl<'a> Engine<'a> {
+    /// An engine with a cache of `cfg.kv_tokens` tokens (rounded up to whole blocks), each
+    /// layer's part on its layer's backend.
+    pub fn new(model: &'a Model, backend: &'a dyn Backend, cfg: EngineConfig) -> Result<Engine<'a>> {
+        if cfg.max_batch == 0 || cfg.max_prefill_tokens == 0 {
+            return Err(Error::Limit { op: "engine", msg: format!("max batch {} and max prefill tokens {} must be at least 1", cfg.max_batch, cfg.max_prefill_tokens) });
+        }
+        let blocks = (cfg.kv_tokens.max(1) + cfg.block.max(1) - 1) / cfg.block.max(1);
+        let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
+        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Tokens the cache holds over all sequences.
+    pub fn kv_tokens(&self) -> usize {
+        self.kv.blocks() * self.kv.block()
+    }
+
+    /// Checks `req` (its prompt and images agree, prompt and generation fit the model's context
+    /// and the cache) and queues it.
+    pub fn add(&mut self, req: Request) -> Result<SeqId> {
+        let cfg = &self.model.config;
+        if req.prompt.is_empty() {
+            return Err(Error::Tokenizer { msg: "nothing to feed: the token list is empty".into() });
+        }
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= cfg.text.vocab_size) {
+            return Err(Error::Limit { op: "engine", msg: format!("token id {} is outside the vocabulary of {}", t, cfg.text.vocab_size) });
+        }
+        let need = req.prompt.len() + req.max_new.max(1);
+        let limit = cfg.text.max_position_embeddings.min(self.kv_tokens());
+        if need > limit {
+            return Err(Error::Context { tokens: need, limit, msg: format!("{} prompt + {} to generate exceed the context (max_position_embeddings {}, KV cache {} tokens)", req.prompt.len(), req.max_new, cfg.text.max_position_embeddings, self.kv_tokens()) });
+        }
+        let grids: &[[usize; 3]] = req.images.as_ref().map_or(&[], |im| &im.grids);
+        let (pos, next_pos) = multimodal_positions(&req.prompt, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, 0)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Seq {
+            id,
+            prompt_len: req.prompt.len(),
+            tokens: req.prompt,
+            pos,
+            next_pos,
+            cached: 0,
+            blocks: Vec::new(),
+            images: req.images,
+            vision: None,
+            generated: 0,
+            max_new: req.max_new,
+            sampler: req.sampler,
+            stop_ids: req.stop_ids,
+            added: Instant::now(),
+            first_token: None,
+        });
+        Ok(id)
+    }
+
+    /// Ends a sequence now, its blocks freed (no event follows). False when it is unknown
+    /// (finished already).
+    pub fn cancel(&mut self, id: SeqId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let mut s = self.waiting.remove(i).expect("found above");
+            self.pool.give(&mut s.blocks);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let mut s = self.running.remove(i);
+            self.pool.give(&mut s.blocks);
+            return true;
+        }
+        false
+    }
+
+    /// Ends every sequence (after a failed step); returns their ids.
+    pub fn abort_all(&mut self) -> Vec<SeqId> {
+        let mut ids = Vec::new();
+        for mut s in self.running.drain(..).chain(self.waiting.drain(..)) {
+            self.pool.give(&mut s.blocks);
+            ids.push(s.id);
+        }
+        ids
+    }
+
+    /// Whether any sequence runs or waits.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), ..self.stats }
+    }
+
+    /// Frees sequence `i` of `running`'s blocks and queues it again at the front.
+    fn preempt(&mut self, i: usize) {
+        let mut s = self.running.remove(i);
+        log::debug!("engine: preempting sequence {} ({} tokens cached) for KV blocks", s.id, s.cached);
+        self.pool.give(&mut s.blocks);
+        s.cached = 0;
+        self.stats.preemptions += 1;
+        self.waiting.push_front(s);
+    }
+
+    /// Gives `running[i]` the blocks for its tokens `.. upto`; false when the pool is out.
+    fn grow(&mut self, i: usize, upto: usize) -> bool {
+        let block = self.kv.block();
+        while self.running[i].blocks.len() * block < upto {
+            match self.pool.take() {
+                Some(b) => self.running[i].blocks.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Picks this step's rows: decode rows first (preempting the newest sequences when blocks
+    /// run out), then prefill chunks of running sequences, then of newly admitted ones.
+    fn schedule(&mut self) -> Vec<Part> {
+        // 1. a block for every decode row's token
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if s.pending() != 1 || (s.has_images() && s.cached == 0) {
+                i += 1;
+                continue;
+            }
+            let upto = s.cached + 1;
+            if self.grow(i, upto) {
+                i += 1;
+                continue;
+            }
+            // out of blocks: the newest sequence gives its up (this one, if it is the newest)
+            let last = self.running.len() - 1;
+            self.preempt(last);
+        }
+        let mut parts: Vec<Part> = Vec::new();
+        for (i, s) in self.running.iter().enumerate() {
+            if s.pending() == 1 && !(s.has_images() && s.cached == 0) {
+                parts.push(Part { seq: i, from: s.cached, n: 1, decode: true });
+            }
+        }
+        // 2. prefill chunks within the budget: running sequences first, then admissions
+        let mut budget = self.cfg.max_prefill_tokens;
+        let mut images_taken = false;
+        let mut i = 0;
+        loop {
+            if i == self.running.len() {
+                // admit the next waiting sequence when there is room and its blocks are free
+                let fits = match self.waiting.front() {
+                    Some(w) => self.running.len() < self.cfg.max_batch && budget > 0 && self.pool.free() * self.kv.block() >= w.tokens.len(),
+                    None => false,
+                };
+                if !fits {
+                    break;
+                }
+                let s = self.waiting.pop_front().expect("checked above");
+                self.running.push(s);
+                let upto = self.running[i].tokens.len();
+                let grown = self.grow(i, upto);
+                debug_assert!(grown, "the free blocks were counted");
+            }
+            let s = &self.running[i];
+            let pending = s.pending();
+            let is_prefill = pending > 1 || (s.has_images() && s.cached == 0);
+            if is_prefill && budget > 0 {
+                let whole = s.has_images() && s.cached == 0;
+                if whole && images_taken {
+                    i += 1;
+                    continue; // one image prompt per step (its DeepStack rows)
+                }
+                // (an image prompt is read whole, past the budget if need be)
+                let n = if whole { pending } else { pending.min(budget) };
+                images_taken |= whole;
+                parts.push(Part { seq: i, from: s.cached, n, decode: false });
+                budget = budget.saturating_sub(n);
+            }
+            i += 1;
+        }
+        parts
+    }
+
+    /// One step: schedules, runs the forward of its rows, samples, and returns what happened to
+    /// each sequence. An error fails the step (the caller may [`Engine::abort_all`]).
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        let parts = self.schedule();
+        self.stats.last_batch = parts.iter().map(|p| p.n).sum();
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (b, m) = (self.backend, self.model);
+        let cfg = &m.config;
+        // 1. the images of prompts read for the first time go through the tower
+        for p in &parts {
+            let s = &mut self.running[p.seq];
+            if let (Some(im), None) = (&s.images, &s.vision) {
+                if !im.grids.is_empty() {
+                    let vb = m.vision.backend(b);
+                    let n = im.patches.len() / im.row_len.max(1);
+                    s.vision = Some(m.vision.forward(b, &vb.upload_f32(&[n, im.row_len], &im.patches)?, &im.grids)?);
+                }
+            }
+        }
+        // 2. the rows: token ids, cursors (position, cache row), block tables, gather lists
+        let rows: usize = parts.iter().map(|p| p.n).sum();
+        let (mut ids, mut cur) = (Vec::with_capacity(rows), Vec::with_capacity(rows * CURSOR_FIELDS));
+        let mut step_rows = StepRows { decode: Vec::new(), prefill: Vec::new() };
+        let mut image_rows: Vec<usize> = Vec::new();
+        let mut vision_of: Option<usize> = None;
+        for p in &parts {
+            let s = &self.running[p.seq];
+            let r0 = ids.len();
+            for j in p.from..p.from + p.n {
+                ids.push(s.tokens[j]);
+                let q = s.pos[j];
+                cur.extend_from_slice(&[q[0], q[1], q[2], self.kv.slot(&s.blocks, j)]);
+                if s.vision.is_some() && s.tokens[j] == cfg.image_token_id && j < s.prompt_len {
+                    image_rows.push(r0 + j - p.from);
+                }
+            }
+            if s.vision.is_some() && p.from == 0 {
+                vision_of = Some(p.seq);
+            }
+            if p.decode {
+                step_rows.decode.push((s.blocks.clone(), p.from + 1));
+            } else {
+                let slots = (0..p.from + p.n).map(|j| self.kv.slot(&s.blocks, j)).collect();
+                step_rows.prefill.push((r0, p.n, slots));
+            }
+        }
+        // 3. the forward
+        let mut x = m.text.embed(b, &ids)?; // [rows, hidden]
+        let vision = vision_of.and_then(|i| self.running[i].vision.as_ref());
+        if let Some(v) = vision {
+            x = b.scatter_rows(&x, &image_rows, &v.embeds, false)?;
+        }
+        let ds = vision.map(|v| Deepstack { rows: &image_rows, features: &v.deepstack });
+        let cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cur)?;
+        let h = {
+            let mut kv = PagedStep::new(&mut self.kv, &step_rows);
+            m.text.forward_kv(b, x, &cursor, &mut kv, ds.as_ref())? // [rows, hidden]
+        };
+        // 4. logits of the rows that end their sequence's known tokens, and the picks
+        let nd = step_rows.decode.len(); // the decode parts come first
+        let mut picks: Vec<(usize, u32)> = Vec::new(); // (part, token)
+        if nd > 0 {
+            let logits = m.text.logits(b, &b.take_rows(&h, 0, nd)?)?; // [nd, vocab]
+            for (k, t) in self.sample(&logits, &parts[..nd])?.into_iter().enumerate() {
+                picks.push((k, t));
+            }
+        }
+        let mut r0 = nd;
+        for (k, p) in parts.iter().enumerate().skip(nd) {
+            if p.from + p.n == self.running[p.seq].tokens.len() {
+                let logits = m.text.logits(b, &b.take_rows(&h, r0 + p.n - 1, 1)?)?;
+                picks.push((k, self.sample(&logits, &parts[k..k + 1])?[0]));
+            }
+            r0 += p.n;
+        }
+        for p in &parts {
+            self.running[p.seq].cached = p.from + p.n;
+        }
+        // 5. new tokens, finished sequences
+        let mut events = Vec::new();
+        let mut done: Vec<usize> = Vec::new();
+        for (k, t) in picks {
+            let s = &mut self.running[parts[k].seq];
+            let now = Instant::now();
+            s.first_token.get_or_insert(now);
+            s.generated += 1;
+            events.push(Event::Token { id: s.id, token: t });
+            let stop = if s.stop_ids.contains(&t) {
+                Some(Stop::StopToken(t))
+            } else if s.generated >= s.max_new {
+                Some(Stop::MaxTokens)
+            } else {
+                None
+            };
+            match stop {
+                Some(stop) => {
+                    let first = s.first_token.unwrap_or(now);
+                    events.push(Event::Finished {
+                        id: s.id,
+                        stop,
+                        prompt_tokens: s.prompt_len,
+                        generated: s.generated,
+                        prefill_secs: first.duration_since(s.added).as_secs_f64(),
+                        decode_secs: now.duration_since(first).as_secs_f64(),
+                    });
+                    done.push(parts[k].seq);
+                }
+                None => {
+                    s.tokens.push(t);
+                    s.pos.push([s.next_pos; 3]);
+                    s.next_pos += 1;
+                }
+            }
+        }
+        done.sort_unstable();
+        for &i in done.iter().rev() {
+            let mut s = self.running.remove(i);
+            self.pool.give(&mut s.blocks);
+        }
+        Ok(events)
+    }
+
+    /// The next token of each part's sequence from `logits [parts.len(), vocab]`: on the device
+    /// when every sequence samples greedily, else on the host with each sequence's sampler
+    /// (draw number: the cache row of the token whose logits these are, as in
+    /// [`crate::generate::Session`]).
+    fn sample(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
+        let (b, n) = (self.backend, self.model.sampled_vocab());
+        let rows = parts.len();
+        let greedy = Some(DeviceSampling::greedy());
+        if parts.iter().all(|p| self.running[p.seq].sampler.device_sampling(b.max_device_top_k()) == greedy) {
+            let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
+            let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?;
+            b.sample_step(logits, &DeviceSampling::greedy(), n, &mut ids, &mut cur)?;
+            return b.download_u32(&ids);
+        }
+        let all = b.download_f32(logits)?;
+        let vocab = all.len() / rows.max(1);
+        let mut out = Vec::with_capacity(rows);
+        for (r, p) in parts.iter().enumerate() {
+            let s = &mut self.running[p.seq];
+            let mut row = all[r * vocab..r * vocab + n.min(vocab)].to_vec();
+            let at = (p.from + p.n - 1) as u64;
+            out.push(s.sampler.sample_at(&mut row, &s.tokens, at));
+        }
+        Ok(out)
+    }
+}

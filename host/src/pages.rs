@@ -1,0 +1,109 @@
+//! Block tables of a paged KV cache, as attention reads them: for each query row of a batched
+//! step, the KV blocks of its sequence and how many keys it sees. Made once per step on the
+//! host (checked there) and uploaded, so every layer's [`crate::Backend::attention_paged`]
+//! reuses it, as a [`crate::BlockMask`] is reused.
+
+use crate::{Backend, Error, Result, Tensor};
+
+/// The block tables of a step's query rows (see the module docs).
+pub struct Pages {
+    /// Cache rows per block (a power of two).
+    block: usize,
+    /// Cache rows the blocks lie in.
+    slots: usize,
+    /// Table entries per row (the longest row's block count, at least 1).
+    stride: usize,
+    /// `[rows, stride]` block ids (unused entries 0).
+    table: Vec<u32>,
+    /// `[rows]` keys each row sees.
+    lens: Vec<u32>,
+    dev_table: Tensor,
+    dev_lens: Tensor,
+}
+
+impl Pages {
+    /// Query row `i` sees keys `0 .. rows[i].1`, held in blocks `rows[i].0` of `block` cache rows
+    /// each (a power of two), in caches of `slots` rows. Checks that every row sees at least
+    /// one key, that its blocks hold its keys and that every block lies inside the caches, then
+    /// uploads the tables to `b`.
+    pub fn new(b: &dyn Backend, block: usize, slots: usize, rows: &[(&[u32], usize)]) -> Result<Pages> {
+        const OP: &str = "pages";
+        let bad = |msg: String| Error::Limit { op: OP, msg };
+        if block == 0 || !block.is_power_of_two() || slots > u32::MAX as usize {
+            return Err(bad(format!("blocks of {} rows in caches of {} rows: the block must be a power of two", block, slots)));
+        }
+        let stride = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(1);
+        let mut table = vec![0u32; rows.len() * stride];
+        let mut lens = Vec::with_capacity(rows.len());
+        for (i, &(blocks, len)) in rows.iter().enumerate() {
+            if len == 0 || len > blocks.len() * block {
+                return Err(bad(format!("row {} sees {} keys in {} blocks of {}", i, len, blocks.len(), block)));
+            }
+            if let Some(&id) = blocks.iter().find(|&&id| (id as usize + 1) * block > slots) {
+                return Err(bad(format!("row {}: block {} lies outside the {} cache rows", i, id, slots)));
+            }
+            table[i * stride..i * stride + blocks.len()].copy_from_slice(blocks);
+            lens.push(len as u32);
+        }
+        let dev_table = b.upload_u32(&[rows.len(), stride], &table)?;
+        let dev_lens = b.upload_u32(&[rows.len()], &lens)?;
+        Ok(Pages { block, slots, stride, table, lens, dev_table, dev_lens })
+    }
+
+    /// Query rows.
+    pub fn rows(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Cache rows per block.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// Cache rows the blocks lie in (caches must have at least these).
+    pub fn cache_rows(&self) -> usize {
+        self.slots
+    }
+
+    /// Table entries per row.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// The keys row `i` sees.
+    pub fn len(&self, i: usize) -> usize {
+        self.lens[i] as usize
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+
+    /// The cache rows of keys `0 .. n` of row `i`.
+    pub fn slots(&self, i: usize, n: usize) -> Vec<u32> {
+        let (t, shift) = (&self.table[i * self.stride..(i + 1) * self.stride], self.block.trailing_zeros());
+        (0..n).map(|j| (t[j >> shift] << shift) | (j as u32 & (self.block as u32 - 1))).collect()
+    }
+
+    /// `[rows, stride]` u32 block ids on the backend.
+    pub fn table(&self) -> &Tensor {
+        &self.dev_table
+    }
+
+    /// `[rows]` u32 key counts on the backend.
+    pub fn lens(&self) -> &Tensor {
+        &self.dev_lens
+    }
+}
+
+/// Rows `slots` of a cache `[cap, kv_heads, d]` (f32 or f16) as `[slots.len(), kv_heads, d]`
+/// f32: a sequence's keys or values gathered out of a paged cache.
+pub fn gather_cache_rows<B: Backend + ?Sized>(b: &B, cache: &Tensor, slots: &[u32]) -> Result<Tensor> {
+    let s = cache.shape();
+    if s.len() != 3 {
+        return Err(Error::shape("gather_cache_rows", &[s], "the cache must be [cap, kv_heads, d]"));
+    }
+    let flat = cache.reshape(&[s[0], s[1] * s[2]])?;
+    b.embedding(&flat, slots)?.reshape(&[slots.len(), s[1], s[2]])
+}

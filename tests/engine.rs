@@ -1,0 +1,208 @@
+//! The batching engine end to end on every backend (the CPU, and each GPU kernel module where
+//! there is a GPU): a greedy request gives the tokens it gives alone (a session of its own)
+//! when it runs among others of mixed lengths, arriving together or one by one, read in small
+//! prefill chunks, through small KV blocks, with preemption when the blocks run out and with a
+//! request cancelled mid-batch; image requests among text ones give transformers' tokens; and
+//! afterwards every KV block is free again.
+
+mod common;
+
+use qwen3_vl::engine::{Engine, EngineConfig, Event, ImageInput, Request, SeqId};
+use qwen3_vl::generate::{Sampler, SamplingParams, Session};
+use qwen3_vl::model::{Images, Model};
+use qwen3_vl::{Backend, DType};
+use serde_json::Value;
+use std::collections::HashMap;
+
+fn load(case: &str, b: &dyn Backend) -> Model {
+    Model::load(&common::repo_root().join("tests/fixtures/text").join(case), b, &mut |_, _| {}).unwrap()
+}
+
+/// Prompts of mixed lengths (1 to 40 tokens) over the fixture's vocabulary.
+fn prompts(vocab: usize, n: usize) -> Vec<Vec<u32>> {
+    (0..n).map(|i| {
+        let len = [1, 5, 17, 40, 8, 3, 29, 12][i % 8];
+        (0..len).map(|j| ((i * 7919 + j * 104_729 + 13) % (vocab - 1)) as u32).collect()
+    }).collect()
+}
+
+/// A request's greedy tokens alone and how many are decided by a clear margin.
+fn alone(model: &Model, b: &dyn Backend, kv: DType, prompt: &[u32], max_new: usize) -> (Vec<u32>, usize) {
+    common::greedy_alone(model, b, kv, prompt, max_new)
+}
+
+fn greedy(prompt: Vec<u32>, max_new: usize) -> Request {
+    Request { prompt, images: None, max_new, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![], }
+}
+
+/// Runs the engine until it has no work, adding `late` requests one per step; returns each
+/// sequence's tokens and checks the events: tokens then one `Finished`, nothing after it.
+fn run(e: &mut Engine<'_>, late: Vec<Request>, cancel_at: Option<(usize, SeqId)>) -> HashMap<SeqId, Vec<u32>> {
+    let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut finished: HashMap<SeqId, usize> = HashMap::new();
+    let mut late = late.into_iter();
+    let mut steps = 0;
+    while e.has_work() || late.len() > 0 {
+        if let Some(r) = late.next() {
+            let id = e.add(r).unwrap();
+            out.insert(id, Vec::new());
+        }
+        if let Some((at, id)) = cancel_at {
+            if steps == at {
+                assert!(e.cancel(id), "sequence {} still runs at step {}", id, at);
+                out.remove(&id);
+            }
+        }
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token { id, token } => {
+                    assert!(!finished.contains_key(&id), "a token after the end of {}", id);
+                    out.entry(id).or_default().push(token);
+                }
+                Event::Finished { id, generated, .. } => {
+                    assert_eq!(generated, out[&id].len(), "sequence {}", id);
+                    finished.insert(id, generated);
+                }
+            }
+        }
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+    }
+    let s = e.stats();
+    assert_eq!((s.blocks_used, s.running, s.waiting), (0, 0, 0), "every block free at the end");
+    assert_eq!(finished.len(), out.len(), "every sequence finished");
+    out
+}
+
+fn check(what: &str, got: &[u32], want: &(Vec<u32>, usize)) {
+    let clear = want.1;
+    assert_eq!(got.len(), want.0.len(), "{}: length", what);
+    assert_eq!(&got[..clear], &want.0[..clear], "{}: tokens decided by a clear margin", what);
+}
+
+#[test]
+fn a_batch_gives_each_request_its_tokens_alone() {
+    for b in common::backends("engine batch") {
+        for case in ["tied_gqa", "untied_mha"] {
+            let model = load(case, &*b);
+            let kv = b.default_kv_dtype();
+            let ps = prompts(model.config.text.vocab_size, 12);
+            let news: Vec<usize> = (0..ps.len()).map(|i| 4 + (i * 5) % 19).collect();
+            let want: Vec<_> = ps.iter().zip(&news).map(|(p, &n)| alone(&model, &*b, kv, p, n)).collect();
+            for (block, chunk, together) in [(16, 2048, true), (4, 7, true), (4, 5, false)] {
+                let mut cfg = EngineConfig::new(16, 4096, kv);
+                cfg.block = block;
+                cfg.max_prefill_tokens = chunk;
+                let mut e = Engine::new(&model, &*b, cfg).unwrap();
+                let reqs: Vec<Request> = ps.iter().zip(&news).map(|(p, &n)| greedy(p.clone(), n)).collect();
+                let got = if together {
+                    let ids: Vec<SeqId> = reqs.into_iter().map(|r| e.add(r).unwrap()).collect();
+                    assert_eq!(ids, (0..ps.len() as u64).collect::<Vec<_>>());
+                    run(&mut e, vec![], None)
+                } else {
+                    run(&mut e, reqs, None)
+                };
+                for (i, w) in want.iter().enumerate() {
+                    check(&format!("{} on {}, request {}, blocks of {}, chunks of {}", case, b.describe(), i, block, chunk), &got[&(i as u64)], w);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn preemption_and_cancellation_keep_the_answers_and_free_the_blocks() {
+    for b in common::backends("engine preemption") {
+        let model = load("untied_mha", &*b);
+        let kv = b.default_kv_dtype();
+        let ps = prompts(model.config.text.vocab_size, 8);
+        let want: Vec<_> = ps.iter().map(|p| alone(&model, &*b, kv, p, 24)).collect();
+        // 96 cache rows: room for about two of these sequences at once
+        let mut cfg = EngineConfig::new(8, 96, kv);
+        cfg.block = 8;
+        let mut e = Engine::new(&model, &*b, cfg).unwrap();
+        for p in &ps {
+            e.add(greedy(p.clone(), 24)).unwrap();
+        }
+        let got = run(&mut e, vec![], Some((3, 5)));
+        assert!(e.stats().preemptions > 0, "the small cache should have forced preemption");
+        assert!(!got.contains_key(&5));
+        for (i, w) in want.iter().enumerate().filter(|(i, _)| *i != 5) {
+            check(&format!("request {} on {} with preemption", i, b.describe()), &got[&(i as u64)], w);
+        }
+        // a request larger than the whole cache is refused at once
+        let e2 = e.add(greedy(vec![1; 90], 10)).unwrap_err().to_string();
+        assert!(e2.contains("KV cache 96 tokens"), "{}", e2);
+    }
+}
+
+#[test]
+fn stop_tokens_end_a_sequence_and_free_its_blocks() {
+    let b = common::cpu();
+    let model = load("tied_gqa", &*b);
+    let p = prompts(model.config.text.vocab_size, 3);
+    let (tokens, _) = alone(&model, &*b, DType::F32, &p[2], 12);
+    let stop = tokens[4];
+    let first = tokens.iter().position(|&t| t == stop).unwrap();
+    let mut e = Engine::new(&model, &*b, EngineConfig::new(4, 512, DType::F32)).unwrap();
+    let mut r = greedy(p[2].clone(), 12);
+    r.stop_ids = vec![stop];
+    let id = e.add(r).unwrap();
+    e.add(greedy(p[1].clone(), 12)).unwrap();
+    let mut ended = None;
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            if let Event::Finished { id: i, stop: s, generated, .. } = ev {
+                if i == id {
+                    ended = Some((s, generated));
+                }
+            }
+        }
+    }
+    assert_eq!(ended, Some((qwen3_vl::generate::Stop::StopToken(stop), first + 1)));
+    assert_eq!(e.stats().blocks_used, 0);
+}
+
+fn vision_case(name: &str) -> (Vec<u32>, Vec<f32>, Vec<[usize; 3]>, Vec<u32>) {
+    let dir = common::repo_root().join("tests/fixtures/vision");
+    let c: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{}.json", name))).unwrap()).unwrap();
+    let u32s = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let bytes = std::fs::read(dir.join(c["pixel_values"]["file"].as_str().unwrap())).unwrap();
+    let px = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let grids = c["image_grid_thw"].as_array().unwrap().iter().map(|g| {
+        let g = u32s(g);
+        [g[0] as usize, g[1] as usize, g[2] as usize]
+    }).collect();
+    (u32s(&c["input_ids"]), px, grids, u32s(&c["greedy"]["ids"]))
+}
+
+#[test]
+fn image_requests_among_text_ones_give_transformers_tokens() {
+    for b in common::backends("engine images") {
+        let model = Model::load(&common::repo_root().join("tests/fixtures/vision/tiny"), &*b, &mut |_, _| {}).unwrap();
+        let kv = b.default_kv_dtype();
+        let mut cfg = EngineConfig::new(8, 2048, kv);
+        cfg.max_prefill_tokens = 16;
+        let mut e = Engine::new(&model, &*b, cfg).unwrap();
+        let mut want: Vec<(SeqId, (Vec<u32>, usize), String)> = Vec::new();
+        for (k, name) in ["one_image_exact", "one_image_resized", "two_images"].iter().enumerate() {
+            // a text request before each image one
+            let text: Vec<u32> = (0..20 + 3 * k as u32).map(|j| 100 + j * 7).collect();
+            let tid = e.add(greedy(text.clone(), 6)).unwrap();
+            want.push((tid, alone(&model, &*b, kv, &text, 6), format!("text before {}", name)));
+            let (ids, px, grids, greedy_ids) = vision_case(name);
+            // the image prompt alone, through a session, as a check of the reference
+            let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + greedy_ids.len(), kv).unwrap();
+            let mut sampler = Sampler::new(SamplingParams::greedy());
+            let alone_img = s.generate_with_images(&ids, Some(&Images { patches: &px, row_len: 1536, grids: &grids }), greedy_ids.len(), &mut sampler, &[], &mut |_| true).unwrap();
+            assert_eq!(alone_img.tokens, greedy_ids, "{} alone on {}", name, b.describe());
+            let r = Request { prompt: ids, images: Some(ImageInput { patches: px, row_len: 1536, grids }), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+            let n = greedy_ids.len();
+            want.push((e.add(r).unwrap(), (greedy_ids, n), name.to_string()));
+        }
+        let got = run(&mut e, vec![], None);
+        for (id, w, what) in want {
+            check(&format!("{} in a batch on {}", what, b.describe()), &got[&id], &w);
+        }
+    }
+}

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Load generator for `qwen3-vl serve`: C concurrent clients, each sending R streamed OpenAI chat
+completions (random prompt lengths, optional image), one after another. Reports aggregate
+completion tok/s over the wall time, time to first token and request latency (p50 / p90), and
+what failed, as one JSON object on stdout. Standard library only.
+
+  python3 tools/load_test.py --url http://127.0.0.1:8080 --clients 16 --requests 4 \
+      --prompt-words 150:170 --max-tokens 128 [--image photo.png] [--seed 1]
+"""
+import argparse
+import base64
+import http.client
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+
+WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
+         "government company number group problem fact river mountain light music garden window paper story").split()
+
+
+def pct(v, p):
+    if not v:
+        return None
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+def one_request(url, body, timeout):
+    """Streams one completion; returns (ttft_s, latency_s, completion_tokens, prompt_tokens, error)."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    t0 = time.monotonic()
+    ttft, usage = None, None
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            return None, None, 0, 0, "HTTP %d: %s" % (r.status, r.read()[:200])
+        done = False
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                if c.get("delta", {}).get("content") and ttft is None:
+                    ttft = time.monotonic() - t0
+        if not done:
+            return None, None, 0, 0, "the stream ended without [DONE]"
+        if usage is None:
+            return None, None, 0, 0, "no usage in the stream"
+        return ttft, time.monotonic() - t0, usage["completion_tokens"], usage["prompt_tokens"], None
+    except Exception as e:  # noqa: BLE001 (a load test counts every failure)
+        return None, None, 0, 0, repr(e)
+    finally:
+        conn.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--prompt-words", default="150:170", help="MIN:MAX words per prompt")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--image", help="an image file to send with every other request")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=600)
+    a = ap.parse_args()
+    lo, hi = (int(x) for x in a.prompt_words.split(":"))
+    img = None
+    if a.image:
+        with open(a.image, "rb") as f:
+            img = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+    results, lock = [], threading.Lock()
+
+    def client(ci):
+        rng = random.Random(a.seed * 1000 + ci)
+        for ri in range(a.requests):
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+            content = text
+            if img and (ci + ri) % 2 == 1:
+                content = [{"type": "image_url", "image_url": {"url": img}}, {"type": "text", "text": text}]
+            body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": a.max_tokens,
+                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            r = one_request(a.url, body, a.timeout)
+            with lock:
+                results.append(r)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    ok = [r for r in results if r[4] is None]
+    errors = [r[4] for r in results if r[4] is not None]
+    tokens = sum(r[2] for r in ok)
+    out = {
+        "clients": a.clients,
+        "requests": len(results),
+        "ok": len(ok),
+        "failed": len(errors),
+        "errors": errors[:5],
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "prompt_tokens_mean": statistics.mean(r[3] for r in ok) if ok else None,
+        "aggregate_tokens_per_s": tokens / wall if wall > 0 else None,
+        "ttft_p50_s": pct([r[0] for r in ok if r[0] is not None], 50),
+        "ttft_p90_s": pct([r[0] for r in ok if r[0] is not None], 90),
+        "latency_p50_s": pct([r[1] for r in ok], 50),
+        "latency_p90_s": pct([r[1] for r in ok], 90),
+    }
+    print(json.dumps(out))
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

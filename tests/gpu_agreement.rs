@@ -9,7 +9,8 @@ use common::{agree, cpu, gpu, random, upload};
 use qwen3_vl::{Backend, DType, Result, Tensor};
 
 /// (m, n, k): rows, outputs, inputs. m <= 4 takes the GEMV kernels, larger m the tiled
-/// matmul (64 × 64 tiles, k stages of 16).
+/// matmul (64 × 64 tiles, k stages of 16); on compute_80, 2 to 32 rows with `k % 8 == 0` take
+/// the few-row tensor-core kernel (see `few_rows_agree_around_the_skinny_variants`).
 const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
     (1, 63, 17),
@@ -267,6 +268,31 @@ fn gelu_agrees_in_both_forms() {
             let x: Vec<f32> = random(len, 26).iter().map(|v| v * 8.0).collect();
             let op = |b: &dyn Backend| -> Result<Tensor> { b.gelu(&b.upload_f32(&[len], &x)?, kind) };
             agree(&format!("gelu {:?} {}", kind, len), &*g, &op, 1e-6, 1e-5);
+        }
+    }
+}
+
+/// The few-row tensor-core kernels (`matmul_skinny_*`, compute_80: 2 to 32 rows, the batched
+/// decode) on row counts around their 16 / 32 variants (and past them, where the tiles take over), with a bias, a residual and a
+/// GELU epilogue, bf16 and f16 weights (rows past f16's range: `gpu_decode_ops.rs`). Both
+/// modules run it (compute_61 takes its own kernels for these shapes).
+#[test]
+fn few_rows_agree_around_the_skinny_variants() {
+    for g in common::gpus("skinny linear") {
+        for (i, &(n, k)) in [(257usize, 136usize), (2048, 2048), (40, 6144)].iter().enumerate() {
+            for &m in &[2usize, 7, 16, 17, 31, 32, 33, 63, 64] {
+                let seed = (i * 100 + m) as u32;
+                let (a, w, bias, res) = (random(m * k, seed), random(n * k, seed + 1), random(n, seed + 2), random(m * n, seed + 3));
+                for dtype in [DType::F16, DType::BF16] {
+                    let op = |b: &dyn Backend| -> Result<Tensor> {
+                        let (at, wt) = (b.upload_f32(&[m, k], &a)?, upload(b, &[n, k], &w, dtype)?);
+                        let r = b.linear_residual(&at, &wt, Some(&b.upload_f32(&[n], &bias)?), &b.upload_f32(&[m, n], &res)?)?;
+                        let gl = b.linear_gelu(&at, &wt, None, qwen3_vl::Gelu::Tanh)?;
+                        b.add(&r, &gl)
+                    };
+                    agree(&format!("skinny m={} n={} k={} w={} on {}", m, n, k, dtype, g.describe()), &*g, &op, 1e-5 * (k as f32).sqrt() * 8.0, 1e-4);
+                }
+            }
         }
     }
 }

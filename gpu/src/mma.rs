@@ -440,3 +440,174 @@ pub unsafe fn matmul_mma_64x64_split_bf16(p: LinearParams) {
 pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
     mma_linear::<F16, 64, 64, true>(p)
 }
+
+// ---------------------------------------------------------------------------------------------
+// `matmul_skinny_*`: the same product for few rows (a batched decode step, a short prompt).
+//
+// Parameters: as `matmul_mma_*` ([`LinearParams`], `k % 8 == 0`, no split-K; f16 weights take
+// the row scales), `m <= 16 · MT` (MT 1 or 2: a 64-row variant measured slower than the
+// 64 × 64 `matmul_mma` tile on the H100, its A fragments reloaded four times per weight load).
+//
+// Tiling: a block owns `8 · SKINNY_NT` output columns and all `m` rows (`MT` m16 tiles); its
+// `SKINNY_WARPS` warps split `k` in blocks of 32 (warp `w` takes blocks `w, w + W, ...`,
+// `SKINNY_UNROLL` at a time, their weight loads issued before any math), and add their partial
+// tiles through shared memory at the end, where the epilogue is applied. Nothing is staged in
+// shared memory on the way: every weight is read once, straight into mma B fragments.
+//
+// Thread mapping: lane `l` (group `g = l / 4`, `t = l % 4`) reads 16 bytes of weight row
+// `col0 + 8j + g` at `k0 + 8t` for each n tile `j`. The contraction runs over a permutation of
+// each 32-wide k block: step `s` (two per block) feeds the mma's logical k `2t, 2t+1` with
+// physical `k0 + 8t + 4s + 0, 1` and `2t+8, 2t+9` with `+ 2, 3`, so the lane's 16 weight bytes
+// are exactly its B fragments of both steps, and its A fragments are one 16-byte f32 load per
+// row (`a[g][k0 + 8t + 4s ..]` and row `g + 8`), split into high and low parts as in
+// `mma_linear`; the weights and activations of all `UNROLL` blocks are loaded before the first
+// mma (measured on the H100, batch-16 decode: NT 4 / UNROLL 2 4,013 tok/s; NT 2 / UNROLL 4
+// 3,754 before the activations moved up front; NT 1 slower still, its activations re-read per
+// 8 columns). Accumulators: mma C fragments, rows `g`, `g + 8` and columns `2t, 2t+1` of
+// each tile.
+//
+// Safety: the launcher checks sizes, `k % 8 == 0`, `m <= 16 · MT` and the row scales of f16.
+// Every thread reaches the one barrier; loads past `m`, `n` or `k` are zero-filled, stores past
+// them skipped.
+// ---------------------------------------------------------------------------------------------
+
+use crate::mem::ld_nc_v4;
+use crate::params::skinny_tile::{NT as SKINNY_NT, UNROLL as SKINNY_UNROLL, WARPS as SKINNY_WARPS};
+
+#[inline(always)]
+unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(p: LinearParams) {
+    const WARPS: usize = SKINNY_WARPS as usize;
+    let tid = thread::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
+    let col0 = thread::block_idx_x() as usize * 8 * NT;
+    let (a, w) = (p.a as *const f32, p.w as *const u16);
+    let row_scale = p.row_scale as *const f32;
+    // 1. this lane's rows (g and g + 8 of each m tile) and their f16 scales
+    let mut scale = [[1.0f32; 2]; MT];
+    if W::ROW_SCALE && !row_scale.is_null() {
+        for mi in 0..MT {
+            for h in 0..2 {
+                let r = 16 * mi + g + 8 * h;
+                if r < m {
+                    scale[mi][h] = *row_scale.add(r);
+                }
+            }
+        }
+    }
+    let mut acc = [[[0.0f32; 4]; NT]; MT];
+    let blocks = (k + 31) / 32;
+    let mut kb = warp;
+    while kb < blocks {
+        // 2. U blocks of weights and activations in flight before any math: [u][j] = 8 weights
+        //    of row col0 + 8j + g at 8t; [u][mi][h] = 8 activations of row 16mi + g + 8h at 8t
+        let mut wv = [[[0u32; 4]; NT]; U];
+        let mut xa = [[[[0.0f32; 8]; 2]; MT]; U];
+        for u in 0..U {
+            let kk = (kb + u * WARPS) * 32 + 8 * t;
+            for j in 0..NT {
+                let col = col0 + 8 * j + g;
+                if col < n && kk < k {
+                    wv[u][j] = ld_nc_v4(w.add(col * k + kk) as *const u32);
+                }
+            }
+            for mi in 0..MT {
+                for h in 0..2 {
+                    let r = 16 * mi + g + 8 * h;
+                    if r < m && kk < k {
+                        let (v0, v1) = (ld_f32x4(a.add(r * lda + kk)), ld_f32x4(a.add(r * lda + kk + 4)));
+                        xa[u][mi][h] = [v0[0], v0[1], v0[2], v0[3], v1[0], v1[1], v1[2], v1[3]];
+                    }
+                }
+            }
+        }
+        // 3. per block and step: A fragments of every m tile (high, low), two mmas per tile
+        for u in 0..U {
+            let k0 = (kb + u * WARPS) * 32;
+            if k0 >= k {
+                break; // uniform per warp
+            }
+            for s in 0..2 {
+                for mi in 0..MT {
+                    let mut x = [[0.0f32; 4]; 2];
+                    for h in 0..2 {
+                        for e in 0..4 {
+                            x[h][e] = xa[u][mi][h][4 * s + e] * scale[mi][h];
+                        }
+                    }
+                    let hi = [W::pack(x[0][0], x[0][1]), W::pack(x[1][0], x[1][1]), W::pack(x[0][2], x[0][3]), W::pack(x[1][2], x[1][3])];
+                    let lo = [
+                        W::pack(x[0][0] - W::low(hi[0]), x[0][1] - W::high(hi[0])),
+                        W::pack(x[1][0] - W::low(hi[1]), x[1][1] - W::high(hi[1])),
+                        W::pack(x[0][2] - W::low(hi[2]), x[0][3] - W::high(hi[2])),
+                        W::pack(x[1][2] - W::low(hi[3]), x[1][3] - W::high(hi[3])),
+                    ];
+                    for j in 0..NT {
+                        let b = [wv[u][j][2 * s], wv[u][j][2 * s + 1]];
+                        W::mma(&mut acc[mi][j], &hi, &b);
+                        W::mma(&mut acc[mi][j], &lo, &b);
+                    }
+                }
+            }
+        }
+        kb += U * WARPS;
+    }
+    // 4. the warps' partial tiles summed through shared memory: [warp][row][col]
+    // (room for 32 rows × 32 columns per warp)
+    const PER_WARP: usize = 1024;
+    let part = shared_array![f32; SKINNY_WARPS as usize * PER_WARP];
+    let width = 8 * NT;
+    let rows = 16 * MT;
+    for mi in 0..MT {
+        for j in 0..NT {
+            for h in 0..2 {
+                let r = 16 * mi + g + 8 * h;
+                for e in 0..2 {
+                    *part.add((warp * rows + r) * width + 8 * j + 2 * t + e) = acc[mi][j][2 * h + e];
+                }
+            }
+        }
+    }
+    thread::sync_threads();
+    let mut i = tid;
+    while i < m.min(16 * MT) * width {
+        let (r, c) = (i / width, i % width);
+        let col = col0 + c;
+        if col < n {
+            let mut v = 0.0f32;
+            for wi in 0..WARPS {
+                v += *part.add((wi * rows + r) * width + c);
+            }
+            if W::ROW_SCALE && !row_scale.is_null() {
+                v /= *row_scale.add(r);
+            }
+            *(p.c as *mut f32).add(r * p.ldc as usize + col) = crate::matmul::finish(&p, v, r, col);
+        }
+        i += thread::block_dim_x() as usize;
+    }
+}
+
+/// Tensor-core linear layer for at most 16 rows, bf16 weights. See `skinny_linear`.
+#[kernel]
+pub unsafe fn matmul_skinny_m16_bf16(p: LinearParams) {
+    skinny_linear::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// Tensor-core linear layer for at most 16 rows, f16 weights (row scales). See `skinny_linear`.
+#[kernel]
+pub unsafe fn matmul_skinny_m16_f16(p: LinearParams) {
+    skinny_linear::<F16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// Tensor-core linear layer for at most 32 rows, bf16 weights. See `skinny_linear`.
+#[kernel]
+pub unsafe fn matmul_skinny_m32_bf16(p: LinearParams) {
+    skinny_linear::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// Tensor-core linear layer for at most 32 rows, f16 weights (row scales). See `skinny_linear`.
+#[kernel]
+pub unsafe fn matmul_skinny_m32_f16(p: LinearParams) {
+    skinny_linear::<F16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+}

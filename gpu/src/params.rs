@@ -432,6 +432,19 @@ pub mod mma_tile {
     pub const THREADS: u32 = 256;
 }
 
+/// Launch shape of `matmul_skinny_*` (compute_80): a block per `8 · NT` output columns, its warps
+/// splitting `k`; variants for at most 16 and 32 rows.
+pub mod skinny_tile {
+    pub const WARPS: u32 = 8;
+    pub const THREADS: u32 = WARPS * 32;
+    /// n tiles of 8 columns per block.
+    pub const NT: usize = 4;
+    /// 32-wide k blocks a warp loads before it does their math.
+    pub const UNROLL: usize = 2;
+    /// Most rows (the largest variant).
+    pub const MAX_ROWS: usize = 32;
+}
+
 /// Launch shape of `gemv_*`: one warp per output element.
 pub mod gemv_tile {
     /// Activation rows the backend sends to GEMV kernels (more take the tiled matmul); the

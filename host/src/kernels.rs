@@ -153,6 +153,10 @@ kernel_table! {
     MatmulMma64x64Bf16 = "matmul_mma_64x64_bf16" @ Compute80,
     MatmulMma64x64SplitF16 = "matmul_mma_64x64_split_f16" @ Compute80,
     MatmulMma64x64SplitBf16 = "matmul_mma_64x64_split_bf16" @ Compute80,
+    MatmulSkinnyM16F16 = "matmul_skinny_m16_f16" @ Compute80,
+    MatmulSkinnyM16Bf16 = "matmul_skinny_m16_bf16" @ Compute80,
+    MatmulSkinnyM32F16 = "matmul_skinny_m32_f16" @ Compute80,
+    MatmulSkinnyM32Bf16 = "matmul_skinny_m32_bf16" @ Compute80,
     RowScaleF32 = "row_scale_f32" @ Compute80,
     FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
     FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
@@ -192,6 +196,20 @@ impl Kernel {
             by_weight(dtype, [Kernel::MatmulBigSplitF32, Kernel::MatmulBigSplitF16, Kernel::MatmulBigSplitBf16])
         } else {
             by_weight(dtype, [Kernel::MatmulBigF32, Kernel::MatmulBigF16, Kernel::MatmulBigBf16])
+        }
+    }
+
+    /// The tensor-core matmul for at most `rows` (16 or 32) rows (compute_80 module).
+    pub fn matmul_skinny(dtype: DType, rows: u32) -> Result<Kernel> {
+        let pick = |f16: Kernel, bf16: Kernel| match dtype {
+            DType::F16 => Ok(f16),
+            DType::BF16 => Ok(bf16),
+            other => Err(Error::DType { op: "matmul_skinny", expected: "f16 or bf16 weights", got: other }),
+        };
+        match rows {
+            16 => pick(Kernel::MatmulSkinnyM16F16, Kernel::MatmulSkinnyM16Bf16),
+            32 => pick(Kernel::MatmulSkinnyM32F16, Kernel::MatmulSkinnyM32Bf16),
+            other => Err(Error::Limit { op: "matmul_skinny", msg: format!("no kernel for {} rows", other) }),
         }
     }
 

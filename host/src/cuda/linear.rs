@@ -1,7 +1,9 @@
 //! Linear layers on the GPU (`gpu/src/matmul.rs`, `gpu/src/gemv.rs`): the checked launchers and
 //! the backend ops `linear`, `linear_residual` and `gate_up_silu`.
 //!
-//! Kernel choice, by shape and module: up to [`GEMV_MAX_ROWS`] activation rows take a GEMV
+//! Kernel choice, by shape and module: with the compute_80 module and 16-bit weights in 16-byte
+//! rows, 2 to 32 activation rows (a batched decode step) take `matmul_skinny_*` (tensor cores,
+//! every weight read once, `gpu/src/mma.rs`). Otherwise up to [`GEMV_MAX_ROWS`] rows take a GEMV
 //! (decode) — the 16-byte-vector `gemv_vec_*` for one row whose weight rows are whole 16-byte
 //! vectors, else the scalar `gemv_*`. More rows (prefill, the vision tower) take, with the
 //! compute_80 module and 16-bit weights in 16-byte rows, the tensor-core `matmul_mma_*`; else
@@ -19,7 +21,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use crate::kernels::Arch;
-use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
+use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
@@ -83,6 +85,9 @@ pub enum LinearAlgo {
     /// `(rows, columns)` block tiles (one of `mma_tile::TILES`) and `k` split into this many
     /// slices (1: no split).
     Mma(u32, u32, u32),
+    /// `matmul_skinny_*`: tensor cores for at most this many rows (16 or 32; compute_80,
+    /// f16/bf16 weights, `k % 8 == 0`), every weight read once (batched decode).
+    Skinny(u32),
 }
 
 impl LinearAlgo {
@@ -94,6 +99,7 @@ impl LinearAlgo {
             LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
             LinearAlgo::Big(s) => Kernel::matmul_big(dtype, s > 1),
             LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1),
+            LinearAlgo::Skinny(rows) => Kernel::matmul_skinny(dtype, rows),
         }
     }
 
@@ -107,6 +113,9 @@ impl LinearAlgo {
     /// `dtype` when the module of `arch` is loaded on a device of `sms` multiprocessors. The
     /// tensor-core tile is the largest that still gives every multiprocessor a block.
     pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
+        if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
+            return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16));
+        }
         if m > GEMV_MAX_ROWS {
             if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
                 let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
@@ -124,6 +133,21 @@ impl LinearAlgo {
         } else {
             LinearAlgo::Gemv
         }
+    }
+}
+
+/// Whether the few-row tensor-core kernels are used (`QWEN3_VL_SKINNY=0` turns them off: an A/B
+/// aid for benchmarks; read once).
+pub fn skinny() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static ON: AtomicU8 = AtomicU8::new(0); // 0 unread, 1 off, 2 on
+    match ON.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("QWEN3_VL_SKINNY").map_or(true, |v| v != "0");
+            ON.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
     }
 }
 
@@ -222,11 +246,16 @@ pub fn linear(
     if norm.is_some() && algo != LinearAlgo::GemvVec {
         return Err(Error::Limit { op: kernel.name(), msg: "only the vector GEMV fuses an RMSNorm".into() });
     }
-    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..));
+    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..) | LinearAlgo::Skinny(_));
     if act != ACT_NONE && !tiled {
         return Err(Error::Limit { op: kernel.name(), msg: "only the tiled kernels fuse an activation".into() });
     }
-    if matches!(algo, LinearAlgo::Mma(..)) && !LinearAlgo::vector_rows(k, wdtype) {
+    if let LinearAlgo::Skinny(rows) = algo {
+        if m > rows as usize {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("{} rows, at most {}", m, rows) });
+        }
+    }
+    if matches!(algo, LinearAlgo::Mma(..) | LinearAlgo::Skinny(_)) && !LinearAlgo::vector_rows(k, wdtype) {
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte weight rows (k = {} of {})", k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
@@ -254,7 +283,7 @@ pub fn linear(
 /// (`LinearParams::row_scale`): the f16 tensor-core kernels, whose operands cannot hold
 /// activations past 65504.
 fn needs_row_scale(algo: LinearAlgo, dtype: DType) -> bool {
-    matches!(algo, LinearAlgo::Mma(..)) && dtype == DType::F16
+    matches!(algo, LinearAlgo::Mma(..) | LinearAlgo::Skinny(_)) && dtype == DType::F16
 }
 
 /// `out[r]` = the exact power of two that brings row `r` of `a` `[m, k]` (row stride `k`) into
@@ -277,7 +306,7 @@ fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (u
 /// reduce. Empty sizes launch nothing.
 pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearParams, shared: u32, ws: Option<&DeviceBuffer>) -> Result<()> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let f16_mma = matches!(kernel, Kernel::MatmulMmaF16 | Kernel::MatmulMma64x128F16 | Kernel::MatmulMma64x64F16 | Kernel::MatmulMma64x64SplitF16);
+    let f16_mma = matches!(kernel, Kernel::MatmulMmaF16 | Kernel::MatmulMma64x128F16 | Kernel::MatmulMma64x64F16 | Kernel::MatmulMma64x64SplitF16 | Kernel::MatmulSkinnyM16F16 | Kernel::MatmulSkinnyM32F16);
     if f16_mma && p.row_scale == 0 {
         return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() });
     }
@@ -328,6 +357,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
             [grid_dim(kernel, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, slices],
             mma_tile::THREADS,
         ),
+        LinearAlgo::Skinny(_) => ([grid_dim(kernel, "x", ceil_div(n, 8 * skinny_tile::NT), MAX_GRID_X)?, 1, 1], skinny_tile::THREADS),
     };
     l.launch_shared(kernel, grid, block, shared, &main)?;
     if let Some(ws) = part {
@@ -463,7 +493,7 @@ impl CudaBackend {
         }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let algo = self.pick_linear(m, n, k, w.dtype());
-        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..)) {
+        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..) | LinearAlgo::Skinny(_)) {
             // decode-sized inputs: the product, then the activation
             return self.gelu_op(&self.linear_op(a, w, bias, None)?, kind);
         }

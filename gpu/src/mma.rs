@@ -44,7 +44,7 @@ use crate::matmul::{k_slice, store_out};
 use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
 use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
 use crate::params::row_scale_tile::THREADS as ROW_SCALE_THREADS;
-use crate::params::{LinearParams, RowScaleParams};
+use crate::params::{GateUpParams, LinearParams, RowScaleParams};
 use crate::reduce::block_max;
 use cuda_std::{kernel, shared_array, thread};
 
@@ -476,14 +476,45 @@ use crate::params::skinny_tile::{NT as SKINNY_NT, UNROLL as SKINNY_UNROLL, WARPS
 
 #[inline(always)]
 unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(p: LinearParams) {
+    let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.w as *const u16, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, row_scale: p.row_scale as *const f32 };
+    skinny_core::<W, _, MT, NT, U, false>(&x, |r, col, v, _| *(p.c as *mut f32).add(r * p.ldc as usize + col) = crate::matmul::finish(&p, v, r, col))
+}
+
+/// `silu(a · gateᵀ) ⊙ (a · upᵀ)` for few rows: [`skinny_core`] with the gate's and the up
+/// projection's tiles side by side in each block ([`GateUpParams`], with the f16 row scales).
+#[inline(always)]
+unsafe fn skinny_gate_up<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(p: GateUpParams) {
+    let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.gate as *const u16, w2: p.up as *const u16, m: p.m as usize, n: p.n as usize, k: p.k as usize, row_scale: p.row_scale as *const f32 };
+    skinny_core::<W, _, MT, NT, U, true>(&x, |r, col, gv, uv| *(p.c as *mut f32).add(r * p.n as usize + col) = crate::math::silu_mul(gv, uv))
+}
+
+/// The operands of [`skinny_core`]: activations `[m, k]` (row stride `lda`), weights `[n, k]`
+/// (and a second matrix of the same shape for a pair), the f16 row scales or null.
+struct SkinnyArgs {
+    a: *const f32,
+    lda: usize,
+    w: *const u16,
+    w2: *const u16,
+    m: usize,
+    n: usize,
+    k: usize,
+    row_scale: *const f32,
+}
+
+/// The few-row product (see the section docs); `PAIR`: the block's first `NT / 2` n tiles come
+/// from `w` and the last from `w2` at the same columns. `store(r, col, v, v2)` gets each output
+/// (row scales undone; `v2` the second matrix's, 0 without a pair).
+#[inline(always)]
+unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize, const NT: usize, const U: usize, const PAIR: bool>(x: &SkinnyArgs, store: F) {
     const WARPS: usize = SKINNY_WARPS as usize;
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
-    let col0 = thread::block_idx_x() as usize * 8 * NT;
-    let (a, w) = (p.a as *const f32, p.w as *const u16);
-    let row_scale = p.row_scale as *const f32;
+    let (m, n, k, lda) = (x.m, x.n, x.k, x.lda);
+    // output columns per block: 8 per n tile, half of them for a pair
+    let cols = if PAIR { 8 * NT / 2 } else { 8 * NT };
+    let col0 = thread::block_idx_x() as usize * cols;
+    let (a, row_scale) = (x.a, x.row_scale);
     // 1. this lane's rows (g and g + 8 of each m tile) and their f16 scales
     let mut scale = [[1.0f32; 2]; MT];
     if W::ROW_SCALE && !row_scale.is_null() {
@@ -507,7 +538,8 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
         for u in 0..U {
             let kk = (kb + u * WARPS) * 32 + 8 * t;
             for j in 0..NT {
-                let col = col0 + 8 * j + g;
+                let (w, jj) = if PAIR && j >= NT / 2 { (x.w2, j - NT / 2) } else { (x.w, j) };
+                let col = col0 + 8 * jj + g;
                 if col < n && kk < k {
                     wv[u][j] = ld_nc_v4(w.add(col * k + kk) as *const u32);
                 }
@@ -530,12 +562,13 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
             }
             for s in 0..2 {
                 for mi in 0..MT {
-                    let mut x = [[0.0f32; 4]; 2];
+                    let mut xs = [[0.0f32; 4]; 2];
                     for h in 0..2 {
                         for e in 0..4 {
-                            x[h][e] = xa[u][mi][h][4 * s + e] * scale[mi][h];
+                            xs[h][e] = xa[u][mi][h][4 * s + e] * scale[mi][h];
                         }
                     }
+                    let x = xs;
                     let hi = [W::pack(x[0][0], x[0][1]), W::pack(x[1][0], x[1][1]), W::pack(x[0][2], x[0][3]), W::pack(x[1][2], x[1][3])];
                     let lo = [
                         W::pack(x[0][0] - W::low(hi[0]), x[0][1] - W::high(hi[0])),
@@ -571,18 +604,23 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
     }
     thread::sync_threads();
     let mut i = tid;
-    while i < m.min(16 * MT) * width {
-        let (r, c) = (i / width, i % width);
+    while i < m.min(16 * MT) * cols {
+        let (r, c) = (i / cols, i % cols);
         let col = col0 + c;
         if col < n {
-            let mut v = 0.0f32;
+            let (mut v, mut v2) = (0.0f32, 0.0f32);
             for wi in 0..WARPS {
                 v += *part.add((wi * rows + r) * width + c);
+                if PAIR {
+                    v2 += *part.add((wi * rows + r) * width + cols + c);
+                }
             }
             if W::ROW_SCALE && !row_scale.is_null() {
-                v /= *row_scale.add(r);
+                let sc = *row_scale.add(r);
+                v /= sc;
+                v2 /= sc;
             }
-            *(p.c as *mut f32).add(r * p.ldc as usize + col) = crate::matmul::finish(&p, v, r, col);
+            store(r, col, v, v2);
         }
         i += thread::block_dim_x() as usize;
     }
@@ -610,4 +648,29 @@ pub unsafe fn matmul_skinny_m32_bf16(p: LinearParams) {
 #[kernel]
 pub unsafe fn matmul_skinny_m32_f16(p: LinearParams) {
     skinny_linear::<F16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// SwiGLU's gate and up projections with the SiLU product, at most 16 rows, bf16 weights. See
+/// `skinny_gate_up`.
+#[kernel]
+pub unsafe fn gate_up_skinny_m16_bf16(p: GateUpParams) {
+    skinny_gate_up::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// [`gate_up_skinny_m16_bf16`] for f16 weights (row scales).
+#[kernel]
+pub unsafe fn gate_up_skinny_m16_f16(p: GateUpParams) {
+    skinny_gate_up::<F16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// [`gate_up_skinny_m16_bf16`] for at most 32 rows.
+#[kernel]
+pub unsafe fn gate_up_skinny_m32_bf16(p: GateUpParams) {
+    skinny_gate_up::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+}
+
+/// [`gate_up_skinny_m16_bf16`] for at most 32 rows of f16 weights.
+#[kernel]
+pub unsafe fn gate_up_skinny_m32_f16(p: GateUpParams) {
+    skinny_gate_up::<F16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
 }

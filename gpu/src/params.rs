@@ -494,6 +494,9 @@ pub struct GateUpParams {
     pub lda: u32,
     pub eps: f32,
     pub _pad: u32,
+    /// `[m]` f32 row scales of the f16 few-row kernel (`gate_up_skinny_*_f16`, see
+    /// `LinearParams::row_scale`), else 0.
+    pub row_scale: u64,
 }
 
 /// A decoder pass's cursor: `[t, CURSOR_FIELDS]` u32, per row its (t, h, w) rotary position and

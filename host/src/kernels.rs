@@ -157,6 +157,10 @@ kernel_table! {
     MatmulSkinnyM16Bf16 = "matmul_skinny_m16_bf16" @ Compute80,
     MatmulSkinnyM32F16 = "matmul_skinny_m32_f16" @ Compute80,
     MatmulSkinnyM32Bf16 = "matmul_skinny_m32_bf16" @ Compute80,
+    GateUpSkinnyM16F16 = "gate_up_skinny_m16_f16" @ Compute80,
+    GateUpSkinnyM16Bf16 = "gate_up_skinny_m16_bf16" @ Compute80,
+    GateUpSkinnyM32F16 = "gate_up_skinny_m32_f16" @ Compute80,
+    GateUpSkinnyM32Bf16 = "gate_up_skinny_m32_bf16" @ Compute80,
     RowScaleF32 = "row_scale_f32" @ Compute80,
     FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
     FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
@@ -210,6 +214,18 @@ impl Kernel {
             16 => pick(Kernel::MatmulSkinnyM16F16, Kernel::MatmulSkinnyM16Bf16),
             32 => pick(Kernel::MatmulSkinnyM32F16, Kernel::MatmulSkinnyM32Bf16),
             other => Err(Error::Limit { op: "matmul_skinny", msg: format!("no kernel for {} rows", other) }),
+        }
+    }
+
+    /// The few-row tensor-core SwiGLU gate/up product for at most `rows` (16 or 32) rows.
+    pub fn gate_up_skinny(dtype: DType, rows: u32) -> Result<Kernel> {
+        match (dtype, rows) {
+            (DType::F16, 16) => Ok(Kernel::GateUpSkinnyM16F16),
+            (DType::BF16, 16) => Ok(Kernel::GateUpSkinnyM16Bf16),
+            (DType::F16, 32) => Ok(Kernel::GateUpSkinnyM32F16),
+            (DType::BF16, 32) => Ok(Kernel::GateUpSkinnyM32Bf16),
+            (DType::F16 | DType::BF16, r) => Err(Error::Limit { op: "gate_up_skinny", msg: format!("no kernel for {} rows", r) }),
+            (other, _) => Err(Error::DType { op: "gate_up_skinny", expected: "f16 or bf16 weights", got: other }),
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! Kernel choice, by shape and module: with the compute_80 module and 16-bit weights in 16-byte
 //! rows, 2 to 32 activation rows (a batched decode step) take `matmul_skinny_*` (tensor cores,
-//! every weight read once, `gpu/src/mma.rs`). Otherwise up to [`GEMV_MAX_ROWS`] rows take a GEMV
+//! every weight read once, `gpu/src/mma.rs`; `gate_up_skinny_*` for SwiGLU's two projections
+//! and the SiLU product in one launch). Otherwise up to [`GEMV_MAX_ROWS`] rows take a GEMV
 //! (decode) — the 16-byte-vector `gemv_vec_*` for one row whose weight rows are whole 16-byte
 //! vectors, else the scalar `gemv_*`. More rows (prefill, the vision tower) take, with the
 //! compute_80 module and 16-bit weights in 16-byte rows, the tensor-core `matmul_mma_*`; else
@@ -391,12 +392,36 @@ pub fn gate_up(
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs one row and 16-byte weight rows (m = {}, k = {} of {})", m, k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
-    let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: norm_addr, m: m as u32, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: k as u32, eps, _pad: 0 };
+    let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: norm_addr, m: m as u32, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: k as u32, eps, _pad: 0, row_scale: 0 };
     if m == 0 || n == 0 {
         return Ok(());
     }
     let warps = vec_warps(n);
     l.launch_shared(kernel, [grid_dim(kernel, "x", ceil_div(n, warps as usize), MAX_GRID_X)?, 1, 1], warps * 32, shared, &p)
+}
+
+/// `c[m, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` by the few-row tensor-core kernel for at most `rows`
+/// rows (compute_80; `row_scale` `[m]` with f16 weights, from [`row_scales`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gate_up_skinny(l: &Launcher<'_>, wdtype: DType, rows: u32, a: &DeviceBuffer, gate: &DeviceBuffer, up: &DeviceBuffer, c: &DeviceBuffer, row_scale: Option<&DeviceBuffer>, (m, n, k): (usize, usize, usize)) -> Result<()> {
+    let kernel = Kernel::gate_up_skinny(wdtype, rows)?;
+    need(kernel, "a", a, m * k * 4)?;
+    need(kernel, "gate", gate, n * k * wdtype.size_of())?;
+    need(kernel, "up", up, n * k * wdtype.size_of())?;
+    need(kernel, "c", c, m * n * 4)?;
+    if m > rows as usize || !LinearAlgo::vector_rows(k, wdtype) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs at most {} rows and 16-byte weight rows (m = {}, k = {} of {})", rows, m, k, wdtype) });
+    }
+    match (wdtype, row_scale) {
+        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4)?,
+        (DType::F16, None) => return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() }),
+        _ => {}
+    }
+    let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: 0, m: m as u32, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, eps: 0.0, _pad: 0, row_scale: row_scale.map_or(0, |s| s.addr()) };
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(n, 8 * skinny_tile::NT / 2), MAX_GRID_X)?, 1, 1], skinny_tile::THREADS, &p)
 }
 
 impl CudaBackend {
@@ -514,7 +539,25 @@ impl CudaBackend {
         if gate.dtype().is_quantized() {
             return self.qgate_up_op(x, norm, gate, up);
         }
-        let fused = self.pick_linear(m, n, k, gate.dtype()) == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
+        let algo = self.pick_linear(m, n, k, gate.dtype());
+        if let LinearAlgo::Skinny(rows) = algo {
+            // a batched decode step: the norm, then one few-row kernel for both products
+            let normed;
+            let x = match norm {
+                Some((w, eps)) => {
+                    normed = self.rms_norm_op(x, w, eps)?;
+                    &normed
+                }
+                None => x,
+            };
+            let l = self.enter()?;
+            let xb = self.buffer(OP, x)?;
+            let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
+            let out = self.output(m * n)?;
+            gate_up_skinny(&l, gate.dtype(), rows, xb, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
+            return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
+        }
+        let fused = algo == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
             // prefill-sized (or odd-k) inputs: the norm, two products and the elementwise gate
             let normed;

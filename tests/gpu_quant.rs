@@ -196,11 +196,7 @@ fn quantized_models_on_cuda_match_the_cpu() {
             // the CPU's greedy continuation and its clear-margin prefix
             let (mut want, mut clear, mut logits) = (Vec::new(), None, want_logits.clone());
             for step in 0..STEPS {
-                let mut sorted = logits.clone();
-                sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
-                let mean = logits.iter().sum::<f32>() / logits.len() as f32;
-                let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
-                if clear.is_none() && sorted[0] - sorted[1] < 2e-2 * std {
+                if clear.is_none() && common::top_two_within(&logits, 2e-2) {
                     clear = Some(step);
                 }
                 let t = qwen3_vl::generate::sampling::argmax(&logits);

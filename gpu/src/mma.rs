@@ -505,16 +505,16 @@ struct SkinnyArgs {
 /// from `w` and the last from `w2` at the same columns. `store(r, col, v, v2)` gets each output
 /// (row scales undone; `v2` the second matrix's, 0 without a pair).
 #[inline(always)]
-unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize, const NT: usize, const U: usize, const PAIR: bool>(x: &SkinnyArgs, store: F) {
+unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize, const NT: usize, const U: usize, const PAIR: bool>(args: &SkinnyArgs, store: F) {
     const WARPS: usize = SKINNY_WARPS as usize;
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
-    let (m, n, k, lda) = (x.m, x.n, x.k, x.lda);
+    let (m, n, k, lda) = (args.m, args.n, args.k, args.lda);
     // output columns per block: 8 per n tile, half of them for a pair
     let cols = if PAIR { 8 * NT / 2 } else { 8 * NT };
     let col0 = thread::block_idx_x() as usize * cols;
-    let (a, row_scale) = (x.a, x.row_scale);
+    let (a, row_scale) = (args.a, args.row_scale);
     // 1. this lane's rows (g and g + 8 of each m tile) and their f16 scales
     let mut scale = [[1.0f32; 2]; MT];
     if W::ROW_SCALE && !row_scale.is_null() {
@@ -538,7 +538,7 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
         for u in 0..U {
             let kk = (kb + u * WARPS) * 32 + 8 * t;
             for j in 0..NT {
-                let (w, jj) = if PAIR && j >= NT / 2 { (x.w2, j - NT / 2) } else { (x.w, j) };
+                let (w, jj) = if PAIR && j >= NT / 2 { (args.w2, j - NT / 2) } else { (args.w, j) };
                 let col = col0 + 8 * jj + g;
                 if col < n && kk < k {
                     wv[u][j] = ld_nc_v4(w.add(col * k + kk) as *const u32);
@@ -562,13 +562,12 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
             }
             for s in 0..2 {
                 for mi in 0..MT {
-                    let mut xs = [[0.0f32; 4]; 2];
+                    let mut x = [[0.0f32; 4]; 2];
                     for h in 0..2 {
                         for e in 0..4 {
-                            xs[h][e] = xa[u][mi][h][4 * s + e] * scale[mi][h];
+                            x[h][e] = xa[u][mi][h][4 * s + e] * scale[mi][h];
                         }
                     }
-                    let x = xs;
                     let hi = [W::pack(x[0][0], x[0][1]), W::pack(x[1][0], x[1][1]), W::pack(x[0][2], x[0][3]), W::pack(x[1][2], x[1][3])];
                     let lo = [
                         W::pack(x[0][0] - W::low(hi[0]), x[0][1] - W::high(hi[0])),

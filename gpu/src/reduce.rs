@@ -61,49 +61,39 @@ pub fn warp_softmax_state(mut s: crate::math::OnlineSoftmax) -> crate::math::Onl
     s
 }
 
-/// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
-/// result. `scratch` is shared memory of at least 32 floats. Every thread of the block must call
-/// it (it contains barriers); it leaves `scratch` free for reuse.
+/// `op` over the whole block, each warp first reduced by `warp_op` (blockDim.x a multiple of
+/// 32, at most 1024); every thread gets the result. `scratch` is shared memory of at least 32
+/// floats. Every thread of the block must call it (it contains barriers); it leaves `scratch`
+/// free for reuse.
 #[inline(always)]
-pub unsafe fn block_sum(v: f32, scratch: *mut f32) -> f32 {
+unsafe fn block_reduce(v: f32, scratch: *mut f32, warp_op: impl Fn(f32) -> f32, op: impl Fn(f32, f32) -> f32) -> f32 {
     let tid = thread::thread_idx_x() as usize;
     let warps = (thread::block_dim_x() / 32) as usize;
-    let v = warp_sum(v);
+    let v = warp_op(v);
     if tid % 32 == 0 {
         *scratch.add(tid / 32) = v;
     }
     thread::sync_threads();
-    let mut total = 0.0f32;
-    let mut i = 0;
-    while i < warps {
-        total += *scratch.add(i);
-        i += 1;
-    }
-    thread::sync_threads();
-    total
-}
-
-/// Maximum over the whole block; same contract as [`block_sum`].
-#[inline(always)]
-pub unsafe fn block_max(v: f32, scratch: *mut f32) -> f32 {
-    let tid = thread::thread_idx_x() as usize;
-    let warps = (thread::block_dim_x() / 32) as usize;
-    let v = warp_max(v);
-    if tid % 32 == 0 {
-        *scratch.add(tid / 32) = v;
-    }
-    thread::sync_threads();
-    let mut m = *scratch;
+    let mut acc = *scratch;
     let mut i = 1;
     while i < warps {
-        let o = *scratch.add(i);
-        if o > m {
-            m = o;
-        }
+        acc = op(acc, *scratch.add(i));
         i += 1;
     }
     thread::sync_threads();
-    m
+    acc
+}
+
+/// Sum over the whole block; the contract of [`block_reduce`].
+#[inline(always)]
+pub unsafe fn block_sum(v: f32, scratch: *mut f32) -> f32 {
+    block_reduce(v, scratch, warp_sum, |a, b| a + b)
+}
+
+/// Maximum over the whole block; the contract of [`block_reduce`].
+#[inline(always)]
+pub unsafe fn block_max(v: f32, scratch: *mut f32) -> f32 {
+    block_reduce(v, scratch, warp_max, |a, b| if b > a { b } else { a })
 }
 
 /// Online-softmax merge over the whole block; same contract as [`block_sum`], with `scratch`

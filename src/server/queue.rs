@@ -186,8 +186,8 @@ impl Worker<'_> {
             for id in gone {
                 engine.cancel(id);
                 if let Some(a) = active.remove(&id) {
-                    metrics.finished("cancelled", a.job.prompt.len(), a.generated, 0.0, 0.0);
                     on_finished(a.job.received.elapsed().as_secs_f64());
+                    self.finish(a, "cancelled", metrics, 0.0, 0.0);
                 }
             }
             publish(&engine, metrics);
@@ -225,8 +225,8 @@ impl Worker<'_> {
                         if let Some(reason) = stop {
                             engine.cancel(id);
                             if let Some(a) = active.remove(&id) {
+                                on_finished(a.job.received.elapsed().as_secs_f64());
                                 self.finish(a, reason, metrics, 0.0, 0.0);
-                                on_finished(t0.elapsed().as_secs_f64());
                             }
                         }
                     }

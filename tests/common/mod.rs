@@ -295,11 +295,7 @@ pub fn greedy_alone(model: &qwen3_vl::model::Model, b: &dyn Backend, kv: DType, 
     let (mut tokens, mut clear) = (Vec::new(), None);
     for step in 0..steps {
         logits.truncate(model.sampled_vocab());
-        let mut sorted = logits.clone();
-        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
-        let mean = logits.iter().sum::<f32>() / logits.len() as f32;
-        let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
-        if clear.is_none() && sorted[0] - sorted[1] < 1e-2 * std {
+        if clear.is_none() && top_two_within(&logits, 1e-2) {
             clear = Some(step);
         }
         let t = qwen3_vl::generate::sampling::argmax(&logits);
@@ -309,4 +305,14 @@ pub fn greedy_alone(model: &qwen3_vl::model::Model, b: &dyn Backend, kv: DType, 
         }
     }
     (tokens, clear.unwrap_or(steps))
+}
+
+/// Whether the two largest `logits` are within `rel` of the logits' std of each other: a greedy
+/// pick another path may make differently.
+pub fn top_two_within(logits: &[f32], rel: f32) -> bool {
+    let mut sorted = logits.to_vec();
+    sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+    let mean = logits.iter().sum::<f32>() / logits.len() as f32;
+    let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
+    sorted[0] - sorted[1] < rel * std
 }

@@ -425,6 +425,14 @@ pub fn gate_up_skinny(l: &Launcher<'_>, wdtype: DType, rows: u32, a: &DeviceBuff
 }
 
 impl CudaBackend {
+    /// `x` RMS-normed by `norm` (weight, epsilon), or `x` itself: the unfused paths' first step.
+    pub(super) fn rms_normed(&self, x: &Tensor, norm: Option<(&Tensor, f32)>) -> Result<Tensor> {
+        match norm {
+            Some((w, eps)) => self.rms_norm_op(x, w, eps),
+            None => Ok(x.clone()),
+        }
+    }
+
     /// The row scales of `a` `[m, k]` when `algo` with weights of `dtype` needs them
     /// ([`needs_row_scale`]), else `None`.
     pub(super) fn row_scales_for(&self, l: &Launcher<'_>, algo: LinearAlgo, dtype: DType, a: &DeviceBuffer, (m, k): (usize, usize)) -> Result<Option<DeviceBuffer>> {
@@ -540,34 +548,19 @@ impl CudaBackend {
             return self.qgate_up_op(x, norm, gate, up);
         }
         let algo = self.pick_linear(m, n, k, gate.dtype());
-        if let LinearAlgo::Skinny(rows) = algo {
-            // a batched decode step: the norm, then one few-row kernel for both products
-            let normed;
-            let x = match norm {
-                Some((w, eps)) => {
-                    normed = self.rms_norm_op(x, w, eps)?;
-                    &normed
-                }
-                None => x,
-            };
-            let l = self.enter()?;
-            let xb = self.buffer(OP, x)?;
-            let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
-            let out = self.output(m * n)?;
-            gate_up_skinny(&l, gate.dtype(), rows, xb, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
-            return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
-        }
         let fused = algo == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
+            let x = &self.rms_normed(x, norm)?;
+            if let LinearAlgo::Skinny(rows) = algo {
+                // a batched decode step: one few-row kernel for both products
+                let l = self.enter()?;
+                let xb = self.buffer(OP, x)?;
+                let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
+                let out = self.output(m * n)?;
+                gate_up_skinny(&l, gate.dtype(), rows, xb, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
+                return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
+            }
             // prefill-sized (or odd-k) inputs: the norm, two products and the elementwise gate
-            let normed;
-            let x = match norm {
-                Some((w, eps)) => {
-                    normed = self.rms_norm_op(x, w, eps)?;
-                    &normed
-                }
-                None => x,
-            };
             return self.silu_mul_op(&self.linear_op(x, gate, None, None)?, &self.linear_op(x, up, None, None)?);
         }
         let nb = match norm {

@@ -234,14 +234,7 @@ impl CudaBackend {
             ops::rms_norm_dims(x, nw)?;
         }
         if m > MMVQ_MAX_M {
-            let normed;
-            let x = match norm {
-                Some((nw, eps)) => {
-                    normed = self.rms_norm_op(x, nw, eps)?;
-                    &normed
-                }
-                None => x,
-            };
+            let x = &self.rms_normed(x, norm)?;
             return self.dequant_gemm(x, w, bias, act, residual, &out_shape);
         }
         if act != ACT_NONE {
@@ -327,14 +320,7 @@ impl CudaBackend {
         const OP: &str = "gate_up_silu";
         let (m, n, k) = ops::linear_dims(x, gate, None)?;
         if m > MMVQ_MAX_M {
-            let normed;
-            let x = match norm {
-                Some((nw, eps)) => {
-                    normed = self.rms_norm_op(x, nw, eps)?;
-                    &normed
-                }
-                None => x,
-            };
+            let x = &self.rms_normed(x, norm)?;
             let shape = ops::linear_out_shape(x, n);
             let g = self.dequant_gemm(x, gate, None, ACT_NONE, None, &shape)?;
             return self.silu_mul_op(&g, &self.dequant_gemm(x, up, None, ACT_NONE, None, &shape)?);

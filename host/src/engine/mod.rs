@@ -123,6 +123,16 @@ impl Seq {
     fn has_images(&self) -> bool {
         self.images.as_ref().map_or(false, |im| !im.grids.is_empty())
     }
+
+    /// Whether its prompt's images are still to be read (the whole prompt then goes in one chunk).
+    fn images_unread(&self) -> bool {
+        self.has_images() && self.cached == 0
+    }
+
+    /// Whether its next row is a decode row: one known token, against its blocks.
+    fn decodes(&self) -> bool {
+        self.pending() == 1 && !self.images_unread()
+    }
 }
 
 /// A row group of one step: a decode row or a prefill chunk of sequence `seq` (an index into
@@ -271,7 +281,7 @@ impl<'a> Engine<'a> {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            if s.pending() != 1 || (s.has_images() && s.cached == 0) {
+            if !s.decodes() {
                 i += 1;
                 continue;
             }
@@ -286,7 +296,7 @@ impl<'a> Engine<'a> {
         }
         let mut parts: Vec<Part> = Vec::new();
         for (i, s) in self.running.iter().enumerate() {
-            if s.pending() == 1 && !(s.has_images() && s.cached == 0) {
+            if s.decodes() {
                 parts.push(Part { seq: i, from: s.cached, n: 1, decode: true });
             }
         }
@@ -312,9 +322,9 @@ impl<'a> Engine<'a> {
             }
             let s = &self.running[i];
             let pending = s.pending();
-            let is_prefill = pending > 1 || (s.has_images() && s.cached == 0);
+            let is_prefill = pending > 1 || s.images_unread();
             if is_prefill && budget > 0 {
-                let whole = s.has_images() && s.cached == 0;
+                let whole = s.images_unread();
                 if whole && images_taken {
                     i += 1;
                     continue; // one image prompt per step (its DeepStack rows)

@@ -7,6 +7,28 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     #[cfg(feature = "cuda")]
     build_ptx();
+    #[cfg(feature = "cuda")]
+    take_driver_shims();
+}
+
+/// The CUDA driver is opened at run time (`host/src/cuda/driver.rs` defines every entry point
+/// and forwards it through `dlopen`). `cust` still asks to link `libcuda`; marking each shimmed
+/// name undefined from the start makes the linker take the definitions from the host library
+/// before it reaches `libcuda.so`, which `--as-needed` then leaves out of the binary.
+#[cfg(feature = "cuda")]
+fn take_driver_shims() {
+    let path = "host/src/cuda/driver.rs";
+    println!("cargo:rerun-if-changed={}", path);
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {}", path, e));
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("fn cu"))
+        .filter_map(|rest| rest.split('(').next())
+        .collect();
+    assert!(names.len() > 30, "{} lists only {} driver entry points", path, names.len());
+    for name in names {
+        println!("cargo:rustc-link-arg=-Wl,--undefined=cu{}", name);
+    }
 }
 
 #[cfg(feature = "cuda")]

@@ -346,3 +346,33 @@ fn a_reply_cut_by_a_full_context_says_so() {
     assert!(!out.is_empty());
     assert!(err.contains("tokens: the context of 40 tokens (--context) is full"), "{}", err);
 }
+
+/// The CUDA build opens the driver at run time: where there is none (here `QWEN3_VL_LIBCUDA`
+/// names a library that does not exist, and the loader path is emptied), it still starts,
+/// `info` says why it runs on the CPU, `--device auto` generates there and `--device cuda`
+/// fails with the reason. CI also checks that the binary does not list libcuda as needed.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_build_starts_without_a_driver_and_says_why_it_runs_on_the_cpu() {
+    let no_driver = |mut c: Command| {
+        c.env("QWEN3_VL_LIBCUDA", "/nonexistent/libcuda.so.1").env("LD_LIBRARY_PATH", "");
+        run(c)
+    };
+    let mut c = Command::new(bin());
+    c.arg("info");
+    let o = no_driver(c);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("backend: CPU"), "{}", out);
+    assert!(out.contains("no NVIDIA driver library could be opened") && out.contains("/nonexistent/libcuda.so.1"), "{}", out);
+    assert!(out.contains("driver:  none"), "{}", out);
+
+    let o = no_driver(cli("generate", &["-p", "Hi", "--max-tokens", "3", "--greedy", "--device", "auto"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!o.stdout.is_empty(), "no reply");
+
+    let o = no_driver(cli("generate", &["-p", "Hi", "--max-tokens", "3", "--device", "cuda"]));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no NVIDIA driver library could be opened"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}

@@ -28,6 +28,8 @@ pub fn run(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("reason:  {}", sel.reason);
     println!("kv cache: {}", a.device.kv_dtype(&*sel.backend));
     #[cfg(feature = "cuda")]
+    println!("driver:  {}", qwen3_vl::cuda::driver::describe());
+    #[cfg(feature = "cuda")]
     if let Some(cuda) = sel.backend.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() {
         let (arch, why) = cuda.kernels_module();
         let ((ma, mi), sms) = cuda.device_shape();

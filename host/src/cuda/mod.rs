@@ -5,6 +5,7 @@
 //! bodies of its backend ops; the `Backend` impl below only dispatches to them.
 
 mod attention;
+pub mod driver;
 mod elementwise;
 mod embedding;
 mod graph;
@@ -65,6 +66,8 @@ impl CudaBackend {
     /// newest the device supports by default) and looks up every kernel it must carry. Errors
     /// say which step failed.
     pub fn new(ptx: &[Ptx], kernels: KernelsRequest) -> Result<CudaBackend> {
+        let lib = driver::load().map_err(Error::Unavailable)?;
+        log::debug!("CUDA driver opened from {}", lib);
         let ctx = cust::quick_init().map_err(|e| Error::Unavailable(format!("no usable CUDA device ({})", e)))?;
         let device = cust::device::Device::get_device(0).map_err(|e| Error::Unavailable(format!("no CUDA device 0 ({})", e)))?;
         let name = device.name().unwrap_or_else(|_| "unknown CUDA device".into());

@@ -427,6 +427,16 @@ pub trait Backend: Send + Sync {
         bytes
     }
 
+    /// The bytes a weight of `bytes` takes: allocated while [`Backend::set_weight_loading`] is
+    /// on, which may round less than [`Backend::alloc_size`] (weights live as long as the model).
+    fn weight_alloc_size(&self, bytes: usize) -> usize {
+        self.alloc_size(bytes)
+    }
+
+    /// On while a model's weights load: allocations are sized exactly, not rounded to the
+    /// pool's reuse buckets (a 2B model's weights take ~150 MB less on the GPU).
+    fn set_weight_loading(&self, _on: bool) {}
+
     /// Test aid: when on, every new output buffer is filled with NaN before the op writes it,
     /// so an element an op fails to write shows up as NaN.
     fn set_poison_outputs(&self, on: bool);

@@ -102,7 +102,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         }
     }
     let sessions = a.batch.unwrap_or(1);
-    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session))?;
+    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session), a.image_side.map(|_| image_session))?;
     if let Some(n) = a.batch {
         return run_batched(&a, b, &model, n);
     }

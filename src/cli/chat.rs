@@ -193,7 +193,8 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
         return Err(format!("the system message and images need about {} tokens, more than the context of {} (raise --context)", needed, capacity).into());
     }
     // 2. the weights
-    let l = a.model.load(checked, capacity)?;
+    // images may come at any turn (`/image`): under a budget the vision tower goes first
+    let l = a.model.load(checked, capacity, Some(capacity))?;
     let session = Session::with_kv_dtype(&l.model, &*l.backend, capacity, l.kv_dtype)?;
     let mut chat = Chat {
         l: &l,

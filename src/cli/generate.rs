@@ -121,7 +121,8 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     }
     let t_inputs = Instant::now();
     // 2. the weights
-    let l = a.model.load(checked, prompt.len() + a.max_tokens)?;
+    let image_tokens: usize = prepared.tokens.iter().sum();
+    let l = a.model.load(checked, prompt.len() + a.max_tokens, Some(image_tokens).filter(|&n| n > 0))?;
     let t_loaded = Instant::now();
     // 3. the reply
     let mut session = Session::with_kv_dtype(&l.model, &*l.backend, prompt.len() + a.max_tokens, l.kv_dtype)?;

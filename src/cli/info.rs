@@ -38,13 +38,17 @@ pub fn run(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(m) = &a.model {
         let opened = qwen3_vl::model::ModelFiles::find(m, a.mmproj.as_deref())?.open()?;
-        let (p, _) = super::load::place(&a.device, &*sel.backend, &opened, a.quant, a.context)?;
         let human = qwen3_vl::model::placement::human;
         if sel.backend.device_memory().is_some() {
             let (free, total) = sel.backend.device_memory().unwrap_or((0, 0));
-            println!("gpu memory: {} free of {}, budget {}", human(free), human(total), sel.backend.memory_cap().map_or("none".into(), human));
-            println!("placement: {} (context {})", p.describe(), a.context);
-            println!("bytes:   {} on the GPU (weights, KV cache, workspace), {} on the CPU", human(p.device_bytes), human(p.host_bytes));
+            for (what, images) in [("text prompts", None), ("image prompts", Some(a.context))] {
+                let (p, _) = super::load::place(&a.device, &*sel.backend, &opened, a.quant, a.context, images)?;
+                if what == "text prompts" {
+                    println!("gpu memory: {} free of {}, budget {}", human(free), human(total), sel.backend.memory_cap().map_or("none".into(), human));
+                }
+                println!("placement, {}: {} (context {})", what, p.describe(), a.context);
+                println!("  bytes: {} on the GPU (weights, KV cache, workspace), {} on the CPU", human(p.device_bytes), human(p.host_bytes));
+            }
         } else {
             println!("placement: everything on the CPU ({} of weights, memory-mapped)", human(opened.source.total_bytes()));
         }

@@ -8,7 +8,7 @@ use qwen3_vl::generate::SamplingParams;
 use qwen3_vl::generation_config::GenerationDefaults;
 use qwen3_vl::image::PreprocessConfig;
 use qwen3_vl::model::placement::human;
-use qwen3_vl::model::{Config, Mix, Model, ModelFiles, Offload, Opened, Placement};
+use qwen3_vl::model::{Config, LoadQuant, Mix, Model, ModelFiles, Offload, Opened, Placement};
 use qwen3_vl::{Backend, DeviceKind, Tokenizer};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -191,10 +191,12 @@ impl ModelArgs {
     }
 
     /// Step 2: the backend and the weights, placed for sessions of up to `context` tokens.
-    pub fn load(&self, checked: Checked, context: usize) -> CliResult<Loaded> {
+    /// `images`: image prompts of up to this many image tokens are expected (the placement
+    /// under a budget serves them first).
+    pub fn load(&self, checked: Checked, context: usize, images: Option<usize>) -> CliResult<Loaded> {
         let sel = self.device.select()?;
         let t0 = Instant::now();
-        let (mut model, host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context)?;
+        let (mut model, host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context, images)?;
         // generation never picks an id the tokenizer cannot decode (the LM head's padding rows)
         model.limit_sampling(checked.tokenizer.vocab_size());
         let c = &model.config.text;
@@ -427,10 +429,13 @@ pub fn default_budget(free: usize) -> usize {
     free.saturating_sub((free / 20).max(256 << 20))
 }
 
-/// Where the model of `opened` goes on `backend` for sessions of `context` tokens: the pool is
-/// capped at the budget (`--gpu-memory`, else the default), the placement planned from the
-/// tensor sizes, and a CPU backend made for the parts off the GPU. On the CPU: everything there.
-pub fn place(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Option<Mix>, context: usize) -> CliResult<(Placement, Option<Arc<dyn Backend>>)> {
+/// Where the model of `opened` goes on `backend` for sessions of `context` tokens, with image
+/// prompts of up to `images` image tokens in view when given (`Some(context)` when unknown):
+/// the pool is capped at the budget (`--gpu-memory`, else the
+/// default), the placement planned from the tensor sizes (when the vision tower is stored in
+/// 16 or 32 bits and loading it as Q8_0 keeps more on the GPU, the plan says so and the load
+/// does it), and a CPU backend made for the parts off the GPU. On the CPU: everything there.
+pub fn place(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Option<Mix>, context: usize, images: Option<usize>) -> CliResult<(Placement, Option<Arc<dyn Backend>>)> {
     let n = opened.config.text.num_hidden_layers;
     if backend.kind() != DeviceKind::Cuda {
         if dev.gpu_memory.is_some() || dev.gpu_layers.is_some() {
@@ -446,15 +451,38 @@ pub fn place(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Op
         (None, None) => return Err("cannot query the GPU's free memory; give a budget with --gpu-memory".into()),
     };
     backend.set_memory_cap(Some(budget))?;
-    // 2. the plan
-    let sizes = Model::sizes(opened, quant, backend, context, dev.kv_dtype(backend));
-    let p = Placement::plan(&sizes, Some(budget), dev.gpu_layers)?;
+    // 2. the plan, and the plan with the vision tower as Q8_0 when that keeps more on the GPU
+    let kv = dev.kv_dtype(backend);
+    let image_tokens = images.unwrap_or(context);
+    let mut sizes = Model::sizes(opened, LoadQuant::mix(quant), backend, context, image_tokens, kv);
+    let mut p = Placement::plan(&sizes, Some(budget), dev.gpu_layers, images.is_some());
+    if quant.is_none() && p.as_ref().map_or(true, |p| p.is_split()) {
+        let q8 = LoadQuant { mix: None, vision_q8: true };
+        let s8 = Model::sizes(opened, q8, backend, context, image_tokens, kv);
+        if s8.vision < sizes.vision {
+            if let Ok(mut p8) = Placement::plan(&s8, Some(budget), dev.gpu_layers, images.is_some()) {
+                if p.as_ref().map_or(true, |p| p8.better_than(p)) {
+                    p8.vision_q8 = true;
+                    log::info!(
+                        "quantizing the vision tower to Q8_0 while loading ({} instead of {}): that is what fits it on the GPU within the budget{}",
+                        human(s8.vision),
+                        human(sizes.vision),
+                        if images.is_some() { " beside the text layers" } else { "" }
+                    );
+                    p = Ok(p8);
+                    sizes = s8;
+                }
+            }
+        }
+    }
+    let p = p?;
     log::info!(
-        "placement: {}; GPU {} (weights, KV cache at {} tokens, {} workspace), CPU {}; budget {}{}",
+        "placement{}: {}; GPU {} (weights, KV cache at {} tokens, {} workspace), CPU {}; budget {}{}",
+        if p.vision_first { " for image prompts" } else { "" },
         p.describe(),
         human(p.device_bytes),
         context,
-        human(sizes.text_work + if p.vision_on_device { sizes.vision_work } else { 0 }),
+        human(if p.vision_on_device { sizes.text_work.max(sizes.vision_work) } else { sizes.text_work }),
         human(p.host_bytes),
         human(budget),
         match (dev.gpu_memory, free) {
@@ -472,10 +500,11 @@ pub fn place(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Op
 }
 
 /// Loads the model of `opened` onto `backend` as [`place`] decides.
-pub fn load_model(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Option<Mix>, context: usize) -> CliResult<(Model, Option<Arc<dyn Backend>>)> {
-    let (p, host) = place(dev, backend, opened, quant, context)?;
+pub fn load_model(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quant: Option<Mix>, context: usize, images: Option<usize>) -> CliResult<(Model, Option<Arc<dyn Backend>>)> {
+    let (p, host) = place(dev, backend, opened, quant, context, images)?;
     let offload = host.as_ref().map(|h| Offload { host: h, placement: &p });
-    let model = Model::load_placed(opened, quant, backend, offload, &mut progress_bar("loading weights"))?;
+    let lq = LoadQuant { mix: quant, vision_q8: p.vision_q8 };
+    let model = Model::load_placed(opened, lq, backend, offload, &mut progress_bar("loading weights"))?;
     Ok((model, host))
 }
 

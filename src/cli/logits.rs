@@ -69,7 +69,8 @@ fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
         return Err(format!("the prompt is {} tokens, more than the model's context of {}", ids.len(), limit).into());
     }
     // 2. the weights, the forward pass
-    let l = a.model.load(checked, ids.len().max(1))?;
+    let image_tokens: usize = prepared.tokens.iter().sum();
+    let l = a.model.load(checked, ids.len().max(1), Some(image_tokens).filter(|&n| n > 0))?;
     let mut session = Session::with_kv_dtype(&l.model, &*l.backend, ids.len().max(1), l.kv_dtype)?;
     let logits = session.feed_with_images(&ids, prepared.images().as_ref())?;
     Ok((ids.len(), logits))

@@ -123,7 +123,9 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         }
     }
     // the placement plans for the whole KV cache of the engine
-    let l = a.model.load(checked, cfg.kv_cache_tokens.unwrap_or_else(|| server::default_kv_tokens(cfg.max_batch, per_request)))?;
+    // any request may carry images: under a budget the vision tower goes first
+    let kv_tokens = cfg.kv_cache_tokens.unwrap_or_else(|| server::default_kv_tokens(cfg.max_batch, per_request));
+    let l = a.model.load(checked, kv_tokens, Some(per_request.min(kv_tokens)))?;
     cfg.defaults = a.sampling.params(&l.defaults);
     cfg.kv_dtype = Some(l.kv_dtype);
     log::info!(

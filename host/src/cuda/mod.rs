@@ -364,6 +364,14 @@ impl Backend for CudaBackend {
         pool::bucket(bytes)
     }
 
+    fn weight_alloc_size(&self, bytes: usize) -> usize {
+        pool::exact(bytes)
+    }
+
+    fn set_weight_loading(&self, on: bool) {
+        self.pool.set_exact(on)
+    }
+
     fn default_kv_dtype(&self) -> DType {
         DType::F16
     }

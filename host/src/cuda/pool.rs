@@ -27,6 +27,13 @@ pub fn bucket(bytes: usize) -> usize {
     (bytes + granule - 1) / granule * granule
 }
 
+/// Rounds a request up to the 256-byte alignment the driver gives anyway: the size of the
+/// allocations made while [`Pool::set_exact`] is on (weights, which are never handed back for
+/// reuse by other sizes, so bucket rounding would only waste memory).
+pub fn exact(bytes: usize) -> usize {
+    (bytes.max(1) + 255) / 256 * 256
+}
+
 pub struct Pool {
     state: Mutex<State>,
     ctx: Context,
@@ -36,6 +43,8 @@ pub struct Pool {
 struct State {
     free: HashMap<usize, Vec<u64>>,
     stats: MemoryStats,
+    /// Allocations are sized by [`exact`], not [`bucket`].
+    exact: bool,
     /// The recording in progress, and the thread recording it.
     recording: Option<(std::thread::ThreadId, Arc<Arena>)>,
     /// At most this many bytes held (in use + cached), when set.
@@ -142,8 +151,8 @@ impl Pool {
 
     /// A buffer of at least `bytes` bytes (contents undefined).
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
-        let block = bucket(bytes);
         let mut st = self.lock();
+        let block = if st.exact { exact(bytes) } else { bucket(bytes) };
         let arena = match &st.recording {
             Some((thread, a)) if *thread == std::thread::current().id() => Some(Arc::clone(a)),
             _ => None,
@@ -245,6 +254,11 @@ impl Pool {
         }
         st.cap = cap;
         Ok(())
+    }
+
+    /// Sizes new allocations exactly (on while weights load) or by bucket (off, the default).
+    pub fn set_exact(&self, on: bool) {
+        self.lock().exact = on;
     }
 
     pub fn cap(&self) -> Option<usize> {

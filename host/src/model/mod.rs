@@ -16,7 +16,7 @@ pub mod vision;
 pub use checkpoint::Checkpoint;
 pub use config::{Config, TextConfig, VisionConfig};
 pub use files::{ModelFiles, Opened};
-pub use quantize::Mix;
+pub use quantize::{LoadQuant, Mix};
 pub use kv_cache::KvCache;
 pub use placement::{Placement, Sizes};
 pub use rope::Pos3;
@@ -52,21 +52,15 @@ impl Model {
     /// Loads opened model files onto `backend`, quantizing the weights as `quant` says (see
     /// [`quantize`]). Tensors the configuration does not use are an error.
     pub fn load_opened(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
-        Model::load_placed(opened, quant, backend, None, progress)
+        Model::load_placed(opened, LoadQuant::mix(quant), backend, None, progress)
     }
 
     /// [`Model::load_opened`] with the parts `offload`'s placement keeps off the device on its
     /// host backend (see [`placement`]); `None`: everything on `backend`.
-    pub fn load_placed(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, offload: Option<Offload<'_>>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+    pub fn load_placed(opened: &Opened, quant: LoadQuant, backend: &dyn Backend, offload: Option<Offload<'_>>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
         let config = opened.config.clone();
-        let quantized;
-        let src: &dyn source::TensorSource = match quant {
-            Some(mix) => {
-                quantized = quantize::Quantized { inner: &*opened.source, mix, config: config.clone() };
-                &quantized
-            }
-            None => &*opened.source,
-        };
+        let converted = quant.source(&*opened.source, &config);
+        let src: &dyn source::TensorSource = &*converted;
         let total = src.total_bytes();
         let mut done = 0usize;
         let mut tick = |bytes: usize| {
@@ -79,8 +73,18 @@ impl Model {
             _ => (None, &all),
         };
         let mut ld = checkpoint::Loader { src, backend, progress: &mut tick };
+        // weights take exactly their bytes on the device, not the pool's reuse buckets
+        struct Exact<'b>(&'b dyn Backend);
+        impl Drop for Exact<'_> {
+            fn drop(&mut self) {
+                self.0.set_weight_loading(false);
+            }
+        }
+        backend.set_weight_loading(true);
+        let exact = Exact(backend);
         let text = TextModel::new_placed(&config.text, config.tie_word_embeddings, &mut ld, host, place)?;
         let vision = VisionModel::new_placed(&config.vision, &mut ld, host.filter(|_| !place.vision_on_device))?;
+        drop(exact);
         let mut ignored = vec!["rope_freqs"];
         if config.tie_word_embeddings {
             ignored.push("lm_head.weight"); // a tied checkpoint may carry the copy anyway
@@ -102,13 +106,11 @@ impl Model {
 
     /// The sizes [`Placement::plan`] works from for the model of `opened` (quantized as `quant`
     /// says) on `backend`, with sessions of `context` tokens and a KV cache of `kv_dtype`.
-    pub fn sizes(opened: &Opened, quant: Option<Mix>, backend: &dyn Backend, context: usize, kv_dtype: crate::DType) -> Sizes {
+    pub fn sizes(opened: &Opened, quant: LoadQuant, backend: &dyn Backend, context: usize, image_tokens: usize, kv_dtype: crate::DType) -> Sizes {
         let config = opened.config.clone();
         let alloc = |n: usize| backend.alloc_size(n);
-        match quant {
-            Some(mix) => Sizes::estimate(&quantize::Quantized { inner: &*opened.source, mix, config: config.clone() }, &config, context, kv_dtype, &alloc),
-            None => Sizes::estimate(&*opened.source, &config, context, kv_dtype, &alloc),
-        }
+        let weights = |n: usize| backend.weight_alloc_size(n);
+        Sizes::estimate(&*quant.source(&*opened.source, &config), &config, context, image_tokens, kv_dtype, &alloc, &weights)
     }
 
     /// Generation picks only ids below `n` (the LM head's other rows are never sampled, greedy

@@ -6,9 +6,16 @@
 //! The plan is made before any weight loads, from [`Sizes`]: every tensor's bytes as it will be
 //! stored (the checkpoint's type, or the load-time quantization's), rounded up as the device's
 //! pool rounds allocations, the KV cache at the session's context, and a workspace bound for the
-//! activations computed from the shapes. Order of preference, each part placed while it fits:
-//! workspace, text layers from the first, LM head, vision tower (with its activations), then an
-//! untied embedding (a gather of one row per token costs the host nothing).
+//! activations computed from the shapes. The tower's activations and the text prefill's are
+//! never alive at once (the tower's are freed, and the pool gives cached blocks back when the
+//! budget is reached), so the workspace is the larger of the two, not their sum.
+//!
+//! Order of preference, each part placed while it fits:
+//! - text prompts: workspace, text layers from the first, LM head, vision tower, then an untied
+//!   embedding (a gather of one row per token costs the host nothing);
+//! - image prompts (`images`): the vision tower first, since on the CPU it takes seconds per
+//!   image where a text layer costs milliseconds, then the same order. When the tower does not
+//!   fit beside one text layer and the workspace it goes last, as for text.
 
 use super::config::Config;
 use super::source::TensorSource;
@@ -41,13 +48,15 @@ const SMALL_BUFFERS: usize = 32 << 20;
 
 impl Sizes {
     /// Sizes of the model of `cfg` whose tensors `src` holds, for sessions of `context` tokens
-    /// with a KV cache of `kv_dtype`; `alloc` rounds one allocation as the device does.
-    pub fn estimate(src: &dyn TensorSource, cfg: &Config, context: usize, kv_dtype: DType, alloc: &dyn Fn(usize) -> usize) -> Sizes {
+    /// with a KV cache of `kv_dtype` and prompts of up to `image_tokens` image tokens (the
+    /// vision tower's activations; clamped to the context); `alloc` rounds one allocation as
+    /// the device does, `weights` one weight (see `Backend::weight_alloc_size`).
+    pub fn estimate(src: &dyn TensorSource, cfg: &Config, context: usize, image_tokens: usize, kv_dtype: DType, alloc: &dyn Fn(usize) -> usize, weights: &dyn Fn(usize) -> usize) -> Sizes {
         let t = &cfg.text;
         let (h, d, i) = (t.hidden_size, t.head_dim, t.intermediate_size);
         let (qd, kvd) = (t.num_attention_heads * d, t.num_key_value_heads * d);
-        let w = |name: &str, shape: &[usize]| alloc(src.stored_bytes(name, shape));
-        let f32s = |n: usize| alloc(n * 4);
+        let w = |name: &str, shape: &[usize]| weights(src.stored_bytes(name, shape));
+        let f32s = |n: usize| weights(n * 4);
         // 1. text layers: the fused qkv is one allocation, norms and biases are f32
         let layers = (0..t.num_hidden_layers)
             .map(|l| {
@@ -55,7 +64,7 @@ impl Sizes {
                 let a = |proj: &str| format!("{}self_attn.{}.weight", p, proj);
                 let qkv = src.stored_bytes(&a("q_proj"), &[qd, h]) + src.stored_bytes(&a("k_proj"), &[kvd, h]) + src.stored_bytes(&a("v_proj"), &[kvd, h]);
                 let bias = if t.attention_bias { f32s(qd + 2 * kvd) + f32s(h) } else { 0 };
-                alloc(qkv) + bias + w(&a("o_proj"), &[h, qd]) + 2 * f32s(d) + 2 * f32s(h)
+                weights(qkv) + bias + w(&a("o_proj"), &[h, qd]) + 2 * f32s(d) + 2 * f32s(h)
                     + w(&format!("{}mlp.gate_proj.weight", p), &[i, h])
                     + w(&format!("{}mlp.up_proj.weight", p), &[i, h])
                     + w(&format!("{}mlp.down_proj.weight", p), &[h, i])
@@ -74,7 +83,7 @@ impl Sizes {
         for k in 0..v.depth {
             let p = format!("{}blocks.{}.", vp, k);
             let qkv = src.stored_bytes(&format!("{}attn.qkv.weight", p), &[3 * vh, vh]);
-            vision += 3 * (alloc(qkv / 3) + f32s(vh)) + 4 * f32s(vh);
+            vision += 3 * (weights(qkv / 3) + f32s(vh)) + 4 * f32s(vh);
             vision += linear(&format!("{}attn.proj", p), vh, vh) + linear(&format!("{}mlp.linear_fc1", p), vi, vh) + linear(&format!("{}mlp.linear_fc2", p), vh, vi);
         }
         let m = vh * v.spatial_merge_size * v.spatial_merge_size;
@@ -86,22 +95,28 @@ impl Sizes {
         // 3. activations: a prefill of `context` rows through one layer (x, its norm, the
         //    residual, qkv, queries, attention output, gate / up / their product), image
         //    embeddings and DeepStack features for as many rows, the logits; the vision tower
-        //    on the patches of `context` image tokens
+        //    on the patches of `image_tokens` image tokens
         let rows = |n: usize, width: usize| alloc(n * width * 4);
         let c = context;
         let text_work = 3 * rows(c, h) + rows(c, qd + 2 * kvd) + 2 * rows(c, qd) + 3 * rows(c, i)
             + (1 + v.deepstack_visual_indexes.len()) * rows(c, v.out_hidden_size)
             + 2 * rows(1, t.vocab_size)
             + SMALL_BUFFERS;
-        let patches = c * v.spatial_merge_size * v.spatial_merge_size;
+        let it = image_tokens.min(c);
+        let patches = it * v.spatial_merge_size * v.spatial_merge_size;
         let vd = vh / v.num_heads.max(1);
-        let vision_work = rows(patches, row) + 7 * rows(patches, vh) + 2 * rows(patches, vi) + 2 * rows(patches, vd / 2) + 2 * rows(c, m);
+        let vision_work = rows(patches, row) + 7 * rows(patches, vh) + 2 * rows(patches, vi) + 2 * rows(patches, vd / 2) + 2 * rows(it, m);
         Sizes { layers, kv_layer, embed, head, tied: cfg.tie_word_embeddings, vision, text_work, vision_work }
     }
 
     /// Everything on the device.
     pub fn total(&self) -> usize {
-        self.layers.iter().sum::<usize>() + self.layers.len() * self.kv_layer + self.head + if self.tied { 0 } else { self.embed } + self.vision + self.text_work + self.vision_work
+        self.layers.iter().sum::<usize>() + self.layers.len() * self.kv_layer + self.head + if self.tied { 0 } else { self.embed } + self.vision + self.text_work.max(self.vision_work)
+    }
+
+    /// The workspace the vision tower needs beyond the text's (the two are never alive at once).
+    fn vision_extra(&self) -> usize {
+        self.vision_work.saturating_sub(self.text_work)
     }
 }
 
@@ -115,6 +130,11 @@ pub struct Placement {
     pub head_on_device: bool,
     pub embed_on_device: bool,
     pub vision_on_device: bool,
+    /// Planned for image prompts: the vision tower was placed first.
+    pub vision_first: bool,
+    /// The vision tower's 16- and 32-bit weights load as Q8_0 (chosen by the caller when that
+    /// is what lets more of the model on the device; see [`Placement::better_than`]).
+    pub vision_q8: bool,
     /// Estimated bytes on the device (weights, KV cache, workspace) and on the host (weights,
     /// KV cache), and the budget the plan was made for.
     pub device_bytes: usize,
@@ -125,7 +145,7 @@ pub struct Placement {
 impl Placement {
     /// Everything on the device (what a plain load does).
     pub fn all_on_device(layers: usize) -> Placement {
-        Placement { layers, device_layers: layers, head_on_device: true, embed_on_device: true, vision_on_device: true, device_bytes: 0, host_bytes: 0, budget: None }
+        Placement { layers, device_layers: layers, head_on_device: true, embed_on_device: true, vision_on_device: true, vision_first: false, vision_q8: false, device_bytes: 0, host_bytes: 0, budget: None }
     }
 
     /// Whether any part runs on the host.
@@ -134,16 +154,33 @@ impl Placement {
     }
 
     /// The placement of `s` within `budget` device bytes (`None`: no bound), with exactly
-    /// `device_layers` text layers on the device when given. Fails, naming the bytes needed and
+    /// `device_layers` text layers on the device when given, for image prompts when `images`
+    /// (the vision tower placed first; see the module docs). Fails, naming the bytes needed and
     /// available, when the asked-for layers or (otherwise) one text layer with the workspace do
     /// not fit.
-    pub fn plan(s: &Sizes, budget: Option<usize>, device_layers: Option<usize>) -> Result<Placement> {
+    pub fn plan(s: &Sizes, budget: Option<usize>, device_layers: Option<usize>, images: bool) -> Result<Placement> {
+        if images {
+            if let Ok(p) = Self::plan_ordered(s, budget, device_layers, true) {
+                return Ok(p);
+            }
+        }
+        Self::plan_ordered(s, budget, device_layers, false)
+    }
+
+    fn plan_ordered(s: &Sizes, budget: Option<usize>, device_layers: Option<usize>, vision_first: bool) -> Result<Placement> {
         let n = s.layers.len();
         let fits = |used: usize, more: usize| budget.map_or(true, |b| used + more <= b);
         let layer = |l: usize| s.layers[l] + s.kv_layer;
         let avail = budget.unwrap_or(usize::MAX);
-        // 1. workspace and text layers
+        let tower = s.vision + s.vision_extra();
+        // 1. workspace, the vision tower when it goes first, text layers
         let mut used = s.text_work;
+        if vision_first {
+            if !fits(used, tower + if n > 0 { layer(0) } else { 0 }) {
+                return Err(Error::Budget { needed: used + tower, available: avail, msg: "the vision tower with its workspace and one text layer".into() });
+            }
+            used += tower;
+        }
         let g = match device_layers {
             Some(g) if g > n => return Err(Error::Budget { needed: 0, available: avail, msg: format!("--gpu-layers {} but the model has {} text layers", g, n) }),
             Some(g) => {
@@ -165,13 +202,13 @@ impl Placement {
                     return Err(Error::Budget {
                         needed: need,
                         available: avail,
-                        msg: format!("the smallest placement is one text layer ({} bytes) with its KV cache ({} bytes) and the workspace ({} bytes); lower --context, raise --gpu-memory or run on the CPU", s.layers[0], s.kv_layer, s.text_work),
+                        msg: format!("the smallest placement is one text layer ({} bytes) with its KV cache ({} bytes) and the workspace ({} bytes); lower --context, raise --gpu-memory or run on the CPU", s.layers[0], s.kv_layer, used),
                     });
                 }
                 g
             }
         };
-        // 2. LM head, vision tower, untied embedding, each while it fits
+        // 2. LM head, vision tower (unless placed), untied embedding, each while it fits
         let mut take = |bytes: usize| {
             let ok = fits(used, bytes);
             if ok {
@@ -180,12 +217,20 @@ impl Placement {
             ok
         };
         let head_on_device = take(s.head);
-        let vision_on_device = take(s.vision + s.vision_work);
+        let vision_on_device = vision_first || take(tower);
         let embed_on_device = if s.tied { head_on_device } else { take(s.embed) };
         let all: usize = s.layers.iter().sum::<usize>() + n * s.kv_layer + s.head + s.vision + if s.tied { 0 } else { s.embed };
-        let device_weights = used - s.text_work - if vision_on_device { s.vision_work } else { 0 };
+        let device_weights = used - s.text_work - if vision_on_device { s.vision_extra() } else { 0 };
         let host_bytes = all - device_weights;
-        Ok(Placement { layers: n, device_layers: g, head_on_device, embed_on_device, vision_on_device, device_bytes: used, host_bytes, budget })
+        Ok(Placement { layers: n, device_layers: g, head_on_device, embed_on_device, vision_on_device, vision_first, vision_q8: false, device_bytes: used, host_bytes, budget })
+    }
+
+    /// Whether this plan keeps more on the device than `other`, in the order its prompts need:
+    /// the vision tower first for image prompts, then text layers, the LM head, the tower (for
+    /// text prompts) and the embedding.
+    pub fn better_than(&self, other: &Placement) -> bool {
+        let rank = |p: &Placement| (self.vision_first && p.vision_on_device, p.device_layers, p.head_on_device, p.vision_on_device, p.embed_on_device);
+        rank(self) > rank(other)
     }
 
     /// One line for the log and `info`: which parts are where.
@@ -197,10 +242,11 @@ impl Placement {
             g => format!("text layers 0-{} on the GPU, {}-{} on the CPU", g - 1, g, self.layers - 1),
         };
         format!(
-            "{}; LM head on the {}, vision tower on the {}, embedding on the {}",
+            "{}; LM head on the {}, vision tower on the {}{}, embedding on the {}",
             layers,
             side(self.head_on_device),
             side(self.vision_on_device),
+            if self.vision_q8 { " (as Q8_0)" } else { "" },
             side(self.embed_on_device)
         )
     }
@@ -267,7 +313,7 @@ mod tests {
 
     #[test]
     fn no_budget_is_everything_on_the_device() {
-        let p = Placement::plan(&sizes(), None, None).unwrap();
+        let p = Placement::plan(&sizes(), None, None, false).unwrap();
         assert!(!p.is_split());
         assert_eq!(p.device_bytes, sizes().total());
     }
@@ -276,27 +322,50 @@ mod tests {
     fn budget_fills_layers_then_head_then_vision() {
         let s = sizes();
         // workspace 50 + 2 layers 220 = 270; a third (110) does not fit 300
-        let p = Placement::plan(&s, Some(300), None).unwrap();
+        let p = Placement::plan(&s, Some(300), None, false).unwrap();
         assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.embed_on_device), (2, false, false, false));
         assert_eq!(p.device_bytes, 270);
-        // all layers (490) + head (301) = 791; the vision tower with its work (250) does not fit 900
-        let p = Placement::plan(&s, Some(900), None).unwrap();
+        // all layers (440) + head (301) = 791; the vision tower (200, its work shared with the
+        // text's) does not fit 900
+        let p = Placement::plan(&s, Some(900), None, false).unwrap();
         assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.embed_on_device), (4, true, false, true));
         assert_eq!(p.host_bytes, 200);
+        assert!(Placement::plan(&s, Some(991), None, false).unwrap().vision_on_device);
+    }
+
+    #[test]
+    fn image_prompts_place_the_vision_tower_first() {
+        let s = Sizes { vision_work: 80, ..sizes() };
+        // text order: 4 layers (440 + 50) fill 500; the tower (200 + 30 more workspace) is left out
+        let p = Placement::plan(&s, Some(500), None, false).unwrap();
+        assert_eq!((p.device_layers, p.vision_on_device, p.vision_first), (4, false, false));
+        // image order: workspace 50, tower 230, then 2 layers (220) = 500
+        let p = Placement::plan(&s, Some(500), None, true).unwrap();
+        assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.vision_first), (2, false, true, true));
+        assert_eq!(p.device_bytes, 500);
+        assert_eq!(p.host_bytes, 2 * 110 + 301);
+        assert!(p.better_than(&Placement::plan(&s, Some(500), None, false).unwrap()));
+        // the tower and one layer do not fit: text order, the tower on the CPU
+        let p = Placement::plan(&s, Some(300), None, true).unwrap();
+        assert_eq!((p.device_layers, p.vision_on_device, p.vision_first), (2, false, false));
+        // everything fits: the same plan either way, the workspace counted once
+        let p = Placement::plan(&s, None, None, true).unwrap();
+        assert_eq!(p.device_bytes, s.total());
+        assert_eq!(s.total(), 4 * 110 + 301 + 200 + 80);
     }
 
     #[test]
     fn too_small_budget_names_bytes() {
-        let e = Placement::plan(&sizes(), Some(100), None).unwrap_err();
+        let e = Placement::plan(&sizes(), Some(100), None, false).unwrap_err();
         assert!(matches!(e, Error::Budget { needed: 160, available: 100, .. }), "{}", e);
-        let e = Placement::plan(&sizes(), Some(300), Some(3)).unwrap_err();
+        let e = Placement::plan(&sizes(), Some(300), Some(3), false).unwrap_err();
         assert!(matches!(e, Error::Budget { needed: 380, available: 300, .. }), "{}", e);
-        assert!(Placement::plan(&sizes(), None, Some(5)).is_err());
+        assert!(Placement::plan(&sizes(), None, Some(5), false).is_err());
     }
 
     #[test]
     fn forced_layers_without_budget() {
-        let p = Placement::plan(&sizes(), None, Some(1)).unwrap();
+        let p = Placement::plan(&sizes(), None, Some(1), false).unwrap();
         assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device), (1, true, true));
         assert!(p.is_split());
     }

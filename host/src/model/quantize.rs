@@ -189,11 +189,75 @@ pub struct Quantized<'a> {
     pub inner: &'a dyn TensorSource,
     pub mix: Mix,
     pub config: Config,
+    /// Only the vision tower's 16- and 32-bit weights change (to what `mix` asks of them);
+    /// everything else, and weights stored quantized already, load as stored.
+    pub vision_only: bool,
+}
+
+/// What a load converts: the whole checkpoint to a mix (`--quant`), and/or the vision tower's
+/// 16- and 32-bit weights to Q8_0 (what a placement under a memory budget may choose, so the
+/// tower fits on the device).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadQuant {
+    pub mix: Option<Mix>,
+    pub vision_q8: bool,
+}
+
+impl LoadQuant {
+    pub fn mix(mix: Option<Mix>) -> LoadQuant {
+        LoadQuant { mix, vision_q8: false }
+    }
+
+    /// `inner` as this load sees it.
+    pub fn source<'a>(self, inner: &'a dyn TensorSource, config: &Config) -> Box<dyn TensorSource + 'a> {
+        match (self.mix, self.vision_q8) {
+            (Some(mix), _) => Box::new(Quantized { inner, mix, config: config.clone(), vision_only: false }),
+            (None, true) => Box::new(Quantized { inner, mix: Mix::Q8_0, config: config.clone(), vision_only: true }),
+            (None, false) => Box::new(Plain(inner)),
+        }
+    }
+}
+
+/// A source loaded as stored.
+struct Plain<'a>(&'a dyn TensorSource);
+
+impl TensorSource for Plain<'_> {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+    fn bytes_of(&self, name: &str) -> usize {
+        self.0.bytes_of(name)
+    }
+    fn total_bytes(&self) -> usize {
+        self.0.total_bytes()
+    }
+    fn stored_bytes(&self, name: &str, shape: &[usize]) -> usize {
+        self.0.stored_bytes(name, shape)
+    }
+    fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>> {
+        self.0.raw(name, shape)
+    }
+    fn unused(&self, ignored_prefixes: &[&str]) -> Vec<String> {
+        self.0.unused(ignored_prefixes)
+    }
+}
+
+impl Quantized<'_> {
+    fn skips(&self, name: &str) -> bool {
+        self.vision_only && !name.starts_with("model.visual.")
+    }
 }
 
 impl TensorSource for Quantized<'_> {
     fn describe(&self) -> String {
-        format!("{} (quantized to {} while loading)", self.inner.describe(), self.mix.name())
+        if self.vision_only {
+            format!("{} (vision tower quantized to {} while loading)", self.inner.describe(), self.mix.vision().name())
+        } else {
+            format!("{} (quantized to {} while loading)", self.inner.describe(), self.mix.name())
+        }
     }
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
@@ -205,13 +269,19 @@ impl TensorSource for Quantized<'_> {
         self.inner.total_bytes()
     }
     fn stored_bytes(&self, name: &str, shape: &[usize]) -> usize {
+        let stored = self.inner.stored_bytes(name, shape);
         match type_for(self.mix, &self.config, name, shape) {
-            Some(t) if self.inner.contains(name) => shape[0] * t.row_bytes(shape[1]).unwrap_or(0),
-            _ => self.inner.stored_bytes(name, shape),
+            // a vision-only load leaves weights stored quantized as they are
+            Some(t) if self.vision_only && !self.skips(name) => stored.min(shape[0] * t.row_bytes(shape[1]).unwrap_or(usize::MAX)),
+            Some(t) if self.inner.contains(name) && !self.skips(name) => shape[0] * t.row_bytes(shape[1]).unwrap_or(0),
+            _ => stored,
         }
     }
     fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>> {
         let r = self.inner.raw(name, shape)?;
+        if self.skips(name) || (self.vision_only && r.dtype.is_quantized()) {
+            return Ok(r);
+        }
         match type_for(self.mix, &self.config, name, shape) {
             Some(t) if t != r.dtype => {
                 let f = to_f32(name, shape, &r)?;

@@ -207,7 +207,7 @@ impl TextModel {
             let n = tensor_bytes(t);
             match self.host.is_some() && !on_device {
                 true => host += n,
-                false => dev += b.alloc_size(n),
+                false => dev += b.weight_alloc_size(n),
             }
         };
         add(self.place.embed_on_device, &self.embed_tokens);

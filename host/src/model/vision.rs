@@ -239,7 +239,7 @@ impl VisionModel {
             all.extend([&m.norm.w, &m.norm.b, &m.fc1.w, &m.fc1.b, &m.fc2.w, &m.fc2.b]);
         }
         let vb = self.backend(b);
-        all.into_iter().map(|t| vb.alloc_size(super::text::tensor_bytes(t))).sum()
+        all.into_iter().map(|t| vb.weight_alloc_size(super::text::tensor_bytes(t))).sum()
     }
 
     /// Runs the tower on `patches [N, C·T·P·P]` of the images with patch grids `grids` (t, h, w).

@@ -206,3 +206,71 @@ fn image_requests_among_text_ones_give_transformers_tokens() {
         }
     }
 }
+
+/// Adds `req`, runs the engine until it has no work and returns the tokens and the prompt
+/// tokens it took from the prefix cache.
+fn run_one(e: &mut Engine<'_>, req: Request) -> (Vec<u32>, usize) {
+    let id = e.add(req).unwrap();
+    let (mut tokens, mut cached) = (Vec::new(), None);
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            match ev {
+                Event::Token { id: i, token } if i == id => tokens.push(token),
+                Event::Finished { id: i, cached_tokens, .. } if i == id => cached = Some(cached_tokens),
+                _ => {}
+            }
+        }
+    }
+    (tokens, cached.expect("finished"))
+}
+
+#[test]
+fn the_prefix_cache_reuses_whole_blocks_and_keeps_the_answers() {
+    for b in common::backends("engine prefix cache") {
+        let model = load("tied_gqa", &*b);
+        let kv = b.default_kv_dtype();
+        let vocab = model.config.text.vocab_size;
+        let prefix: Vec<u32> = (0..37).map(|j| ((j * 104_729 + 7) % (vocab - 1)) as u32).collect();
+        let with = |tail: &[u32]| -> Vec<u32> { prefix.iter().chain(tail).copied().collect() };
+        let mut cfg = EngineConfig::new(4, 4096, kv);
+        cfg.block = 4;
+        let mut e = Engine::new(&model, &*b, cfg).unwrap();
+        // 1. cold: nothing to reuse
+        let a = with(&[3, 5]);
+        let (got, cached) = run_one(&mut e, greedy(a.clone(), 12));
+        check(&format!("cold on {}", b.describe()), &got, &alone(&model, &*b, kv, &a, 12));
+        assert_eq!(cached, 0);
+        assert!(e.stats().blocks_cached > 0, "the finished sequence's blocks stay cached");
+        // 2. the same prefix, another tail: its 9 whole blocks (36 tokens) come from the cache
+        let bq = with(&[9, 9, 9, 1]);
+        let (got, cached) = run_one(&mut e, greedy(bq.clone(), 12));
+        check(&format!("shared prefix on {}", b.describe()), &got, &alone(&model, &*b, kv, &bq, 12));
+        assert_eq!(cached, 36);
+        // 3. a chat's second turn: the first turn's prompt and reply, then more
+        let mut turn2 = a.clone();
+        turn2.extend(&run_one(&mut e, greedy(a.clone(), 12)).0);
+        turn2.extend([11, 12, 13]);
+        let (got, cached) = run_one(&mut e, greedy(turn2.clone(), 8));
+        check(&format!("second turn on {}", b.describe()), &got, &alone(&model, &*b, kv, &turn2, 8));
+        // the first turn's 39 prompt tokens and its first 11 generated ones were written (the
+        // last generated token never was): 50 tokens, 12 whole blocks
+        assert_eq!(cached, 48, "{} tokens in the second turn", turn2.len());
+        // 4. a prompt that is exactly cached blocks still computes its last token
+        let exact = prefix[..36].to_vec();
+        let (got, cached) = run_one(&mut e, greedy(exact.clone(), 6));
+        check(&format!("whole-block prompt on {}", b.describe()), &got, &alone(&model, &*b, kv, &exact, 6));
+        assert_eq!(cached, 32);
+        let s = e.stats();
+        assert!(s.prefix_hit_tokens == 36 + 36 + 48 + 32 && s.prompt_tokens > s.prefix_hit_tokens, "{:?}", s);
+        // 5. a cache too small to keep them: blocks are evicted for new rows, answers unchanged
+        let mut cfg = EngineConfig::new(4, 64, kv);
+        cfg.block = 4;
+        let mut small = Engine::new(&model, &*b, cfg).unwrap();
+        run_one(&mut small, greedy(a.clone(), 12));
+        let other: Vec<u32> = (0..50).map(|j| ((j * 7919 + 3) % (vocab - 1)) as u32).collect();
+        run_one(&mut small, greedy(other, 8));
+        let (got, cached) = run_one(&mut small, greedy(bq.clone(), 12));
+        check(&format!("after eviction on {}", b.describe()), &got, &alone(&model, &*b, kv, &bq, 12));
+        assert!(cached < 36, "the blocks of the first prompt were evicted for the second ({} reused)", cached);
+    }
+}

@@ -74,8 +74,9 @@ fn endpoints_answer_and_unknown_ones_get_json_errors() {
 #[test]
 fn greedy_replies_match_generate_for_text_and_images() {
     let s = Server::start(&[]);
+    let mut hits = 0;
     let img = image("a_64x96.png");
-    for (prompt, images) in [("Describe a cat in one sentence.", vec![]), ("What is in this picture?", vec![img.clone()])] {
+    for (prompt, images) in [("Describe a cat in one sentence, then a dog in another, and say which you like more.", vec![]), ("What is in this picture?", vec![img.clone()])] {
         let want = generate_greedy(prompt, &images, 12);
         let mut parts: Vec<Value> = images.iter().map(|i| json!({"type": "image_url", "image_url": {"url": data_url(i, "image/png")}})).collect();
         parts.push(json!({"type": "text", "text": prompt}));
@@ -95,8 +96,18 @@ fn greedy_replies_match_generate_for_text_and_images() {
         sb["stream_options"] = json!({"include_usage": true});
         let (text, f, u) = streamed(&chat(s.port, &sb));
         assert_eq!((text.as_str(), f.as_str()), (want.as_str(), finish));
-        assert_eq!(u.unwrap(), *usage);
+        // the repeat takes the prompt's whole 16-token blocks from the prefix cache (all but
+        // the last token; prompts with images are not cached yet)
+        let mut u = u.unwrap();
+        let cached = |u: &Value| u["prompt_tokens_details"]["cached_tokens"].as_u64();
+        assert_eq!(cached(usage), Some(0), "the first request of its prompt");
+        assert_eq!(cached(&u), Some(if images.is_empty() { (p - 1) / 16 * 16 } else { 0 }), "{}", u);
+        hits += cached(&u).unwrap();
+        u["prompt_tokens_details"] = usage["prompt_tokens_details"].clone();
+        assert_eq!(u, *usage);
     }
+    assert!(hits > 0);
+    assert_eq!(metric(s.port, "qwen3vl_prefix_cache_hit_tokens_total"), hits as f64);
     s.assert_no_panic();
 }
 

@@ -260,8 +260,8 @@ fn chat(req: &Request, out: &mut TcpStream, peer: &TcpStream, shared: &Shared, k
                 Some(Event::Started) => {}
                 Some(Event::Text(t)) => text.push_str(&t),
                 Some(Event::Failed(m)) => return fail(out, &ApiError::new(500, "generation_failed", m)),
-                Some(Event::Done { finish_reason, prompt_tokens, completion_tokens }) => {
-                    let body = openai::completion(&id, shared.created_now(), model, &text, finish_reason, prompt_tokens, completion_tokens);
+                Some(Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens }) => {
+                    let body = openai::completion(&id, shared.created_now(), model, &text, finish_reason, prompt_tokens, cached_tokens, completion_tokens);
                     let ok = Response::json(200, &body).write_to(out, keep_alive).is_ok();
                     return (200, ok && keep_alive);
                 }
@@ -323,10 +323,10 @@ fn stream_reply(out: &mut TcpStream, peer: &TcpStream, rx: &Receiver<Event>, can
                 let _ = w.finish();
                 return (200, false);
             }
-            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+            Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
                 let mut r = w.send(&event(&openai::chunk(id, created, model, json!({}), Some(finish_reason))));
                 if include_usage {
-                    r = r.and_then(|_| w.send(&event(&openai::usage_chunk(id, created, model, prompt_tokens, completion_tokens))));
+                    r = r.and_then(|_| w.send(&event(&openai::usage_chunk(id, created, model, prompt_tokens, cached_tokens, completion_tokens))));
                 }
                 let ok = r.and_then(|_| w.send(b"data: [DONE]\n\n")).and_then(|_| w.finish()).is_ok();
                 return (200, ok && keep_alive);

@@ -51,6 +51,10 @@ pub struct Metrics {
     blocks_used: AtomicUsize,
     blocks_free: AtomicUsize,
     preemptions: AtomicU64,
+    /// Prefix cache: idle cached blocks, prompt tokens taken from it and prompt tokens admitted.
+    blocks_cached: AtomicUsize,
+    prefix_hit_tokens: AtomicU64,
+    prefix_prompt_tokens: AtomicU64,
     steps: AtomicU64,
     step_us: AtomicU64,
     ttft: Mutex<Histogram>,
@@ -79,13 +83,16 @@ impl Metrics {
     }
 
     /// Records the engine's state (after a step, or after sequences left it).
-    pub fn engine(&self, running: usize, waiting: usize, batch: usize, blocks_used: usize, blocks_free: usize, preemptions: u64) {
-        self.running.store(running, Ordering::Relaxed);
-        self.waiting.store(waiting, Ordering::Relaxed);
-        self.batch.store(batch, Ordering::Relaxed);
-        self.blocks_used.store(blocks_used, Ordering::Relaxed);
-        self.blocks_free.store(blocks_free, Ordering::Relaxed);
-        self.preemptions.store(preemptions, Ordering::Relaxed);
+    pub fn engine(&self, st: &crate::engine::EngineStats) {
+        self.running.store(st.running, Ordering::Relaxed);
+        self.waiting.store(st.waiting, Ordering::Relaxed);
+        self.batch.store(st.last_batch, Ordering::Relaxed);
+        self.blocks_used.store(st.blocks_used, Ordering::Relaxed);
+        self.blocks_free.store(st.blocks_free, Ordering::Relaxed);
+        self.preemptions.store(st.preemptions, Ordering::Relaxed);
+        self.blocks_cached.store(st.blocks_cached, Ordering::Relaxed);
+        self.prefix_hit_tokens.store(st.prefix_hit_tokens, Ordering::Relaxed);
+        self.prefix_prompt_tokens.store(st.prompt_tokens, Ordering::Relaxed);
     }
 
     /// Counts one engine step of `secs`.
@@ -133,6 +140,9 @@ impl Metrics {
         c("qwen3vl_batch_rows", "Rows (decode and prefill) of the engine's last step.", self.batch.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
         c("qwen3vl_kv_blocks_used", "KV-cache blocks held by sequences.", self.blocks_used.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
         c("qwen3vl_kv_blocks_free", "KV-cache blocks free.", self.blocks_free.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_kv_blocks_cached", "KV-cache blocks no sequence holds, kept for the prefix cache (counted free too).", self.blocks_cached.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_prefix_cache_hit_tokens_total", "Prompt tokens whose keys and values came from the prefix cache.", self.prefix_hit_tokens.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
+        c("qwen3vl_prefix_cache_prompt_tokens_total", "Prompt tokens the engine admitted (hits and misses).", self.prefix_prompt_tokens.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_preemptions_total", "Sequences preempted for KV blocks (re-read later).", self.preemptions.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_steps_total", "Engine steps run.", self.steps.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_step_seconds_total", "Time spent in engine steps.", format!("{:.6}", self.step_us.load(Ordering::Relaxed) as f64 / 1e6), "counter", &mut metric);

@@ -340,20 +340,20 @@ fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMes
     Ok(out)
 }
 
-/// The usage object.
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// The usage object; `cached` prompt tokens came from the prefix cache.
+pub fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// A whole (non-streamed) completion.
-pub fn completion(id: &str, created: u64, model: &str, content: &str, finish_reason: &str, prompt: usize, completion_tokens: usize) -> Value {
+pub fn completion(id: &str, created: u64, model: &str, content: &str, finish_reason: &str, prompt: usize, cached: usize, completion_tokens: usize) -> Value {
     json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason, "logprobs": null}],
-        "usage": usage(prompt, completion_tokens),
+        "usage": usage(prompt, cached, completion_tokens),
     })
 }
 
@@ -370,8 +370,8 @@ pub fn chunk(id: &str, created: u64, model: &str, delta: Value, finish_reason: O
 }
 
 /// The last chunk of a stream with `include_usage`: no choices, the usage.
-pub fn usage_chunk(id: &str, created: u64, model: &str, prompt: usize, completion_tokens: usize) -> Value {
-    json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage(prompt, completion_tokens)})
+pub fn usage_chunk(id: &str, created: u64, model: &str, prompt: usize, cached: usize, completion_tokens: usize) -> Value {
+    json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage(prompt, cached, completion_tokens)})
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ pub enum Event {
     Started,
     /// Generated text (never a broken character, never part of a stop string).
     Text(String),
-    Done { finish_reason: &'static str, prompt_tokens: usize, completion_tokens: usize },
+    /// `cached_tokens`: prompt tokens taken from the engine's prefix cache.
+    Done { finish_reason: &'static str, prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize },
     /// Generation failed (a 500 for the client).
     Failed(String),
 }
@@ -146,7 +147,7 @@ struct Active<'t> {
 /// The engine's counts into the metrics' gauges.
 fn publish(engine: &Engine<'_>, metrics: &Metrics) {
     let st = engine.stats();
-    metrics.engine(st.running, st.waiting, st.last_batch, st.blocks_used, st.blocks_free, st.preemptions);
+    metrics.engine(&st);
 }
 
 impl Worker<'_> {
@@ -187,7 +188,7 @@ impl Worker<'_> {
                 engine.cancel(id);
                 if let Some(a) = active.remove(&id) {
                     on_finished(a.job.received.elapsed().as_secs_f64());
-                    self.finish(a, "cancelled", metrics, 0.0, 0.0);
+                    self.finish(a, "cancelled", metrics, 0.0, 0.0, 0);
                 }
             }
             publish(&engine, metrics);
@@ -226,15 +227,15 @@ impl Worker<'_> {
                             engine.cancel(id);
                             if let Some(a) = active.remove(&id) {
                                 on_finished(a.job.received.elapsed().as_secs_f64());
-                                self.finish(a, reason, metrics, 0.0, 0.0);
+                                self.finish(a, reason, metrics, 0.0, 0.0, 0);
                             }
                         }
                     }
-                    EngineEvent::Finished { id, stop, prefill_secs, decode_secs, .. } => {
+                    EngineEvent::Finished { id, stop, prefill_secs, decode_secs, cached_tokens, .. } => {
                         if let Some(a) = active.remove(&id) {
                             let reason = if matches!(stop, Stop::StopToken(_)) { "stop" } else { "length" };
                             on_finished(a.job.received.elapsed().as_secs_f64());
-                            self.finish(a, reason, metrics, prefill_secs, decode_secs);
+                            self.finish(a, reason, metrics, prefill_secs, decode_secs, cached_tokens);
                         }
                     }
                 }
@@ -310,7 +311,7 @@ impl Worker<'_> {
     }
 
     /// Closes a job: held-back text flushed (unless a stop string cut it), `Done` sent.
-    fn finish(&self, mut a: Active<'_>, reason: &'static str, metrics: &Metrics, prefill_secs: f64, decode_secs: f64) {
+    fn finish(&self, mut a: Active<'_>, reason: &'static str, metrics: &Metrics, prefill_secs: f64, decode_secs: f64, cached_tokens: usize) {
         let (prompt, generated) = (a.job.prompt.len(), a.generated);
         let reason = match reason {
             "error" => {
@@ -332,8 +333,8 @@ impl Worker<'_> {
             }
         };
         metrics.finished(reason, prompt, generated, prefill_secs, decode_secs);
-        log::info!("{} prompt + {} generated tokens, prefill {:.2} s, decode {:.2} s, {}", prompt, generated, prefill_secs, decode_secs, reason);
-        let _ = a.job.events.send(Event::Done { finish_reason: reason, prompt_tokens: prompt, completion_tokens: generated });
+        log::info!("{} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.2} s, decode {:.2} s, {}", prompt, cached_tokens, generated, prefill_secs, decode_secs, reason);
+        let _ = a.job.events.send(Event::Done { finish_reason: reason, prompt_tokens: prompt, cached_tokens, completion_tokens: generated });
     }
 }
 

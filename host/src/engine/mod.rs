@@ -11,6 +11,13 @@
 //! are not free; when a running sequence needs a block and none is left, the newest running
 //! sequence is preempted: its blocks freed, it waits again at the front of the queue and reads
 //! its prompt and what it generated again when it comes back (so nothing fails mid-stream).
+//!
+//! Prefix caching: every block whose rows are all written is registered under the hash of its
+//! tokens and all before them ([`blocks`]); a sequence admitted later takes the registered
+//! blocks its prompt starts with and computes only the rest (a chat's history, a shared system
+//! prompt, a preempted sequence's own blocks). Blocks no sequence holds stay cached until they
+//! are needed for new rows, oldest released first. Prompts with images neither take nor
+//! register blocks yet (their image rows' features go in with the whole prompt).
 
 pub mod blocks;
 pub mod paged;
@@ -22,7 +29,7 @@ use crate::model::text::Deepstack;
 use crate::model::vision::VisionOutput;
 use crate::model::{Model, Pos3};
 use crate::{Backend, DType, Error, Result, Tensor};
-use blocks::BlockPool;
+use blocks::{chain, BlockPool};
 use gpu::params::CURSOR_FIELDS;
 use paged::{PagedKv, PagedStep, StepRows};
 use std::collections::VecDeque;
@@ -76,7 +83,8 @@ pub enum Event {
     /// A new token (a stop token included).
     Token { id: SeqId, token: u32 },
     /// The sequence ended (after its last `Token`); its blocks are free again.
-    Finished { id: SeqId, stop: Stop, prompt_tokens: usize, generated: usize, prefill_secs: f64, decode_secs: f64 },
+    /// `cached_tokens`: prompt tokens whose keys and values came from the prefix cache.
+    Finished { id: SeqId, stop: Stop, prompt_tokens: usize, cached_tokens: usize, generated: usize, prefill_secs: f64, decode_secs: f64 },
 }
 
 /// Counts for metrics.
@@ -89,6 +97,11 @@ pub struct EngineStats {
     /// Rows of the last step's forward (decode rows plus prefill rows).
     pub last_batch: usize,
     pub preemptions: u64,
+    /// Cached blocks no sequence holds (free for new rows, kept for later prompts).
+    pub blocks_cached: usize,
+    /// Prompt tokens taken from the prefix cache, and prompt tokens admitted, so far.
+    pub prefix_hit_tokens: u64,
+    pub prompt_tokens: u64,
 }
 
 struct Seq {
@@ -103,6 +116,12 @@ struct Seq {
     /// Tokens whose keys and values are in the cache.
     cached: usize,
     blocks: Vec<u32>,
+    /// Leading blocks registered in (or taken from) the prefix cache, and the chain hash of
+    /// their tokens.
+    hashed: usize,
+    hash: u64,
+    /// Prompt tokens taken from the prefix cache when first admitted.
+    reused: Option<usize>,
     images: Option<ImageInput>,
     /// The tower's output for the images (made on the first prefill, kept across preemption).
     vision: Option<VisionOutput>,
@@ -205,6 +224,9 @@ impl<'a> Engine<'a> {
             next_pos,
             cached: 0,
             blocks: Vec::new(),
+            hashed: 0,
+            hash: 0,
+            reused: None,
             images: req.images,
             vision: None,
             generated: 0,
@@ -249,7 +271,7 @@ impl<'a> Engine<'a> {
     }
 
     pub fn stats(&self) -> EngineStats {
-        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), ..self.stats }
+        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), blocks_cached: self.pool.cached_idle(), ..self.stats }
     }
 
     /// Frees sequence `i` of `running`'s blocks and queues it again at the front.
@@ -258,6 +280,8 @@ impl<'a> Engine<'a> {
         log::debug!("engine: preempting sequence {} ({} tokens cached) for KV blocks", s.id, s.cached);
         self.pool.give(&mut s.blocks);
         s.cached = 0;
+        s.hashed = 0;
+        s.hash = 0;
         self.stats.preemptions += 1;
         self.waiting.push_front(s);
     }
@@ -272,6 +296,52 @@ impl<'a> Engine<'a> {
             }
         }
         true
+    }
+
+    /// Takes the registered blocks `running[i]`'s tokens start with (whole blocks, leaving at
+    /// least its last token to compute, so its logits come out of this step).
+    fn reuse_prefix(&mut self, i: usize) {
+        let bsz = self.kv.block();
+        let (pool, s) = (&mut self.pool, &mut self.running[i]);
+        if s.has_images() || !s.blocks.is_empty() {
+            s.reused.get_or_insert(0);
+            return;
+        }
+        let mut parent = 0;
+        for k in 0..(s.tokens.len() - 1) / bsz {
+            let toks = &s.tokens[k * bsz..(k + 1) * bsz];
+            let h = chain(parent, toks);
+            match pool.lookup(h, parent, toks) {
+                Some(b) => s.blocks.push(b),
+                None => break,
+            }
+            parent = h;
+        }
+        s.cached = s.blocks.len() * bsz;
+        s.hashed = s.blocks.len();
+        s.hash = parent;
+        if s.reused.is_none() {
+            s.reused = Some(s.cached.min(s.prompt_len));
+            self.stats.prefix_hit_tokens += s.cached.min(s.prompt_len) as u64;
+            self.stats.prompt_tokens += s.prompt_len as u64;
+        }
+    }
+
+    /// Registers `running[i]`'s blocks whose rows are now all written.
+    fn register_written(&mut self, i: usize) {
+        let bsz = self.kv.block();
+        let (pool, s) = (&mut self.pool, &mut self.running[i]);
+        if s.has_images() {
+            return;
+        }
+        while (s.hashed + 1) * bsz <= s.cached {
+            let k = s.hashed;
+            let toks = &s.tokens[k * bsz..(k + 1) * bsz];
+            let h = chain(s.hash, toks);
+            pool.register(s.blocks[k], h, s.hash, toks);
+            s.hash = h;
+            s.hashed += 1;
+        }
     }
 
     /// Picks this step's rows: decode rows first (preempting the newest sequences when blocks
@@ -316,6 +386,7 @@ impl<'a> Engine<'a> {
                 }
                 let s = self.waiting.pop_front().expect("checked above");
                 self.running.push(s);
+                self.reuse_prefix(i);
                 let upto = self.running[i].tokens.len();
                 let grown = self.grow(i, upto);
                 debug_assert!(grown, "the free blocks were counted");
@@ -419,6 +490,7 @@ impl<'a> Engine<'a> {
         }
         for p in &parts {
             self.running[p.seq].cached = p.from + p.n;
+            self.register_written(p.seq);
         }
         // 5. new tokens, finished sequences
         let mut events = Vec::new();
@@ -443,6 +515,7 @@ impl<'a> Engine<'a> {
                         id: s.id,
                         stop,
                         prompt_tokens: s.prompt_len,
+                        cached_tokens: s.reused.unwrap_or(0),
                         generated: s.generated,
                         prefill_secs: first.duration_since(s.added).as_secs_f64(),
                         decode_secs: now.duration_since(first).as_secs_f64(),

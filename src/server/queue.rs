@@ -333,7 +333,7 @@ impl Worker<'_> {
             }
         };
         metrics.finished(reason, prompt, generated, prefill_secs, decode_secs);
-        log::info!("{} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.2} s, decode {:.2} s, {}", prompt, cached_tokens, generated, prefill_secs, decode_secs, reason);
+        log::info!("{} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.3} s, decode {:.3} s, {}", prompt, cached_tokens, generated, prefill_secs, decode_secs, reason);
         let _ = a.job.events.send(Event::Done { finish_reason: reason, prompt_tokens: prompt, cached_tokens, completion_tokens: generated });
     }
 }

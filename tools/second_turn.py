@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Time to the first token of a chat's second turn against the first (cold) one, through
+`qwen3-vl serve`: turn 1 sends a long history (about --history tokens of user text), turn 2
+sends it again with the assistant's reply and a new question, as OpenAI clients do. Prints
+both times, their ratio and the usage's cached_tokens: as the client sees them (to the first
+content chunk, which may wait for more than one token to make whole UTF-8 text) and as the
+server's time-to-first-token histogram records them (request received to first token).
+
+    python3 tools/second_turn.py --url http://127.0.0.1:8090 --history 2000
+"""
+import argparse
+import json
+import random
+import time
+import urllib.request
+
+
+def ask(url, messages, max_tokens):
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, text, usage = None, "", None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            c = json.loads(line[6:])
+            if c.get("usage"):
+                usage = c["usage"]
+                continue
+            piece = c["choices"][0]["delta"].get("content")
+            if piece:
+                if first is None:
+                    first = time.perf_counter() - t0
+                text += piece
+    return first, text, usage
+
+
+def server_ttft(url):
+    """(sum, count) of the server's time-to-first-token histogram."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    v = {}
+    for line in text.splitlines():
+        for k in ("qwen3vl_time_to_first_token_seconds_sum", "qwen3vl_time_to_first_token_seconds_count"):
+            if line.startswith(k + " "):
+                v[k] = float(line.split()[1])
+    return v["qwen3vl_time_to_first_token_seconds_sum"], v["qwen3vl_time_to_first_token_seconds_count"]
+
+
+def timed(url, messages, max_tokens):
+    s0, c0 = server_ttft(url)
+    first, text, usage = ask(url, messages, max_tokens)
+    s1, c1 = server_ttft(url)
+    return first, (s1 - s0) / max(c1 - c0, 1), text, usage
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default="http://127.0.0.1:8090")
+    ap.add_argument("--history", type=int, default=2000, help="words of history (about as many tokens)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    words = ["river", "stone", "garden", "window", "music", "paper", "light", "forest", "number", "winter"]
+    for run in range(a.runs):
+        rng = random.Random(run)
+        history = " ".join(rng.choice(words) for _ in range(a.history))
+        msgs = [{"role": "user", "content": "Remember this text: " + history}]
+        t1, s1, reply, u1 = timed(a.url, msgs, a.max_tokens)
+        msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Which word came first?"}]
+        t2, s2, _, u2 = timed(a.url, msgs, a.max_tokens)
+        print(json.dumps({"run": run, "client_cold_ttft_s": round(t1, 4), "client_second_turn_ttft_s": round(t2, 4), "client_ratio": round(t2 / t1, 3),
+                          "server_cold_ttft_s": round(s1, 4), "server_second_turn_ttft_s": round(s2, 4), "server_ratio": round(s2 / s1, 3),
+                          "turn1_prompt_tokens": u1["prompt_tokens"], "turn2_prompt_tokens": u2["prompt_tokens"],
+                          "turn2_cached_tokens": u2.get("prompt_tokens_details", {}).get("cached_tokens")}))
+
+
+if __name__ == "__main__":
+    main()

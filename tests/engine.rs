@@ -274,3 +274,50 @@ fn the_prefix_cache_reuses_whole_blocks_and_keeps_the_answers() {
         assert!(cached < 36, "the blocks of the first prompt were evicted for the second ({} reused)", cached);
     }
 }
+
+#[test]
+fn image_prompts_reuse_cached_blocks_keyed_by_the_image() {
+    for b in common::backends("engine prefix cache, images") {
+        let model = Model::load(&common::repo_root().join("tests/fixtures/vision/tiny"), &*b, &mut |_, _| {}).unwrap();
+        let kv = b.default_kv_dtype();
+        let image_id = model.config.image_token_id;
+        let mut cfg = EngineConfig::new(4, 2048, kv);
+        cfg.block = 4;
+        let mut e = Engine::new(&model, &*b, cfg).unwrap();
+        let (ids, px, grids, greedy_ids) = vision_case("one_image_exact");
+        let first = ids.iter().position(|&t| t == image_id).unwrap();
+        let end = ids.iter().rposition(|&t| t == image_id).unwrap() + 1;
+        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.clone() }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+        let alone = |ids: &[u32], px: &[f32], n: usize| -> Vec<u32> {
+            let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + n, kv).unwrap();
+            s.generate_with_images(ids, Some(&Images { patches: px, row_len: 1536, grids: &grids }), n, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap().tokens
+        };
+        let n = greedy_ids.len();
+        // 1. cold, then the same prompt and image: every whole block but the last token's from
+        //    the cache, past the image tokens, so the tower does not run again
+        let (got, cached) = run_one(&mut e, req(&ids, &px, n));
+        assert_eq!((got.as_slice(), cached), (greedy_ids.as_slice(), 0), "cold on {}", b.describe());
+        let (got, cached) = run_one(&mut e, req(&ids, &px, n));
+        assert_eq!(got, greedy_ids, "the repeat on {}", b.describe());
+        assert_eq!(cached, (ids.len() - 1) / 4 * 4);
+        assert!(cached >= end, "the cached prefix ({}) covers the image tokens ({}..{})", cached, first, end);
+        assert_eq!(e.stats().vision_runs, 1, "the repeat skipped the tower");
+        // 2. the same tokens with another image: only the blocks before the first image token
+        let mut other = px.clone();
+        other.iter_mut().step_by(7).for_each(|v| *v = -*v);
+        let (got, cached) = run_one(&mut e, req(&ids, &other, n));
+        assert_eq!(cached, first / 4 * 4, "blocks before the image token at {}", first);
+        // (the first tokens only: this image's margins are not known to be clear on every GPU)
+        assert_eq!(got[..3], alone(&ids, &other, n)[..3], "another image on {}", b.describe());
+        assert_eq!(e.stats().vision_runs, 2);
+        // 3. a second turn after the first image's reply: the history from the cache
+        let mut turn2 = ids.clone();
+        turn2.extend(&greedy_ids);
+        turn2.extend([100, 107, 114, 121, 128]);
+        let (got, cached) = run_one(&mut e, req(&turn2, &px, 6));
+        assert!(cached >= (ids.len() + n - 1) / 4 * 4 - 4, "{} of {} tokens cached", cached, turn2.len());
+        assert_eq!(got[..3], alone(&turn2, &px, 6)[..3], "second turn on {}", b.describe());
+        assert_eq!(e.stats().vision_runs, 2, "the second turn skipped the tower");
+        assert_eq!(e.stats().blocks_used, 0);
+    }
+}

@@ -6,9 +6,12 @@ both times, their ratio and the usage's cached_tokens: as the client sees them (
 content chunk, which may wait for more than one token to make whole UTF-8 text) and as the
 server's time-to-first-token histogram records them (request received to first token).
 
-    python3 tools/second_turn.py --url http://127.0.0.1:8090 --history 2000
+    python3 tools/second_turn.py --url http://127.0.0.1:8090 --history 2000 [--image photo.png]
+
+With --image the first user message carries the image too (as a data: URL), in both turns.
 """
 import argparse
+import base64
 import json
 import random
 import time
@@ -62,12 +65,18 @@ def main():
     ap.add_argument("--history", type=int, default=2000, help="words of history (about as many tokens)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--image", help="a PNG the first user message carries")
     a = ap.parse_args()
+    image = None
+    if a.image:
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(open(a.image, "rb").read()).decode()}}
     words = ["river", "stone", "garden", "window", "music", "paper", "light", "forest", "number", "winter"]
     for run in range(a.runs):
         rng = random.Random(run)
         history = " ".join(rng.choice(words) for _ in range(a.history))
-        msgs = [{"role": "user", "content": "Remember this text: " + history}]
+        text = {"type": "text", "text": "Remember this text: " + history}
+        # the image after the history, so a later run's turn 1 (another history) is cold again
+        msgs = [{"role": "user", "content": [text, image] if image else [text]}]
         t1, s1, reply, u1 = timed(a.url, msgs, a.max_tokens)
         msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Which word came first?"}]
         t2, s2, _, u2 = timed(a.url, msgs, a.max_tokens)

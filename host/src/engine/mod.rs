@@ -16,8 +16,10 @@
 //! tokens and all before them ([`blocks`]); a sequence admitted later takes the registered
 //! blocks its prompt starts with and computes only the rest (a chat's history, a shared system
 //! prompt, a preempted sequence's own blocks). Blocks no sequence holds stay cached until they
-//! are needed for new rows, oldest released first. Prompts with images neither take nor
-//! register blocks yet (their image rows' features go in with the whole prompt).
+//! are needed for new rows, oldest released first. Blocks from a prompt's first image token on
+//! are keyed by its images' content too (patches and grids, hashed with this process's random
+//! key): a prompt whose cached prefix covers all its image tokens skips the vision tower, one
+//! whose prefix ends inside them keeps only the blocks before its first image token.
 
 pub mod blocks;
 pub mod paged;
@@ -32,7 +34,9 @@ use crate::{Backend, DType, Error, Result, Tensor};
 use blocks::{chain, BlockPool};
 use gpu::params::CURSOR_FIELDS;
 use paged::{PagedKv, PagedStep, StepRows};
+use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::Instant;
 
 /// How the engine batches and how large its cache is.
@@ -102,6 +106,8 @@ pub struct EngineStats {
     /// Prompt tokens taken from the prefix cache, and prompt tokens admitted, so far.
     pub prefix_hit_tokens: u64,
     pub prompt_tokens: u64,
+    /// Vision tower passes (prompts whose images were not all in the prefix cache).
+    pub vision_runs: u64,
 }
 
 struct Seq {
@@ -122,6 +128,11 @@ struct Seq {
     hash: u64,
     /// Prompt tokens taken from the prefix cache when first admitted.
     reused: Option<usize>,
+    /// The prompt's image tokens `first_image .. images_end` (empty without images), and the
+    /// hash of its images' content, which keys every block from the first image token on.
+    first_image: usize,
+    images_end: usize,
+    image_key: u64,
     images: Option<ImageInput>,
     /// The tower's output for the images (made on the first prefill, kept across preemption).
     vision: Option<VisionOutput>,
@@ -143,9 +154,20 @@ impl Seq {
         self.images.as_ref().map_or(false, |im| !im.grids.is_empty())
     }
 
-    /// Whether its prompt's images are still to be read (the whole prompt then goes in one chunk).
+    /// Whether its prompt's images are still to be read (the rest of the prompt then goes in
+    /// one chunk).
     fn images_unread(&self) -> bool {
-        self.has_images() && self.cached == 0
+        self.has_images() && self.cached <= self.first_image
+    }
+
+    /// What keys block `k` besides its tokens: its images' content from the block holding the
+    /// first image token on.
+    fn salt(&self, k: usize, block: usize) -> u64 {
+        if self.has_images() && (k + 1) * block > self.first_image {
+            self.image_key
+        } else {
+            0
+        }
     }
 
     /// Whether its next row is a decode row: one known token, against its blocks.
@@ -174,6 +196,8 @@ pub struct Engine<'a> {
     running: Vec<Seq>,
     next_id: SeqId,
     stats: EngineStats,
+    /// Keys the hash of image contents (random per process, so no client can aim a collision).
+    image_hasher: RandomState,
 }
 
 impl<'a> Engine<'a> {
@@ -185,7 +209,7 @@ impl<'a> Engine<'a> {
         }
         let blocks = (cfg.kv_tokens.max(1) + cfg.block.max(1) - 1) / cfg.block.max(1);
         let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
-        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg })
+        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), image_hasher: RandomState::new(), cfg })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -214,6 +238,18 @@ impl<'a> Engine<'a> {
         }
         let grids: &[[usize; 3]] = req.images.as_ref().map_or(&[], |im| &im.grids);
         let (pos, next_pos) = multimodal_positions(&req.prompt, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, 0)?;
+        let first_image = req.prompt.iter().position(|&t| t == cfg.image_token_id).filter(|_| !grids.is_empty()).unwrap_or(req.prompt.len());
+        let images_end = req.prompt.iter().rposition(|&t| t == cfg.image_token_id).filter(|_| !grids.is_empty()).map_or(first_image, |i| i + 1);
+        let image_key = match &req.images {
+            Some(im) if !im.grids.is_empty() => {
+                let mut h = self.image_hasher.build_hasher();
+                (im.row_len, &im.grids).hash(&mut h);
+                // SAFETY: f32 has no padding; the bytes of the slice, read only
+                h.write(unsafe { std::slice::from_raw_parts(im.patches.as_ptr() as *const u8, im.patches.len() * 4) });
+                h.finish()
+            }
+            _ => 0,
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Seq {
@@ -227,6 +263,9 @@ impl<'a> Engine<'a> {
             hashed: 0,
             hash: 0,
             reused: None,
+            first_image,
+            images_end,
+            image_key,
             images: req.images,
             vision: None,
             generated: 0,
@@ -299,23 +338,34 @@ impl<'a> Engine<'a> {
     }
 
     /// Takes the registered blocks `running[i]`'s tokens start with (whole blocks, leaving at
-    /// least its last token to compute, so its logits come out of this step).
+    /// least its last token to compute, so its logits come out of this step; with images, all
+    /// of their tokens or none).
     fn reuse_prefix(&mut self, i: usize) {
         let bsz = self.kv.block();
         let (pool, s) = (&mut self.pool, &mut self.running[i]);
-        if s.has_images() || !s.blocks.is_empty() {
+        if !s.blocks.is_empty() {
             s.reused.get_or_insert(0);
             return;
         }
-        let mut parent = 0;
+        let (mut parent, mut hashes) = (0, Vec::new());
         for k in 0..(s.tokens.len() - 1) / bsz {
             let toks = &s.tokens[k * bsz..(k + 1) * bsz];
-            let h = chain(parent, toks);
-            match pool.lookup(h, parent, toks) {
+            let keyed = parent ^ s.salt(k, bsz);
+            let h = chain(keyed, toks);
+            match pool.lookup(h, keyed, toks) {
                 Some(b) => s.blocks.push(b),
                 None => break,
             }
+            hashes.push(h);
             parent = h;
+        }
+        // a prefix ending inside the image tokens: back to the blocks before the first one
+        let n = s.blocks.len();
+        if n * bsz > s.first_image && n * bsz < s.images_end {
+            let mut extra = s.blocks.split_off(s.first_image / bsz);
+            pool.give(&mut extra);
+            hashes.truncate(s.blocks.len());
+            parent = hashes.last().copied().unwrap_or(0);
         }
         s.cached = s.blocks.len() * bsz;
         s.hashed = s.blocks.len();
@@ -331,14 +381,12 @@ impl<'a> Engine<'a> {
     fn register_written(&mut self, i: usize) {
         let bsz = self.kv.block();
         let (pool, s) = (&mut self.pool, &mut self.running[i]);
-        if s.has_images() {
-            return;
-        }
         while (s.hashed + 1) * bsz <= s.cached {
             let k = s.hashed;
             let toks = &s.tokens[k * bsz..(k + 1) * bsz];
-            let h = chain(s.hash, toks);
-            pool.register(s.blocks[k], h, s.hash, toks);
+            let keyed = s.hash ^ s.salt(k, bsz);
+            let h = chain(keyed, toks);
+            pool.register(s.blocks[k], h, keyed, toks);
             s.hash = h;
             s.hashed += 1;
         }
@@ -424,11 +472,15 @@ impl<'a> Engine<'a> {
         // 1. the images of prompts read for the first time go through the tower
         for p in &parts {
             let s = &mut self.running[p.seq];
+            if !s.images_unread() {
+                continue; // no images, or all of their rows came from the prefix cache
+            }
             if let (Some(im), None) = (&s.images, &s.vision) {
                 if !im.grids.is_empty() {
                     let vb = m.vision.backend(b);
                     let n = im.patches.len() / im.row_len.max(1);
                     s.vision = Some(m.vision.forward(b, &vb.upload_f32(&[n, im.row_len], &im.patches)?, &im.grids)?);
+                    self.stats.vision_runs += 1;
                 }
             }
         }
@@ -441,15 +493,17 @@ impl<'a> Engine<'a> {
         for p in &parts {
             let s = &self.running[p.seq];
             let r0 = ids.len();
+            // this chunk reads the prompt's images (all of their tokens: see `schedule`)
+            let reads_images = s.vision.is_some() && !p.decode && p.from <= s.first_image;
             for j in p.from..p.from + p.n {
                 ids.push(s.tokens[j]);
                 let q = s.pos[j];
                 cur.extend_from_slice(&[q[0], q[1], q[2], self.kv.slot(&s.blocks, j)]);
-                if s.vision.is_some() && s.tokens[j] == cfg.image_token_id && j < s.prompt_len {
+                if reads_images && s.tokens[j] == cfg.image_token_id && j < s.prompt_len {
                     image_rows.push(r0 + j - p.from);
                 }
             }
-            if s.vision.is_some() && p.from == 0 {
+            if reads_images {
                 vision_of = Some(p.seq);
             }
             if p.decode {

@@ -196,7 +196,7 @@ fn image_requests_among_text_ones_give_transformers_tokens() {
             let mut sampler = Sampler::new(SamplingParams::greedy());
             let alone_img = s.generate_with_images(&ids, Some(&Images { patches: &px, row_len: 1536, grids: &grids }), greedy_ids.len(), &mut sampler, &[], &mut |_| true).unwrap();
             assert_eq!(alone_img.tokens, greedy_ids, "{} alone on {}", name, b.describe());
-            let r = Request { prompt: ids, images: Some(ImageInput { patches: px, row_len: 1536, grids }), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+            let r = Request { prompt: ids, images: Some(ImageInput { patches: px, row_len: 1536, grids, key: None }), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
             let n = greedy_ids.len();
             want.push((e.add(r).unwrap(), (greedy_ids, n), name.to_string()));
         }
@@ -287,7 +287,7 @@ fn image_prompts_reuse_cached_blocks_keyed_by_the_image() {
         let (ids, px, grids, greedy_ids) = vision_case("one_image_exact");
         let first = ids.iter().position(|&t| t == image_id).unwrap();
         let end = ids.iter().rposition(|&t| t == image_id).unwrap() + 1;
-        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.clone() }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.clone(), key: None }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
         let alone = |ids: &[u32], px: &[f32], n: usize| -> Vec<u32> {
             let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + n, kv).unwrap();
             s.generate_with_images(ids, Some(&Images { patches: px, row_len: 1536, grids: &grids }), n, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap().tokens

@@ -30,6 +30,9 @@ pub struct PreparedImage {
     pub grid: [usize; 3],
     /// `<|image_pad|>` tokens it takes in the prompt.
     pub tokens: usize,
+    /// Its content's hash for the engine's prefix cache (`engine::image_key`), made here on the
+    /// connection's thread rather than on the engine's.
+    pub key: u64,
 }
 
 /// The preprocessing settings of a model directory (Qwen3-VL's defaults without a
@@ -207,7 +210,8 @@ pub fn prepare(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<Prepar
     })?;
     let p = preprocess(&img, &policy.preprocess).map_err(|e| ApiError::invalid(param, "invalid_image", format!("{}: {}", param, e)))?;
     let tokens = p.num_tokens(policy.preprocess.merge_size);
-    Ok(PreparedImage { row_len: p.row_len, grid: p.grid_thw, tokens, patches: p.patches })
+    let key = crate::engine::image_key(&p.patches, p.row_len, &[p.grid_thw]);
+    Ok(PreparedImage { row_len: p.row_len, grid: p.grid_thw, tokens, key, patches: p.patches })
 }
 
 #[cfg(test)]

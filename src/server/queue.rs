@@ -9,7 +9,7 @@ use crate::generate::sampling::OutputPenalties;
 use crate::generate::{Sampler, SamplingParams, Stop};
 use crate::model::Model;
 use crate::{Backend, StreamDecoder, Tokenizer};
-use host::engine::{Engine, EngineConfig, Event as EngineEvent, ImageInput, Request, SeqId};
+use host::engine::{combine_image_keys, Engine, EngineConfig, Event as EngineEvent, ImageInput, Request, SeqId};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -258,6 +258,7 @@ impl Worker<'_> {
                 patches: job.images.iter().flat_map(|i| i.patches.iter().copied()).collect(),
                 row_len: job.images[0].row_len,
                 grids: job.images.iter().map(|i| i.grid).collect(),
+                key: Some(combine_image_keys(&job.images.iter().map(|i| i.key).collect::<Vec<_>>())),
             })
         };
         let req = Request {

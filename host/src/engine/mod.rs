@@ -68,6 +68,36 @@ pub struct ImageInput {
     pub patches: Vec<f32>,
     pub row_len: usize,
     pub grids: Vec<[usize; 3]>,
+    /// What keys the prefix cache's blocks from the first image token on: a hash of the
+    /// images' content ([`image_key`]). `None`: [`Engine::add`] hashes the patches (tens of
+    /// milliseconds for a large image on the engine's thread; the server hashes each image
+    /// where it decodes it and passes the result).
+    pub key: Option<u64>,
+}
+
+static IMAGE_KEY_INIT: std::sync::Once = std::sync::Once::new();
+/// The process's random hashing key for image contents (so no client can aim a collision at
+/// another's cached blocks); written once inside `IMAGE_KEY_INIT`.
+static mut IMAGE_KEY_STATE: Option<RandomState> = None;
+
+/// The hash of preprocessed images (their patches, row length and grids) under this process's
+/// random key: equal images give equal keys within a process.
+pub fn image_key(patches: &[f32], row_len: usize, grids: &[[usize; 3]]) -> u64 {
+    // SAFETY: the only write happens inside call_once, which completes before any read
+    IMAGE_KEY_INIT.call_once(|| unsafe { IMAGE_KEY_STATE = Some(RandomState::new()) });
+    let state = unsafe { IMAGE_KEY_STATE.as_ref() }.expect("set above");
+    let mut h = state.build_hasher();
+    (row_len, grids).hash(&mut h);
+    // SAFETY: f32 has no padding bytes; the slice's bytes, read only
+    h.write(unsafe { std::slice::from_raw_parts(patches.as_ptr() as *const u8, patches.len() * 4) });
+    h.finish()
+}
+
+/// One key for several images' keys, in order.
+pub fn combine_image_keys(keys: &[u64]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    keys.hash(&mut h);
+    h.finish()
 }
 
 /// One generation to run.
@@ -196,8 +226,6 @@ pub struct Engine<'a> {
     running: Vec<Seq>,
     next_id: SeqId,
     stats: EngineStats,
-    /// Keys the hash of image contents (random per process, so no client can aim a collision).
-    image_hasher: RandomState,
 }
 
 impl<'a> Engine<'a> {
@@ -209,7 +237,7 @@ impl<'a> Engine<'a> {
         }
         let blocks = (cfg.kv_tokens.max(1) + cfg.block.max(1) - 1) / cfg.block.max(1);
         let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
-        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), image_hasher: RandomState::new(), cfg })
+        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -241,13 +269,7 @@ impl<'a> Engine<'a> {
         let first_image = req.prompt.iter().position(|&t| t == cfg.image_token_id).filter(|_| !grids.is_empty()).unwrap_or(req.prompt.len());
         let images_end = req.prompt.iter().rposition(|&t| t == cfg.image_token_id).filter(|_| !grids.is_empty()).map_or(first_image, |i| i + 1);
         let image_key = match &req.images {
-            Some(im) if !im.grids.is_empty() => {
-                let mut h = self.image_hasher.build_hasher();
-                (im.row_len, &im.grids).hash(&mut h);
-                // SAFETY: f32 has no padding; the bytes of the slice, read only
-                h.write(unsafe { std::slice::from_raw_parts(im.patches.as_ptr() as *const u8, im.patches.len() * 4) });
-                h.finish()
-            }
+            Some(im) if !im.grids.is_empty() => im.key.unwrap_or_else(|| image_key(&im.patches, im.row_len, &im.grids)),
             _ => 0,
         };
         let id = self.next_id;

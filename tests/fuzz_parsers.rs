@@ -301,7 +301,7 @@ fn fuzz_chat_completion_bodies() {
         move |rng| if rng.chance(4) { mutate_bytes(&serde_json::to_vec(&seed).unwrap(), rng) } else { mutate_json(&seed, rng) },
         move |bytes| {
             if let Ok(req) = parse_chat_request(bytes, &ParseLimits::default()) {
-                if let Ok(p) = prompt::build(&req, &tok, image_token, &policy, &limits, None) {
+                if let Ok(p) = prompt::build(&req, &tok, image_token, &policy, &limits, None, None) {
                     assert!(p.max_tokens >= 1 && p.max_tokens <= 64 && p.ids.len() <= 4096);
                 }
             }

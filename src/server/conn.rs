@@ -212,7 +212,7 @@ fn chat(req: &Request, out: &mut TcpStream, peer: &TcpStream, shared: &Shared, k
         Ok(p) => p,
         Err(e) => return fail(out, &e),
     };
-    let p = match prompt::build(&parsed, &shared.tokenizer, shared.image_token, &shared.cfg.images, &shared.cfg.tokens, Some(&shared.image_slots)) {
+    let p = match prompt::build(&parsed, &shared.tokenizer, shared.image_token, &shared.cfg.images, &shared.cfg.tokens, Some(&shared.image_slots), Some(&shared.image_cache)) {
         Ok(p) => p,
         Err(e) => return fail(out, &e),
     };

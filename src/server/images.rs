@@ -201,6 +201,75 @@ impl Drop for Slot<'_> {
     }
 }
 
+/// Prepared images by the hash of their request bytes (under this process's random key), so a
+/// chat that sends the same image every turn decodes and hashes it once: least recently used
+/// out first past `capacity` bytes of patches.
+pub struct Cache {
+    state: std::sync::Mutex<CacheState>,
+    capacity: usize,
+    keys: std::collections::hash_map::RandomState,
+}
+
+#[derive(Default)]
+struct CacheState {
+    map: std::collections::HashMap<u64, (std::sync::Arc<PreparedImage>, u64)>,
+    bytes: usize,
+    tick: u64,
+    hits: u64,
+}
+
+impl Cache {
+    /// A cache of up to `capacity` bytes of patches (0: none kept).
+    pub fn new(capacity: usize) -> Cache {
+        Cache { state: Default::default(), capacity, keys: Default::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests answered from the cache so far.
+    pub fn hits(&self) -> u64 {
+        self.lock().hits
+    }
+
+    /// The prepared image of `bytes`: from the cache, or made with `make` and kept.
+    pub fn get_or_prepare(&self, bytes: &[u8], make: impl FnOnce() -> Result<PreparedImage, ApiError>) -> Result<std::sync::Arc<PreparedImage>, ApiError> {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = self.keys.build_hasher();
+        h.write(bytes);
+        let key = h.finish();
+        {
+            let mut st = self.lock();
+            st.tick += 1;
+            let tick = st.tick;
+            if let Some(e) = st.map.get_mut(&key) {
+                e.1 = tick;
+                let img = std::sync::Arc::clone(&e.0);
+                st.hits += 1;
+                return Ok(img);
+            }
+        }
+        let img = std::sync::Arc::new(make()?);
+        let size = img.patches.len() * 4;
+        if size <= self.capacity {
+            let mut st = self.lock();
+            while st.bytes + size > self.capacity {
+                let oldest = st.map.iter().min_by_key(|(_, e)| e.1).map(|(k, _)| *k);
+                match oldest.and_then(|k| st.map.remove(&k)) {
+                    Some((old, _)) => st.bytes -= old.patches.len() * 4,
+                    None => break,
+                }
+            }
+            let tick = st.tick;
+            if st.map.insert(key, (std::sync::Arc::clone(&img), tick)).is_none() {
+                st.bytes += size;
+            }
+        }
+        Ok(img)
+    }
+}
+
 /// Decodes and preprocesses one image's bytes.
 pub fn prepare(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<PreparedImage, ApiError> {
     let img = decode_image_limited(bytes, param, policy.max_source_pixels).map_err(|e| {
@@ -217,6 +286,29 @@ pub fn prepare(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<Prepar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn image(n: usize, v: f32) -> PreparedImage {
+        PreparedImage { patches: vec![v; n], row_len: 1, grid: [1, 1, n], tokens: n / 4, key: v as u64 }
+    }
+
+    #[test]
+    fn the_cache_answers_repeats_and_drops_the_least_recent_past_its_bytes() {
+        let c = Cache::new(100 * 4);
+        let a = c.get_or_prepare(b"a", || Ok(image(60, 1.0))).unwrap();
+        let again = c.get_or_prepare(b"a", || panic!("a is cached")).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&a, &again));
+        assert_eq!(c.hits(), 1);
+        // b does not fit beside a: a goes
+        c.get_or_prepare(b"b", || Ok(image(50, 2.0))).unwrap();
+        let a2 = c.get_or_prepare(b"a", || Ok(image(60, 3.0))).unwrap();
+        assert_eq!(a2.patches[0], 3.0, "made again");
+        // larger than the whole cache: made, not kept; errors are not kept either
+        c.get_or_prepare(b"c", || Ok(image(200, 4.0))).unwrap();
+        assert_eq!(c.get_or_prepare(b"c", || Ok(image(200, 5.0))).unwrap().patches[0], 5.0);
+        assert!(c.get_or_prepare(b"d", || Err(ApiError::invalid("p", "invalid_image", "bad"))).is_err());
+        assert!(c.get_or_prepare(b"d", || Ok(image(1, 6.0))).is_ok());
+        assert_eq!(c.hits(), 1);
+    }
 
     #[test]
     fn base64_round_trips_and_names_bad_bytes() {

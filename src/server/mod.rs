@@ -32,6 +32,9 @@ use std::time::{Duration, Instant};
 
 /// How many requests decode and preprocess images at once.
 const IMAGE_SLOTS: usize = 2;
+/// Bytes of prepared image patches kept for requests that send the same image again (a
+/// 1024² image's patches take 25 MB).
+const IMAGE_CACHE_BYTES: usize = 256 << 20;
 
 /// Everything about the server that is not the model.
 #[derive(Clone, Debug)]
@@ -98,6 +101,8 @@ pub(crate) struct Shared {
     pub queue: queue::JobQueue,
     /// Requests decoding images at the same time.
     pub image_slots: images::Slots,
+    /// Images prepared before, by their request bytes (a chat sends its images every turn).
+    pub image_cache: images::Cache,
     pub metrics: metrics::Metrics,
     pub shutting_down: AtomicBool,
     /// Seconds per finished request, smoothed (f64 bits): for Retry-After.
@@ -139,6 +144,7 @@ pub fn serve(
     let shared = Arc::new(Shared {
         queue: queue::JobQueue::new(cfg.queue_capacity),
         image_slots: images::Slots::new(IMAGE_SLOTS),
+        image_cache: images::Cache::new(IMAGE_CACHE_BYTES),
         cfg,
         tokenizer: Arc::clone(&tokenizer),
         image_token: model.config.image_token_id,

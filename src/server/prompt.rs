@@ -21,13 +21,14 @@ pub struct TokenLimits {
 /// What the model thread needs of one request.
 pub struct Prompt {
     pub ids: Vec<u32>,
-    pub images: Vec<PreparedImage>,
+    pub images: Vec<std::sync::Arc<PreparedImage>>,
     pub max_tokens: usize,
 }
 
 /// Fetches and preprocesses the images, renders and tokenizes the conversation, and fixes the
-/// output budget. With `slots`, images are decoded only while holding one.
-pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>) -> Result<Prompt, ApiError> {
+/// output budget. With `slots`, images are decoded only while holding one; with `cache`, an
+/// image sent before is taken from it, not decoded again.
+pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>, cache: Option<&images::Cache>) -> Result<Prompt, ApiError> {
     // 1. images, in order of appearance: their token counts from their headers first (a
     // request that cannot fit is refused before decoding anything), then the pixels
     let mut encoded = Vec::new();
@@ -52,7 +53,10 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
     if !encoded.is_empty() {
         let _slot = slots.map(|s| s.take());
         for (bytes, param) in &encoded {
-            prepared.push(images::prepare(bytes, param, policy)?);
+            prepared.push(match cache {
+                Some(c) => c.get_or_prepare(bytes, || images::prepare(bytes, param, policy))?,
+                None => std::sync::Arc::new(images::prepare(bytes, param, policy)?),
+            });
         }
     }
     drop(encoded);

@@ -33,7 +33,7 @@ pub enum Event {
 /// One chat completion to run.
 pub struct Job {
     pub prompt: Vec<u32>,
-    pub images: Vec<PreparedImage>,
+    pub images: Vec<std::sync::Arc<PreparedImage>>,
     pub max_tokens: usize,
     pub params: SamplingParams,
     pub penalties: OutputPenalties,

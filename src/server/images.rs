@@ -338,5 +338,6 @@ mod tests {
         assert_eq!(fetch(&format!("{}/../{}/a.png", dir.display(), dir.file_name().unwrap().to_string_lossy()), "p", &policy).unwrap(), b"x");
         assert_eq!(fetch(&format!("{}/../", dir.display()), "p", &policy).unwrap_err().code, "image_not_allowed");
         assert_eq!(fetch("/etc/hostname", "p", &policy).unwrap_err().code, "image_not_allowed");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

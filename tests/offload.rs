@@ -60,6 +60,11 @@ fn run(model: &Model, b: &dyn Backend, prompt: &[u32], images: Option<&Images<'_
     (logits, g.tokens)
 }
 
+/// The tiny vision fixture's model files, opened.
+fn tiny_vision() -> qwen3_vl::model::Opened {
+    ModelFiles::Safetensors(vision_dir().join("tiny")).open().unwrap()
+}
+
 fn vision_case() -> (Vec<u32>, Vec<f32>, usize, Vec<[usize; 3]>) {
     let c: Value = serde_json::from_str(&std::fs::read_to_string(vision_dir().join("one_image_exact.json")).unwrap()).unwrap();
     let ids: Vec<u32> = c["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
@@ -155,10 +160,9 @@ fn gpu_budget_split_matches_unsplit_and_stays_under_budget() {
         None => return,
     };
     let host = common::cpu();
-    let dir = vision_dir().join("tiny");
     let (ids, px, row, grids) = vision_case();
     let images = Images { patches: &px, row_len: row, grids: &grids };
-    let opened = ModelFiles::Safetensors(dir.clone()).open().unwrap();
+    let opened = tiny_vision();
     let ctx = ids.len() + 4;
     let s = Sizes::estimate(&*opened.source, &opened.config, ctx, ctx, DType::F32, &|n| gpu.alloc_size(n), &|n| gpu.weight_alloc_size(n));
     // 1. a budget under the smallest placement: a clear error before loading
@@ -173,7 +177,7 @@ fn gpu_budget_split_matches_unsplit_and_stays_under_budget() {
     assert_eq!(p.device_layers, 1, "{}", p.describe());
     let gpu2 = common::gpu("gpu offload").unwrap(); // a fresh pool, so its peak is this run's
     gpu2.set_memory_cap(Some(budget)).unwrap();
-    let opened = ModelFiles::Safetensors(dir).open().unwrap();
+    let opened = tiny_vision();
     let split = Model::load_placed(&opened, LoadQuant::default(), &*gpu2, Some(Offload { host: &host, placement: &p }), &mut |_, _| {}).unwrap();
     let got = run(&split, &*gpu2, &ids, Some(&images), DType::F32, 4);
     assert_eq!(got.1, want.1, "greedy tokens, split against whole");
@@ -202,8 +206,7 @@ fn gpu_pool_cap_refuses_clearly() {
 #[test]
 fn the_vision_tower_alone_loads_as_q8_0() {
     let cpu = common::cpu();
-    let dir = vision_dir().join("tiny");
-    let opened = ModelFiles::Safetensors(dir.clone()).open().unwrap();
+    let opened = tiny_vision();
     let (ids, px, row, grids) = vision_case();
     let images = Images { patches: &px, row_len: row, grids: &grids };
     let q8 = LoadQuant { mix: None, vision_q8: true };
@@ -234,10 +237,9 @@ fn gpu_image_prompts_get_the_vision_tower_first_under_a_budget() {
         None => return,
     };
     let host = common::cpu();
-    let dir = vision_dir().join("tiny");
     let (ids, px, row, grids) = vision_case();
     let images = Images { patches: &px, row_len: row, grids: &grids };
-    let opened = ModelFiles::Safetensors(dir).open().unwrap();
+    let opened = tiny_vision();
     let ctx = ids.len() + 4;
     let image_tokens = grids.iter().map(|g| g[0] * g[1] * g[2] / 4).sum::<usize>();
     let q8 = LoadQuant { mix: None, vision_q8: true };

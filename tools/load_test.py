@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections import namedtuple
 
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
          "government company number group problem fact river mountain light music garden window paper story").split()
@@ -29,17 +30,23 @@ def pct(v, p):
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 
+# What one streamed request gave: time to the first content chunk and in all (seconds), the
+# usage's completion and prompt tokens, an error (None when it succeeded), the reply's text and
+# the whole usage object.
+Result = namedtuple("Result", "ttft latency completion prompt error text usage", defaults=(None, None, 0, 0, None, "", None))
+
+
 def one_request(url, body, timeout):
-    """Streams one completion; returns (ttft_s, latency_s, completion_tokens, prompt_tokens, error)."""
+    """Streams one completion; returns a Result."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
     t0 = time.monotonic()
-    ttft, usage = None, None
+    ttft, usage, text = None, None, ""
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         if r.status != 200:
-            return None, None, 0, 0, "HTTP %d: %s" % (r.status, r.read()[:200])
+            return Result(error="HTTP %d: %s" % (r.status, r.read()[:200]))
         done = False
         for raw in r:
             line = raw.decode("utf-8", "replace").strip()
@@ -53,15 +60,18 @@ def one_request(url, body, timeout):
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for c in chunk.get("choices", []):
-                if c.get("delta", {}).get("content") and ttft is None:
-                    ttft = time.monotonic() - t0
+                piece = c.get("delta", {}).get("content")
+                if piece:
+                    if ttft is None:
+                        ttft = time.monotonic() - t0
+                    text += piece
         if not done:
-            return None, None, 0, 0, "the stream ended without [DONE]"
+            return Result(error="the stream ended without [DONE]")
         if usage is None:
-            return None, None, 0, 0, "no usage in the stream"
-        return ttft, time.monotonic() - t0, usage["completion_tokens"], usage["prompt_tokens"], None
+            return Result(error="no usage in the stream")
+        return Result(ttft, time.monotonic() - t0, usage["completion_tokens"], usage["prompt_tokens"], None, text, usage)
     except Exception as e:  # noqa: BLE001 (a load test counts every failure)
-        return None, None, 0, 0, repr(e)
+        return Result(error=repr(e))
     finally:
         conn.close()
 

@@ -3,8 +3,8 @@
 `qwen3-vl serve`: turn 1 sends a long history (about --history tokens of user text), turn 2
 sends it again with the assistant's reply and a new question, as OpenAI clients do. Prints
 both times, their ratio and the usage's cached_tokens: as the client sees them (to the first
-content chunk, which may wait for more than one token to make whole UTF-8 text) and as the
-server's time-to-first-token histogram records them (request received to first token).
+content chunk, on a new connection) and as the server's time-to-first-token histogram records
+them (request received to first token).
 
     python3 tools/second_turn.py --url http://127.0.0.1:8090 --history 2000 [--image photo.png]
 
@@ -14,31 +14,20 @@ import argparse
 import base64
 import json
 import random
-import time
+import sys
 import urllib.request
+
+from load_test import one_request
 
 
 def ask(url, messages, max_tokens):
+    """Time to the first content chunk, the reply and the usage of one streamed request."""
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    first, text, usage = None, "", None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            line = line.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            c = json.loads(line[6:])
-            if c.get("usage"):
-                usage = c["usage"]
-                continue
-            piece = c["choices"][0]["delta"].get("content")
-            if piece:
-                if first is None:
-                    first = time.perf_counter() - t0
-                text += piece
-    return first, text, usage
+    r = one_request(url, body, 600)
+    if r.error:
+        sys.exit("request failed: %s" % r.error)
+    return r.ttft, r.text, r.usage
 
 
 def server_ttft(url):

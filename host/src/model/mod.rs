@@ -60,7 +60,10 @@ impl Model {
     pub fn load_placed(opened: &Opened, quant: LoadQuant, backend: &dyn Backend, offload: Option<Offload<'_>>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
         let config = opened.config.clone();
         let converted = quant.source(&*opened.source, &config);
-        let src: &dyn source::TensorSource = &*converted;
+        let src: &dyn source::TensorSource = match &converted {
+            Some(q) => q,
+            None => &*opened.source,
+        };
         let total = src.total_bytes();
         let mut done = 0usize;
         let mut tick = |bytes: usize| {
@@ -110,7 +113,12 @@ impl Model {
         let config = opened.config.clone();
         let alloc = |n: usize| backend.alloc_size(n);
         let weights = |n: usize| backend.weight_alloc_size(n);
-        Sizes::estimate(&*quant.source(&*opened.source, &config), &config, context, image_tokens, kv_dtype, &alloc, &weights)
+        let converted = quant.source(&*opened.source, &config);
+        let src: &dyn source::TensorSource = match &converted {
+            Some(q) => q,
+            None => &*opened.source,
+        };
+        Sizes::estimate(src, &config, context, image_tokens, kv_dtype, &alloc, &weights)
     }
 
     /// Generation picks only ids below `n` (the LM head's other rows are never sampled, greedy

@@ -208,40 +208,13 @@ impl LoadQuant {
         LoadQuant { mix, vision_q8: false }
     }
 
-    /// `inner` as this load sees it.
-    pub fn source<'a>(self, inner: &'a dyn TensorSource, config: &Config) -> Box<dyn TensorSource + 'a> {
+    /// The converting view of `inner` this load reads through; `None`: `inner` as stored.
+    pub fn source<'a>(self, inner: &'a dyn TensorSource, config: &Config) -> Option<Quantized<'a>> {
         match (self.mix, self.vision_q8) {
-            (Some(mix), _) => Box::new(Quantized { inner, mix, config: config.clone(), vision_only: false }),
-            (None, true) => Box::new(Quantized { inner, mix: Mix::Q8_0, config: config.clone(), vision_only: true }),
-            (None, false) => Box::new(Plain(inner)),
+            (Some(mix), _) => Some(Quantized { inner, mix, config: config.clone(), vision_only: false }),
+            (None, true) => Some(Quantized { inner, mix: Mix::Q8_0, config: config.clone(), vision_only: true }),
+            (None, false) => None,
         }
-    }
-}
-
-/// A source loaded as stored.
-struct Plain<'a>(&'a dyn TensorSource);
-
-impl TensorSource for Plain<'_> {
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn contains(&self, name: &str) -> bool {
-        self.0.contains(name)
-    }
-    fn bytes_of(&self, name: &str) -> usize {
-        self.0.bytes_of(name)
-    }
-    fn total_bytes(&self) -> usize {
-        self.0.total_bytes()
-    }
-    fn stored_bytes(&self, name: &str, shape: &[usize]) -> usize {
-        self.0.stored_bytes(name, shape)
-    }
-    fn raw(&self, name: &str, shape: &[usize]) -> Result<Raw<'_>> {
-        self.0.raw(name, shape)
-    }
-    fn unused(&self, ignored_prefixes: &[&str]) -> Vec<String> {
-        self.0.unused(ignored_prefixes)
     }
 }
 

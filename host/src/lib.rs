@@ -22,6 +22,7 @@ pub mod model;
 pub mod ops;
 pub mod pages;
 pub mod quant;
+mod switch;
 mod tensor;
 pub mod tokenizer;
 

@@ -8,7 +8,9 @@
 //! weight rows once, and for each block unpacks the weights once for all `m` activation rows.
 //! The per-block kernels run on the best instruction set of this CPU ([`QIsa::detect`]):
 //! AVX-512 VNNI, AVX-VNNI or AVX2 on x86-64 (`cpu/simd/quant`), else the scalar reference
-//! ([`crate::quant::act::dot_row`]). [`linear_on`] forces a path (tests, benchmarks).
+//! ([`crate::quant::act::dot_row`]). On AVX-512 VNNI, several activation rows (prefill) take
+//! register-blocked kernels over interleaved weight panels (`cpu/simd/quant/panel.rs`).
+//! [`linear_on`] forces a path (tests, benchmarks).
 
 use crate::quant::act::{self, Q8Acts};
 use crate::DType;
@@ -213,6 +215,46 @@ mod tests {
             .collect()
     }
 
+    /// `out[r, c]` against the f64 product of the dequantized weights with the dequantized
+    /// activations (what the integer math computes exactly).
+    fn check_against_reference(isa: QIsa, wt: DType, m: usize, n: usize, k: usize) {
+        let a = pseudo(m * k, 1);
+        let mut wf = pseudo(n * k, 2);
+        // varied magnitudes per row and block, so scales differ
+        for (i, v) in wf.iter_mut().enumerate() {
+            *v *= 0.2 + ((i / 32) % 7) as f32 * 0.3;
+        }
+        let bias = pseudo(n, 3);
+        let w = quant::quantize_vec(wt, &wf).unwrap();
+        let wd = quant::dequantize_vec(wt, &w, n * k).unwrap();
+        let block = Q8Acts::block_for(wt).unwrap();
+        let qa = Q8Acts::quantize(&a, m, k, block);
+        let mut out = vec![f32::NAN; m * n];
+        linear_on(isa, &a, wt, &w, Some(&bias), m, n, k, &mut out);
+        for r in 0..m {
+            let (qs, d, _) = qa.row(r);
+            for c in 0..n {
+                let mut want = bias[c] as f64;
+                for i in 0..k {
+                    want += wd[c * k + i] as f64 * (qs[i] as f64 * d[i / block] as f64);
+                }
+                let got = out[r * n + c] as f64;
+                assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{} {}: {} vs {} at [{}, {}] of {:?}", isa.name(), wt, got, want, r, c, (m, n, k));
+            }
+        }
+    }
+
+    /// `Q8_0` rows that end inside a 256-value chunk (the panels' last chunk is partial), with
+    /// row counts around the panels' register tile and columns past a whole panel.
+    #[test]
+    fn q8_0_rows_of_partial_chunks_match_the_reference() {
+        for isa in QIsa::available() {
+            for &(m, n, k) in &[(4, 17, 800), (7, 33, 96), (9, 16, 288), (2, 3, 32)] {
+                check_against_reference(isa, DType::Q8_0, m, n, k);
+            }
+        }
+    }
+
     /// Every path against the f64 product of the dequantized weights with the dequantized
     /// activations (what the integer math computes exactly), for every type and odd shapes.
     #[test]
@@ -221,31 +263,8 @@ mod tests {
         assert!(paths.contains(&QIsa::Scalar) && paths.contains(&QIsa::detect()));
         for &wt in &[DType::Q8_0, DType::Q4K, DType::Q6K] {
             for &(m, n, k) in &[(1, 1, 256), (1, 37, 512), (2, 5, 256), (3, 17, 768), (5, 64, 512), (16, 9, 256), (33, 20, 1024), (64, 7, 256)] {
-                let a = pseudo(m * k, 1);
-                let mut wf = pseudo(n * k, 2);
-                // varied magnitudes per row and block, so scales differ
-                for (i, v) in wf.iter_mut().enumerate() {
-                    *v *= 0.2 + ((i / 32) % 7) as f32 * 0.3;
-                }
-                let bias = pseudo(n, 3);
-                let w = quant::quantize_vec(wt, &wf).unwrap();
-                let wd = quant::dequantize_vec(wt, &w, n * k).unwrap();
-                let block = Q8Acts::block_for(wt).unwrap();
-                let qa = Q8Acts::quantize(&a, m, k, block);
                 for isa in &paths {
-                    let mut out = vec![f32::NAN; m * n];
-                    linear_on(*isa, &a, wt, &w, Some(&bias), m, n, k, &mut out);
-                    for r in 0..m {
-                        let (qs, d, _) = qa.row(r);
-                        for c in 0..n {
-                            let mut want = bias[c] as f64;
-                            for i in 0..k {
-                                want += wd[c * k + i] as f64 * (qs[i] as f64 * d[i / block] as f64);
-                            }
-                            let got = out[r * n + c] as f64;
-                            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{} {}: {} vs {} at [{}, {}] of {:?}", isa.name(), wt, got, want, r, c, (m, n, k));
-                        }
-                    }
+                    check_against_reference(*isa, wt, m, n, k);
                 }
             }
         }

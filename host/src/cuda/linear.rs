@@ -140,16 +140,8 @@ impl LinearAlgo {
 /// Whether the few-row tensor-core kernels are used (`QWEN3_VL_SKINNY=0` turns them off: an A/B
 /// aid for benchmarks; read once).
 pub fn skinny() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static ON: AtomicU8 = AtomicU8::new(0); // 0 unread, 1 off, 2 on
-    match ON.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("QWEN3_VL_SKINNY").map_or(true, |v| v != "0");
-            ON.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        v => v == 2,
-    }
+    static SKINNY: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_SKINNY");
+    SKINNY.on()
 }
 
 /// Split-K slices for a tiled launch of `blocks` blocks over `k` (stage depth `bk`) under

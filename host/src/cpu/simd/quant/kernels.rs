@@ -99,23 +99,6 @@ macro_rules! kernels {
                 }
             }
 
-            /// The 8 scales and 8 mins of a `Q4_K` block as 16-bit words `[sc0..sc7 | m0..m7]`
-            /// (the packed 6-bit fields rearranged with 32-bit masks, as in ggml's x86 code).
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn q4_k_scales(blk: *const u8) -> __m256i {
-                let p = blk.add(4) as *const u32;
-                let (u0, u1, u2) = (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned());
-                const K1: u32 = 0x3f3f_3f3f;
-                const K2: u32 = 0x0f0f_0f0f;
-                const K3: u32 = 0x0303_0303;
-                let sc_lo = u0 & K1; // sc0..sc3
-                let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4); // sc4..sc7
-                let m_lo = u1 & K1; // m0..m3
-                let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4); // m4..m7
-                _mm256_cvtepu8_epi16(_mm_setr_epi32(sc_lo as i32, sc_hi as i32, m_lo as i32, m_hi as i32))
-            }
-
             /// Word `j` of both 128-bit halves' first 8 words broadcast: the shuffle masks.
             #[inline]
             #[target_feature(enable = $feat)]
@@ -142,7 +125,7 @@ macro_rules! kernels {
                         _mm_prefetch::<_MM_HINT_T0>(blk.add(PF) as *const i8);
                         _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 64) as *const i8);
                         _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 128) as *const i8);
-                        let sm = q4_k_scales(blk);
+                        let sm = super::super::q4_k_scale_words(blk);
                         let sc = _mm256_permute2x128_si256::<0x00>(sm, sm); // [sc0..sc7 | sc0..sc7]
                         let mins = _mm256_castsi256_si128(_mm256_permute2x128_si256::<0x11>(sm, sm));
                         let mut isum = _mm256_setzero_si256();

@@ -189,6 +189,18 @@ pub fn serve(
 }
 
 /// Accepts connections (polling, so that shutdown is noticed) and gives each a thread.
+/// Waits until `listener` has a connection to accept or `timeout` passes (so the loop still
+/// sees a shutdown request in time, while a new connection is taken at once).
+fn wait_readable(listener: &TcpListener, timeout: Duration) {
+    use std::os::unix::io::AsRawFd;
+    let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call; the listener outlives it.
+    let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+    if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        std::thread::sleep(timeout); // poll itself failed: fall back to the old pace
+    }
+}
+
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<dyn Fn() -> bool + Send + Sync>) {
     loop {
         if shutdown() {
@@ -220,7 +232,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<dyn Fn(
                     shared.metrics.connections.fetch_sub(1, Ordering::SeqCst);
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_readable(&listener, Duration::from_millis(20)),
             Err(e) => {
                 log::warn!("accept failed: {}", e);
                 std::thread::sleep(Duration::from_millis(50));

@@ -161,12 +161,14 @@ pub fn linear_on(isa: QIsa, a: &[f32], wt: DType, w: &[u8], bias: Option<&[f32]>
             let rows = &w[c0 * row_bytes..(c0 + cols) * row_bytes];
             let res = &mut scratch[..cols * m];
             dots_on(isa, wt, rows, row_bytes, acts, res);
-            for j in 0..cols {
-                let b = bias.map_or(0.0, |b| b[c0 + j]);
-                for r in 0..m {
+            // row by row into `out` (contiguous runs: a column-wise copy took a fifth of a
+            // 256-token prefill, one cache line and page per value)
+            for r in 0..m {
+                for j in 0..cols {
+                    let b = bias.map_or(0.0, |b| b[c0 + j]);
                     // SAFETY: r < m, c0 + j < n: inside `out`; columns c0..c0 + cols belong to
                     // this task only.
-                    unsafe { optr.write(r * n + c0 + j, res[j * m + r] + b) };
+                    unsafe { optr.write(r * n + c0 + j, res[r * cols + j] + b) };
                 }
             }
         },
@@ -182,16 +184,16 @@ fn quantize_row_on(isa: QIsa, x: &[f32], block: usize, qs: &mut [i8], d: &mut [f
     }
 }
 
-/// `res[j · m + r]` = dot of weight row `j` of `rows` with activation row `r`.
+/// `res[r · cols + j]` = dot of weight row `j` of `rows` (`cols` rows) with activation row `r`.
 fn dots_on(isa: QIsa, wt: DType, rows: &[u8], row_bytes: usize, acts: &Q8Acts, res: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         QIsa::Avx512Vnni | QIsa::AvxVnni | QIsa::Avx2 => super::simd::quant::dots(isa, wt, rows, row_bytes, acts, res),
         _ => {
-            let m = acts.rows;
+            let (m, cols) = (acts.rows, rows.len() / row_bytes);
             for (j, row) in rows.chunks_exact(row_bytes).enumerate() {
                 for r in 0..m {
-                    res[j * m + r] = act::dot_row(wt, row, acts, r);
+                    res[r * cols + j] = act::dot_row(wt, row, acts, r);
                 }
             }
         }

@@ -52,7 +52,7 @@ macro_rules! kernels {
                     }
                     for i in 0..nr {
                         for r in 0..m {
-                            res[(j0 + i) * m + r] = hsum(acc[i * m + r]);
+                            res[r * n + j0 + i] = hsum(acc[i * m + r]);
                         }
                     }
                     j0 += nr;

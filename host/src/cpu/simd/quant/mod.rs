@@ -92,7 +92,8 @@ unsafe fn quantize_row_avx2(x: &[f32], block: usize, qs: &mut [i8], d: &mut [f32
     }
 }
 
-/// `res[j · m + r]` = dot of weight row `j` of `rows` (block type `wt`) with activation row `r`.
+/// `res[r · cols + j]` = dot of weight row `j` of `rows` (`cols` rows of block type `wt`) with
+/// activation row `r`.
 pub(crate) fn dots(isa: QIsa, wt: DType, rows: &[u8], row_bytes: usize, acts: &Q8Acts, res: &mut [f32]) {
     assert!(isa.is_available() && rows.len() % row_bytes.max(1) == 0 && res.len() >= rows.len() / row_bytes.max(1) * acts.rows);
     // SAFETY: the CPU supports `isa` (asserted); the kernels read whole blocks of `rows` and

@@ -322,10 +322,8 @@ macro_rules! panel_kernels {
                             r0 += 1;
                         }
                     }
-                    for i in 0..nr {
-                        for r in 0..m {
-                            res[(j0 + i) * m + r] = acc[r * PANEL + i];
-                        }
+                    for r in 0..m {
+                        res[r * n + j0..r * n + j0 + nr].copy_from_slice(&acc[r * PANEL..r * PANEL + nr]);
                     }
                     j0 += nr;
                 }

@@ -13,11 +13,34 @@ fn fixture() -> PathBuf {
     common::repo_root().join("tests/fixtures/text/tied_gqa")
 }
 
+/// A folder under the temp dir, removed when the test ends (pass or fail).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("qwen3-vl-bad-input-{}-{}", name, std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A scratch copy of the tied_gqa fixture (config.json + model.safetensors).
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-bad-input-{}-{}", name, std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+fn scratch(name: &str) -> Scratch {
+    let dir = Scratch::new(name);
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
     }
@@ -121,9 +144,7 @@ fn config_mismatch_names_the_tensor_and_missing_files_the_path() {
 
 #[test]
 fn missing_shard_is_named() {
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-bad-input-shard-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("shard");
     let src = common::repo_root().join("tests/fixtures/text/untied_mha");
     for f in std::fs::read_dir(&src).unwrap() {
         let f = f.unwrap().path();

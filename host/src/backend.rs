@@ -576,6 +576,14 @@ pub trait Backend: Send + Sync {
 
     // ---- recorded work and timing
 
+    /// Runs `f`, a whole step of ops on this backend, where the backend's ops run best: the CPU
+    /// runs it on one of its worker threads, so each op inside starts its parallel work there
+    /// instead of handing it from the caller's thread to a worker and back (two thread wake-ups
+    /// per op, a few hundred per decoded token). Devices run `f` as it is.
+    fn within(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        f()
+    }
+
     /// Records the device work `f` launches, without running it, so [`Backend::replay`] can run
     /// it again with no host work: `f` must only launch work whose inputs live in tensors that
     /// outlive the recording (what it reads changes between replays through those tensors, as

@@ -87,6 +87,23 @@ impl Backend for CpuBackend {
         format!("CPU ({} threads)", self.threads())
     }
 
+    fn within(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        /// `f` moved to a worker while its caller waits.
+        struct Job<'a>(&'a mut dyn FnMut() -> Result<()>);
+        // SAFETY: `install` blocks the calling thread until the job has run, so what `f`
+        // captures is used by one thread at a time, as on the caller's own thread; the CPU
+        // backend's ops keep no per-thread state that the move could split.
+        unsafe impl Send for Job<'_> {}
+        impl Job<'_> {
+            fn run(self) -> Result<()> {
+                (self.0)()
+            }
+        }
+        let job = Job(f);
+        // on a worker, every `install` inside runs inline and parallel loops start there
+        self.pool.install(move || job.run())
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

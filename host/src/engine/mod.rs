@@ -545,7 +545,12 @@ impl<'a> Engine<'a> {
         let cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cur)?;
         let h = {
             let mut kv = PagedStep::new(&mut self.kv, &step_rows);
-            m.text.forward_kv(b, x, &cursor, &mut kv, ds.as_ref())? // [rows, hidden]
+            let mut h = None;
+            b.within(&mut || {
+                h = Some(m.text.forward_kv(b, x.clone(), &cursor, &mut kv, ds.as_ref())?); // [rows, hidden]
+                Ok(())
+            })?;
+            h.expect("set by the forward")
         };
         // 4. logits of the rows that end their sequence's known tokens, and the picks
         let nd = step_rows.decode.len(); // the decode parts come first

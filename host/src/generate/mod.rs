@@ -182,7 +182,13 @@ impl<'a> Session<'a> {
         // 3. the decoder, with DeepStack features on the image rows
         let ds = vision.map(|v| Deepstack { rows: &rows, features: &v.deepstack });
         let cur = cursor(b, &pos, self.cache.len())?; // [t, 4]
-        let h = m.text.forward(b, x, &cur, &mut self.cache, ds.as_ref())?; // [t, hidden]
+        let cache = &mut self.cache;
+        let mut h = None;
+        b.within(&mut || {
+            h = Some(m.text.forward(b, x.clone(), &cur, cache, ds.as_ref())?); // [t, hidden]
+            Ok(())
+        })?;
+        let h = h.expect("set by the forward");
         self.cache.advance(ids.len());
         let last = b.take_rows(&h, ids.len() - 1, 1)?; // [1, hidden]
         let logits = b.download_f32(&m.text.logits(b, &last)?)?; // [vocab]
@@ -257,7 +263,7 @@ impl<'a> Session<'a> {
         }
         match &st.recording {
             Some((k, r)) if *k == kind && self.record => b.replay(r)?,
-            _ => body()?,
+            _ => b.within(&mut body)?,
         }
         // 3. bookkeeping, then the next token
         self.cache.advance(1);

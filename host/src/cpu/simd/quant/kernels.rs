@@ -358,14 +358,6 @@ kernels!(
 kernels!(
     evex,
     "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    #[inline]
-    #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
-    },
-    #[inline]
-    #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        _mm256_dpwssd_epi32(acc, a, b)
-    }
+    use super::super::evex_dot::dpbusd;,
+    use super::super::evex_dot::dpwssd;
 );

@@ -108,6 +108,26 @@ pub(crate) fn dots(isa: QIsa, wt: DType, rows: &[u8], row_bytes: usize, acts: &Q
     }
 }
 
+/// AVX-512 VNNI's dot-product primitives on 256-bit vectors (EVEX forms: 32 registers), shared
+/// by the vector kernels and the panels.
+mod evex_dot {
+    use core::arch::x86_64::*;
+
+    /// `acc[i] += Σ_{4 bytes} u8 · i8`.
+    #[inline]
+    #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+
+    /// `acc[i] += Σ_{2 words} i16 · i16`.
+    #[inline]
+    #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, a, b)
+    }
+}
+
 /// The 8 scales and 8 mins of the `Q4_K` block at `blk` as 16-bit words `[sc0..sc7 | m0..m7]`
 /// (the packed 6-bit fields rearranged with 32-bit masks, as in ggml's x86 code).
 #[inline]

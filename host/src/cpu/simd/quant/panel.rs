@@ -202,6 +202,24 @@ macro_rules! panel_kernels {
                 }
             }
 
+            /// `Σ` over the `steps` 4-value groups from `kg0` of panel `p` against the bytes of
+            /// activation rows `a` (each at its chunk's start): `[row][vector]` 32-bit sums.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn group<const R: usize>(p: &Panel, a: &[*const u8; R], kg0: usize, steps: usize) -> [[__m256i; NV]; R] {
+                let mut s = [[_mm256_setzero_si256(); NV]; R];
+                for kg in kg0..kg0 + steps {
+                    let w = p.w[kg];
+                    for r in 0..R {
+                        let av = _mm256_set1_epi32((a[r].add(4 * kg) as *const i32).read_unaligned());
+                        for v in 0..NV {
+                            s[r][v] = dpbusd(s[r][v], w[v], av);
+                        }
+                    }
+                }
+                s
+            }
+
             /// Rows `r0 .. r0 + R` of the activations against chunk `c` of panel `p`, added to
             /// `acc[r][8v ..]` (`[rows][PANEL]` f32).
             #[inline]
@@ -212,24 +230,17 @@ macro_rules! panel_kernels {
                 let qs = acts.qs.as_ptr() as *const u8;
                 let bsums = acts.bsums.as_ptr();
                 // activation row r's bytes of this chunk, its 16-value sums
-                let a = |r: usize| qs.add((r0 + r) * k + c * QK_K);
+                let mut a = [qs; R];
+                for (r, ar) in a.iter_mut().enumerate() {
+                    *ar = qs.add((r0 + r) * k + c * QK_K);
+                }
                 let bs = |r: usize| bsums.add((r0 + r) * (k / 16) + c * 16) as *const i32;
                 let mut f = [[_mm256_setzero_ps(); NV]; R];
                 if let DType::Q8_0 = wt {
                     let nb = k / QK8_0;
                     let c128 = _mm256_set1_epi16(128);
                     for g in 0..nblk {
-                        let mut s = [[z; NV]; R];
-                        for e in 0..8 {
-                            let kg = 8 * g + e;
-                            let w = p.w[kg];
-                            for r in 0..R {
-                                let av = _mm256_set1_epi32((a(r).add(4 * kg) as *const i32).read_unaligned());
-                                for v in 0..NV {
-                                    s[r][v] = dpbusd(s[r][v], w[v], av);
-                                }
-                            }
-                        }
+                        let s = group::<R>(p, &a, 8 * g, 8);
                         for r in 0..R {
                             // 128 · Σ a over the block, in every lane
                             let corr = _mm256_madd_epi16(_mm256_set1_epi32(bs(r).add(g).read_unaligned()), c128);
@@ -246,17 +257,7 @@ macro_rules! panel_kernels {
                     let (groups, steps) = if q6 { (16, 4) } else { (8, 8) };
                     let mut tot = [[z; NV]; R];
                     for g in 0..groups {
-                        let mut s = [[z; NV]; R];
-                        for e in 0..steps {
-                            let kg = steps * g + e;
-                            let w = p.w[kg];
-                            for r in 0..R {
-                                let av = _mm256_set1_epi32((a(r).add(4 * kg) as *const i32).read_unaligned());
-                                for v in 0..NV {
-                                    s[r][v] = dpbusd(s[r][v], w[v], av);
-                                }
-                            }
-                        }
+                        let s = group::<R>(p, &a, steps * g, steps);
                         for r in 0..R {
                             for v in 0..NV {
                                 tot[r][v] = _mm256_add_epi32(tot[r][v], _mm256_mullo_epi32(s[r][v], p.sc[g][v]));
@@ -335,14 +336,6 @@ macro_rules! panel_kernels {
 panel_kernels!(
     evex,
     "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    #[inline]
-    #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
-    },
-    #[inline]
-    #[target_feature(enable = "avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        _mm256_dpwssd_epi32(acc, a, b)
-    }
+    use super::super::evex_dot::dpbusd;,
+    use super::super::evex_dot::dpwssd;
 );

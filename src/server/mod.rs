@@ -188,7 +188,6 @@ pub fn serve(
     Ok(())
 }
 
-/// Accepts connections (polling, so that shutdown is noticed) and gives each a thread.
 /// Waits until `listener` has a connection to accept or `timeout` passes (so the loop still
 /// sees a shutdown request in time, while a new connection is taken at once).
 fn wait_readable(listener: &TcpListener, timeout: Duration) {
@@ -201,6 +200,7 @@ fn wait_readable(listener: &TcpListener, timeout: Duration) {
     }
 }
 
+/// Accepts connections (polling, so that shutdown is noticed) and gives each a thread.
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<dyn Fn() -> bool + Send + Sync>) {
     loop {
         if shutdown() {

@@ -545,9 +545,10 @@ impl<'a> Engine<'a> {
         let cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cur)?;
         let h = {
             let mut kv = PagedStep::new(&mut self.kv, &step_rows);
-            let mut h = None;
+            let (mut x, mut h) = (Some(x), None);
             b.within(&mut || {
-                h = Some(m.text.forward_kv(b, x.clone(), &cursor, &mut kv, ds.as_ref())?); // [rows, hidden]
+                let x = x.take().expect("the step runs once");
+                h = Some(m.text.forward_kv(b, x, &cursor, &mut kv, ds.as_ref())?); // [rows, hidden]
                 Ok(())
             })?;
             h.expect("set by the forward")

@@ -182,10 +182,10 @@ impl<'a> Session<'a> {
         // 3. the decoder, with DeepStack features on the image rows
         let ds = vision.map(|v| Deepstack { rows: &rows, features: &v.deepstack });
         let cur = cursor(b, &pos, self.cache.len())?; // [t, 4]
-        let cache = &mut self.cache;
-        let mut h = None;
+        let (cache, mut x, mut h) = (&mut self.cache, Some(x), None);
         b.within(&mut || {
-            h = Some(m.text.forward(b, x.clone(), &cur, cache, ds.as_ref())?); // [t, hidden]
+            let x = x.take().expect("the step runs once");
+            h = Some(m.text.forward(b, x, &cur, cache, ds.as_ref())?); // [t, hidden]
             Ok(())
         })?;
         let h = h.expect("set by the forward");

@@ -155,7 +155,12 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         for run in 0..=a.runs {
             progress("vision tower run", run, a.runs);
             let t0 = b.mark()?;
-            let out = model.vision.forward(b, &x, &[grid])?;
+            // as `VisionModel::encode` runs it (one step on the tower's backend), the upload aside
+            let mut out = None;
+            model.vision.backend(b).within(&mut || {
+                out = Some(model.vision.forward(b, &x, &[grid])?);
+                Ok(())
+            })?;
             let t1 = b.mark()?;
             b.synchronize()?;
             drop(out);

@@ -92,7 +92,9 @@ impl Backend for CpuBackend {
         struct Job<'a>(&'a mut dyn FnMut() -> Result<()>);
         // SAFETY: `install` blocks the calling thread until the job has run, so what `f`
         // captures is used by one thread at a time, as on the caller's own thread; the CPU
-        // backend's ops keep no per-thread state that the move could split.
+        // backend's ops keep no per-thread state that the move could split, and a device
+        // backend called inside (a split model's transfers) makes its context current on
+        // every call.
         unsafe impl Send for Job<'_> {}
         impl Job<'_> {
             fn run(self) -> Result<()> {

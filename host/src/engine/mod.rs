@@ -499,9 +499,7 @@ impl<'a> Engine<'a> {
             }
             if let (Some(im), None) = (&s.images, &s.vision) {
                 if !im.grids.is_empty() {
-                    let vb = m.vision.backend(b);
-                    let n = im.patches.len() / im.row_len.max(1);
-                    s.vision = Some(m.vision.forward(b, &vb.upload_f32(&[n, im.row_len], &im.patches)?, &im.grids)?);
+                    s.vision = Some(m.vision.encode(b, &im.patches, im.row_len, &im.grids)?);
                     self.stats.vision_runs += 1;
                 }
             }

@@ -151,11 +151,7 @@ impl<'a> Session<'a> {
         self.check_feed(ids, grids)?;
         let (b, m) = (self.backend, self.model);
         let vis = match images {
-            Some(im) if !im.grids.is_empty() => {
-                let n = im.patches.len() / im.row_len.max(1);
-                let vb = m.vision.backend(b);
-                Some(m.vision.forward(b, &vb.upload_f32(&[n, im.row_len], im.patches)?, im.grids)?)
-            }
+            Some(im) if !im.grids.is_empty() => Some(m.vision.encode(b, im.patches, im.row_len, im.grids)?),
             _ => None,
         };
         self.feed_encoded(ids, grids, vis.as_ref())

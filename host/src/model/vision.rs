@@ -242,6 +242,19 @@ impl VisionModel {
         all.into_iter().map(|t| vb.weight_alloc_size(super::text::tensor_bytes(t))).sum()
     }
 
+    /// [`VisionModel::forward`] on host patches `[N, row_len]` (row-major f32): uploads them to
+    /// the tower's backend and runs the tower there as one step ([`Backend::within`]).
+    pub fn encode(&self, b: &dyn Backend, patches: &[f32], row_len: usize, grids: &[[usize; 3]]) -> Result<VisionOutput> {
+        let vb = self.backend(b);
+        let x = vb.upload_f32(&[patches.len() / row_len.max(1), row_len], patches)?;
+        let mut out = None;
+        vb.within(&mut || {
+            out = Some(self.forward(b, &x, grids)?);
+            Ok(())
+        })?;
+        Ok(out.expect("set by the forward"))
+    }
+
     /// Runs the tower on `patches [N, C·T·P·P]` of the images with patch grids `grids` (t, h, w).
     /// The patches are on the tower's backend ([`VisionModel::backend`]); the output is on `b`.
     pub fn forward(&self, b: &dyn Backend, patches: &Tensor, grids: &[[usize; 3]]) -> Result<VisionOutput> {

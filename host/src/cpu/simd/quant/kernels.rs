@@ -210,7 +210,6 @@ macro_rules! kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn unpack_q4_k(blk: *const u8, u: &mut Unpacked, i: usize) {
-                let low = _mm256_set1_epi8(0x0F);
                 u.d[i] = f16_at(blk);
                 u.dmin[i] = f16_at(blk.add(2));
                 let scales = core::slice::from_raw_parts(blk.add(4), 12);
@@ -222,11 +221,7 @@ macro_rules! kernels {
                     mins[2 * jj + 1] = mm as i16;
                 }
                 u.sums[i] = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
-                for c in 0..4 {
-                    let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
-                    u.w[i][2 * c] = _mm256_and_si256(v, low);
-                    u.w[i][2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                }
+                super::super::q4_k_values(blk, &mut u.w[i]);
             }
 
             /// `Q6_K` super-block at `blk` into row `i` of `u` (its `sums` words are the 16
@@ -234,7 +229,6 @@ macro_rules! kernels {
             #[inline]
             #[target_feature(enable = $feat)]
             unsafe fn unpack_q6_k(blk: *const u8, u: &mut Unpacked, i: usize) {
-                let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
                 u.d[i] = f16_at(blk.add(208));
                 let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
                 u.sums[i] = s16;
@@ -243,19 +237,7 @@ macro_rules! kernels {
                 for t in 0..8 {
                     u.sc[i][t] = _mm256_setr_m128i(_mm_set1_epi16(sarr[2 * t]), _mm_set1_epi16(sarr[2 * t + 1]));
                 }
-                for h in 0..2 {
-                    let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-                    let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-                    let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two));
-                    let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)));
-                    let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(48));
-                    let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48));
-                    u.w[i][4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low), h0);
-                    u.w[i][4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h1);
-                    u.w[i][4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), h2);
-                    u.w[i][4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), h3);
-                }
+                super::super::q6_k_values(blk, &mut u.w[i]);
             }
 
             /// K-quants (`Q6 = false`: `Q4_K`; `true`: `Q6_K`): `nr ≤ NR` weight rows against

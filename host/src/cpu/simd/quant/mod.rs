@@ -128,6 +128,39 @@ mod evex_dot {
     }
 }
 
+/// The 256 4-bit values of the `Q4_K` block at `blk` as 8 vectors of 32 bytes in element order.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q4_k_values(blk: *const u8, out: &mut [__m256i; 8]) {
+    let low = _mm256_set1_epi8(0x0F);
+    for c in 0..4 {
+        let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
+        out[2 * c] = _mm256_and_si256(v, low);
+        out[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+    }
+}
+
+/// The 256 6-bit values (0 ..= 63, before the -32 offset) of the `Q6_K` block at `blk` as 8
+/// vectors of 32 bytes in element order.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q6_k_values(blk: *const u8, out: &mut [__m256i; 8]) {
+    let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    for h in 0..2 {
+        let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
+        let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
+        let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+        let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two));
+        let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)));
+        let h2 = _mm256_and_si256(qh, _mm256_set1_epi8(48));
+        let h3 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48));
+        out[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low), h0);
+        out[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h1);
+        out[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), h2);
+        out[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), h3);
+    }
+}
+
 /// The 8 scales and 8 mins of the `Q4_K` block at `blk` as 16-bit words `[sc0..sc7 | m0..m7]`
 /// (the packed 6-bit fields rearranged with 32-bit masks, as in ggml's x86 code).
 #[inline]

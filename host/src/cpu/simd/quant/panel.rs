@@ -105,7 +105,12 @@ macro_rules! panel_kernels {
             unsafe fn unpack(wt: DType, w: *const u8, row_bytes: usize, nr: usize, c: usize, nblk: usize, x: &mut Scratch, p: &mut Panel) {
                 let z = _mm256_setzero_si256();
                 // 1. per column: 8 vectors of 32 values in element order, scale words, f32 scales
-                let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+                // bytes of one chunk of a row
+                let bb = match wt {
+                    DType::Q4K => q4_k::BLOCK_BYTES,
+                    DType::Q6K => q6_k::BLOCK_BYTES,
+                    _ => 8 * q8_0::BLOCK_BYTES,
+                };
                 for i in 0..PANEL {
                     if i >= nr {
                         x.vals[i] = [z; 8];
@@ -114,11 +119,6 @@ macro_rules! panel_kernels {
                     }
                     let row = w.add(i * row_bytes);
                     // the same bytes of the next panel's column (prefetch never faults)
-                    let bb = match wt {
-                        DType::Q4K => q4_k::BLOCK_BYTES,
-                        DType::Q6K => q6_k::BLOCK_BYTES,
-                        _ => 8 * q8_0::BLOCK_BYTES,
-                    };
                     let ahead = row.wrapping_add(PANEL * row_bytes + c * bb);
                     for l in (0..bb).step_by(64) {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l) as *const i8);
@@ -130,25 +130,13 @@ macro_rules! panel_kernels {
                             x.d[0][i] = f16_at(blk);
                             x.dmin[i] = f16_at(blk.add(2));
                             x.words[i] = super::super::q4_k_scale_words(blk);
-                            for q in 0..4 {
-                                let v = _mm256_loadu_si256(blk.add(16 + 32 * q) as *const __m256i);
-                                vals[2 * q] = _mm256_and_si256(v, low);
-                                vals[2 * q + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                            }
+                            super::super::q4_k_values(blk, vals);
                         }
                         DType::Q6K => {
                             let blk = row.add(c * q6_k::BLOCK_BYTES);
                             x.d[0][i] = f16_at(blk.add(208));
                             x.words[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
-                            for h in 0..2 {
-                                let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-                                let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-                                let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                                vals[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two)));
-                                vals[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))));
-                                vals[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), _mm256_and_si256(qh, _mm256_set1_epi8(48)));
-                                vals[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48)));
-                            }
+                            super::super::q6_k_values(blk, vals);
                         }
                         _ => {
                             let flip = _mm256_set1_epi8(-128);

@@ -87,7 +87,7 @@ fn prefill_against_the_cache_reads_positions_from_the_cursor() {
             for kv in [DType::F32, DType::F16] {
                 let op = |b: &dyn Backend| -> Result<Tensor> {
                     let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
-                    b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &k, kv)?, &upload(b, &[cap, kvh, d], &v, kv)?, &cursor, 1.0 / (d as f32).sqrt())
+                    b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &k, kv)?, &upload(b, &[cap, kvh, d], &v, kv)?, None, &cursor, 1.0 / (d as f32).sqrt())
                 };
                 agree(&format!("attention_cached t={} h={}/{} d={} row0={} {} on {}", t, heads, kvh, d, row0, kv, g.describe()), &*g, &op, abs, rel);
             }
@@ -239,7 +239,7 @@ fn the_composite_paged_attention_is_attention_over_each_rows_keys() {
     let rows: Vec<(&[u32], usize)> = tables.iter().zip(&lens).map(|(t, &l)| (t.as_slice(), l)).collect();
     let pages = qwen3_vl::Pages::new(&*b, block, slots, &rows).unwrap();
     let (kt, vt) = (b.upload_f32(&[slots, kvh, d], &kp).unwrap(), b.upload_f32(&[slots, kvh, d], &vp).unwrap());
-    let got = b.download_f32(&b.attention_paged(&b.upload_f32(&[lens.len(), heads, d], &q).unwrap(), &kt, &vt, &pages, 0.25).unwrap()).unwrap();
+    let got = b.download_f32(&b.attention_paged(&b.upload_f32(&[lens.len(), heads, d], &q).unwrap(), &kt, &vt, None, &pages, 0.25).unwrap()).unwrap();
     for (i, &n) in lens.iter().enumerate() {
         let slot = |j: usize| tables[i][j / block] as usize * block + j % block;
         let gather = |pool: &[f32]| -> Vec<f32> { (0..n).flat_map(|j| pool[slot(j) * kvh * d..(slot(j) + 1) * kvh * d].to_vec()).collect() };
@@ -268,12 +268,118 @@ fn paged_decode_attention_agrees_over_rows_lengths_and_groups() {
                     let op = |b: &dyn Backend| -> Result<Tensor> {
                         let rs: Vec<(&[u32], usize)> = tables.iter().zip(&lens).map(|(t, &l)| (t.as_slice(), l)).collect();
                         let pages = qwen3_vl::Pages::new(b, block, slots, &rs)?;
-                        b.attention_paged(&b.upload_f32(&[rows, heads, d], &q)?, &upload(b, &[slots, kvh, d], &kp, kv)?, &upload(b, &[slots, kvh, d], &vp, kv)?, &pages, 1.0 / (d as f32).sqrt())
+                        b.attention_paged(&b.upload_f32(&[rows, heads, d], &q)?, &upload(b, &[slots, kvh, d], &kp, kv)?, &upload(b, &[slots, kvh, d], &vp, kv)?, None, &pages, 1.0 / (d as f32).sqrt())
                     };
                     // the paged split kernel is FP32 SIMT on every module
                     agree(&format!("paged attention {} rows up to {} keys, heads {}/{} d {} blocks of {}, {} cache, {}", rows, max_len, heads, kvh, d, block, kv, g.describe()), &*g, &op, 1e-5, 1e-4);
                 }
             }
+        }
+    }
+}
+
+/// `(q, k, v)` of `[t, heads, d]`, `[n, kvh, d]`, `[n, kvh, d]` with operands past f16's range
+/// (65504) but products in range: `case` 0 values of some (row, head) vectors at 10^5 to 10^7,
+/// growing along the keys (so later key tiles raise the largest value scale); 1 keys at 10^6
+/// with queries at 10^-6; 2 queries at 10^6 with keys at 10^-6.
+fn massive_qkv(case: usize, t: usize, heads: usize, kvh: usize, n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut q, mut k, mut v) = (random(t * heads * d, 31 + case as u32), random(n * kvh * d, 37), random(n * kvh * d, 41));
+    let scale_vectors = |x: &mut [f32], f: &dyn Fn(usize) -> f32| x.chunks_mut(d).enumerate().for_each(|(i, vec)| vec.iter_mut().for_each(|e| *e *= f(i)));
+    match case {
+        0 => scale_vectors(&mut v, &|i| if i % 3 == 0 { 1e5 * (1.0 + 100.0 * (i / kvh) as f32 / n as f32) } else { 1.0 }),
+        1 => {
+            scale_vectors(&mut k, &|i| if i % 2 == 0 { 1e6 } else { 1.0 });
+            scale_vectors(&mut q, &|_| 1e-6);
+        }
+        _ => {
+            scale_vectors(&mut q, &|i| if i % 2 == 1 { 1e6 } else { 1.0 });
+            scale_vectors(&mut k, &|_| 1e-6);
+        }
+    }
+    (q, k, v)
+}
+
+/// Asserts `got` is `want` within `tol` of `want`'s largest magnitude (the outputs of massive
+/// values are massive too; an overflow gives infinities or NaN).
+fn close_to_max(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{}", what);
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let err = got.iter().zip(want).fold(0.0f32, |m, (g, w)| m.max((g - w).abs()));
+    assert!(err.is_finite() && err <= tol * scale, "{}: largest error {} against {} of {} ({} allowed)", what, err, tol, scale, tol * scale);
+}
+
+#[test]
+fn attention_past_f16s_range_gives_the_f32_answer() {
+    // keys, values or queries beyond f16's range: f32 K/V on every kernel (the tensor cores
+    // narrow them with row scales first), and f16 caches written with row scales, read by the
+    // flash, split and paged kernels; the reference is the CPU's f32 attention of the exact
+    // values. f16's rounding (2^-11) is what remains.
+    let cpu = cpu();
+    for g in gpus("attention past f16's range") {
+        let tol = if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 };
+        for case in 0..3 {
+            let (heads, kvh, d, n) = (8, 2, 64, 200);
+            for &t in &[1usize, 40] {
+                let (q, k, v) = massive_qkv(case, t, heads, kvh, n, d);
+                let p = AttnParams { kv_len: n, q_pos0: n - t, causal: true, scale: 1.0 / (d as f32).sqrt() };
+                let dense = |b: &dyn Backend| -> Result<Vec<f32>> { b.download_f32(&b.attention(&b.upload_f32(&[t, heads, d], &q)?, &b.upload_f32(&[n, kvh, d], &k)?, &b.upload_f32(&[n, kvh, d], &v)?, p)?) };
+                let want = dense(&*cpu).unwrap();
+                assert!(want.iter().all(|x| x.is_finite()));
+                let what = format!("case {} t {} on {}", case, t, g.describe());
+                close_to_max(&format!("f32 K/V, {}", what), &dense(&*g).unwrap(), &want, tol);
+                // an f16 cache with row scales, written by write_kv_rows, read through a cursor
+                // (split kernel for one row, flash for 40)
+                let cached = |b: &dyn Backend| -> Result<Vec<f32>> {
+                    let (mut kc, mut vc) = (upload(b, &[n, kvh, d], &vec![0.0; n * kvh * d], DType::F16)?, upload(b, &[n, kvh, d], &vec![0.0; n * kvh * d], DType::F16)?);
+                    let mut sc = b.upload_f32(&[n, kvh, 2], &vec![1.0; n * kvh * 2])?;
+                    b.write_kv_rows(&mut kc, Some((&mut sc, 0)), 0, &b.upload_f32(&[n, kvh, d], &k)?)?;
+                    b.write_kv_rows(&mut vc, Some((&mut sc, 1)), 0, &b.upload_f32(&[n, kvh, d], &v)?)?;
+                    let cur: Vec<u32> = (n - t..n).flat_map(|r| [r as u32; CURSOR_FIELDS]).collect();
+                    let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
+                    b.download_f32(&b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &kc, &vc, Some(&sc), &cursor, p.scale)?)
+                };
+                close_to_max(&format!("scaled f16 cache, CPU, {}", what), &cached(&*cpu).unwrap(), &want, 2e-3);
+                close_to_max(&format!("scaled f16 cache, {}", what), &cached(&*g).unwrap(), &want, tol);
+            }
+            // paged: every row its own sequence over blocks of 16 in reverse order
+            let (rows, block) = (3usize, 16usize);
+            let (q, k, v) = massive_qkv(case, rows, heads, kvh, n, d);
+            let paged = |b: &dyn Backend| -> Result<Vec<f32>> {
+                let table: Vec<u32> = (0..(n + block - 1) / block).rev().map(|x| x as u32).collect();
+                let slots = table.len() * block;
+                let lens = [n, n / 2, 17];
+                let rs: Vec<(&[u32], usize)> = lens.iter().map(|&l| (&table[..(l + block - 1) / block], l)).collect();
+                let pages = qwen3_vl::Pages::new(b, block, slots, &rs)?;
+                // logical key j of every row at cache row table[j / block] · block + j % block
+                let (mut kp, mut vp) = (vec![0.0f32; slots * kvh * d], vec![0.0f32; slots * kvh * d]);
+                for j in 0..n {
+                    let r = table[j / block] as usize * block + j % block;
+                    kp[r * kvh * d..(r + 1) * kvh * d].copy_from_slice(&k[j * kvh * d..(j + 1) * kvh * d]);
+                    vp[r * kvh * d..(r + 1) * kvh * d].copy_from_slice(&v[j * kvh * d..(j + 1) * kvh * d]);
+                }
+                let (mut kc, mut vc) = (upload(b, &[slots, kvh, d], &vec![0.0; slots * kvh * d], DType::F16)?, upload(b, &[slots, kvh, d], &vec![0.0; slots * kvh * d], DType::F16)?);
+                let mut sc = b.upload_f32(&[slots, kvh, 2], &vec![1.0; slots * kvh * 2])?;
+                b.write_kv_rows(&mut kc, Some((&mut sc, 0)), 0, &b.upload_f32(&[slots, kvh, d], &kp)?)?;
+                b.write_kv_rows(&mut vc, Some((&mut sc, 1)), 0, &b.upload_f32(&[slots, kvh, d], &vp)?)?;
+                b.download_f32(&b.attention_paged(&b.upload_f32(&[rows, heads, d], &q)?, &kc, &vc, Some(&sc), &pages, 0.125)?)
+            };
+            // the reference: each row's dense f32 attention over its first keys
+            let mut want = Vec::new();
+            for (i, &l) in [n, n / 2, 17].iter().enumerate() {
+                let qi = cpu.upload_f32(&[1, heads, d], &q[i * heads * d..(i + 1) * heads * d]).unwrap();
+                let (ki, vi) = (cpu.upload_f32(&[n, kvh, d], &k).unwrap(), cpu.upload_f32(&[n, kvh, d], &v).unwrap());
+                want.extend(cpu.download_f32(&cpu.attention(&qi, &ki, &vi, AttnParams { kv_len: l, q_pos0: 0, causal: false, scale: 0.125 }).unwrap()).unwrap());
+            }
+            close_to_max(&format!("paged scaled f16, case {}, CPU", case), &paged(&*cpu).unwrap(), &want, 2e-3);
+            close_to_max(&format!("paged scaled f16, case {}, {}", case, g.describe()), &paged(&*g).unwrap(), &want, tol);
+            // block-sparse (the vision tower's path): two blocks of 100 keys, f32 K/V
+            let (t, nb) = (n, 100);
+            let (q, k, v) = massive_qkv(case, t, 4, 4, n, d);
+            let mask = |b: &dyn Backend| BlockMask::new(b, &[0, nb, t], &[0, nb, n], &[true, false, false, true]);
+            let sparse = |b: &dyn Backend| -> Result<Vec<f32>> {
+                b.download_f32(&b.attention_block_sparse(&b.upload_f32(&[t, 4, d], &q)?, &b.upload_f32(&[n, 4, d], &k)?, &b.upload_f32(&[n, 4, d], &v)?, &mask(b)?, 0.125, None)?)
+            };
+            close_to_max(&format!("block-sparse f32, case {}, {}", case, g.describe()), &sparse(&*g).unwrap(), &sparse(&*cpu).unwrap(), tol);
         }
     }
 }

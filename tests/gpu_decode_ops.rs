@@ -152,7 +152,7 @@ fn qkv_rope_append_agrees_for_both_cache_types() {
                 let fill = random(cap * kvh * d, 83);
                 let (mut kc, mut vc) = (upload(b, &[cap, kvh, d], &fill, kv)?, upload(b, &[cap, kvh, d], &fill, kv)?);
                 let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
-                let q = b.qkv_rope_append(&b.upload_f32(&[t, width], &qkv)?, &p, &cursor, &mut kc, &mut vc)?;
+                let q = b.qkv_rope_append(&b.upload_f32(&[t, width], &qkv)?, &p, &cursor, &mut kc, &mut vc, None)?;
                 let mut out = b.download_f32(&q)?;
                 out.extend(download_any(b, &kc)?);
                 out.extend(download_any(b, &vc)?);
@@ -160,6 +160,54 @@ fn qkv_rope_append_agrees_for_both_cache_types() {
             };
             let tol = if kv == DType::F16 { 2e-3 } else { 1e-5 };
             agree_host(&format!("qkv_rope_append t={} h={}/{} d={} row0={} {} cache", t, heads, kvh, d, row0, kv), &*g, &op, tol, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn qkv_rope_append_keeps_values_past_f16s_range_with_row_scales() {
+    // v heads at 10^5 to 10^7 (past f16's 65504) into an f16 cache with row scales: the cache
+    // rows times their scales are the f32 cache's rows within f16's rounding, on the GPU
+    // kernel and the CPU's composite body alike
+    let (t, heads, kvh, d, cap) = (4, 4, 2, 64, 10);
+    let width = (heads + 2 * kvh) * d;
+    let mut qkv = random(t * width, 84);
+    for (i, x) in qkv.iter_mut().enumerate() {
+        let (row, col) = (i / width, i % width);
+        if col >= (heads + kvh) * d {
+            *x *= 1e5 * (1 + 30 * row) as f32;
+        }
+    }
+    let (qn, kn) = (random(d, 85), random(d, 86));
+    let inv: Vec<f32> = (0..d / 2).map(|j| 1.0 / 10_000f32.powf(2.0 * j as f32 / d as f32)).collect();
+    let cur = cursor_rows(t, 3, 7);
+    let run = |b: &dyn Backend, kv: DType| -> Result<Vec<f32>> {
+        let (qn_t, kn_t, inv_t) = (b.upload_f32(&[d], &qn)?, b.upload_f32(&[d], &kn)?, b.upload_f32(&[d / 2], &inv)?);
+        let p = QkvRope { heads, kv_heads: kvh, head_dim: d, q_norm: &qn_t, k_norm: &kn_t, eps: 1e-6, inv_freq: &inv_t, section: [12, 10, 10] };
+        let (mut kc, mut vc) = (upload(b, &[cap, kvh, d], &vec![0.0; cap * kvh * d], kv)?, upload(b, &[cap, kvh, d], &vec![0.0; cap * kvh * d], kv)?);
+        let mut sc = if kv == DType::F16 { Some(b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?) } else { None };
+        let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
+        b.qkv_rope_append(&b.upload_f32(&[t, width], &qkv)?, &p, &cursor, &mut kc, &mut vc, sc.as_mut())?;
+        // the cache's rows as f32 values: stored element times its row's scale
+        let s = match &sc {
+            Some(s) => b.download_f32(s)?,
+            None => vec![1.0; cap * kvh * 2],
+        };
+        let mut out = Vec::new();
+        for (which, c) in [&kc, &vc].iter().enumerate() {
+            for (i, vec) in download_any(b, c)?.chunks(d).enumerate() {
+                out.extend(vec.iter().map(|x| x * s[2 * i + which]));
+            }
+        }
+        Ok(out)
+    };
+    let want = run(&*common::cpu(), DType::F32).unwrap();
+    let mut backends = vec![common::cpu()];
+    backends.extend(gpu("qkv_rope_append past f16's range"));
+    for b in backends {
+        let got = run(&*b, DType::F16).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-3 * w.abs() + 1e-3, "{}: element {}: {} vs {}", b.describe(), i, g, w);
         }
     }
 }
@@ -186,7 +234,7 @@ fn cached_attention_agrees_on_every_path() {
         for kv in [DType::F32, DType::F16] {
             let op = |b: &dyn Backend| -> Result<Tensor> {
                 let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
-                b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &kf, kv)?, &upload(b, &[cap, kvh, d], &vf, kv)?, &cursor, 1.0 / (d as f32).sqrt())
+                b.attention_cached(&b.upload_f32(&[t, heads, d], &q)?, &upload(b, &[cap, kvh, d], &kf, kv)?, &upload(b, &[cap, kvh, d], &vf, kv)?, None, &cursor, 1.0 / (d as f32).sqrt())
             };
             // shapes outside the split kernel's range go to flash attention (tensor cores on
             // compute_80): more rows or vectors per group, head dims not a power of two in 32..=256

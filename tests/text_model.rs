@@ -192,6 +192,64 @@ fn an_f16_checkpoint_gives_the_reference_logits() {
 }
 
 #[test]
+fn massive_attention_values_give_the_f32_answer_through_f16_caches() {
+    // layer 0's input norm ×1000 and its v_proj ×100: its values reach 10^5 and more, past
+    // f16's 65504 (q and k are RMS-normed per head after their projections, so the scores are
+    // those of the fixture). An f16 KV cache keeps them with row scales; the reference is the
+    // CPU with an f32 cache. Prefill and a decode step (the last token fed alone), every
+    // backend and module, both cache types.
+    const NORM: &str = "model.language_model.layers.0.input_layernorm.weight";
+    const V: &str = "model.language_model.layers.0.self_attn.v_proj.weight";
+    let edit = |name: &str, v: &mut [f32]| match name {
+        NORM => v.iter_mut().for_each(|x| *x *= 1000.0),
+        V => v.iter_mut().for_each(|x| *x *= 100.0),
+        _ => {}
+    };
+    let dir = f16_copy("tied_gqa", "massive-v", &edit);
+    let r = reference("tied_gqa");
+    // the values do pass f16's range: layer 0's v of the prompts' tokens, from the weights
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |n: &str| -> (Vec<usize>, Vec<f32>) {
+        let t = st.tensor(n).unwrap();
+        (t.shape().to_vec(), t.data().chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
+    };
+    let ((es, emb), (_, g), (vs, wv)) = (get("model.language_model.embed_tokens.weight"), get(NORM), get(V));
+    let hidden = es[1];
+    let mut v_max = 0.0f32;
+    for p in r["prompts"].as_array().unwrap() {
+        for &id in &ids(&p["ids"]) {
+            let x = &emb[id as usize * hidden..(id as usize + 1) * hidden];
+            let rms = (x.iter().map(|v| v * v).sum::<f32>() / hidden as f32 + 1e-6).sqrt();
+            for o in 0..vs[0] {
+                let dot: f32 = (0..hidden).map(|i| x[i] / rms * g[i] * wv[o * hidden + i]).sum();
+                v_max = v_max.max(dot.abs());
+            }
+        }
+    }
+    assert!(v_max > 65504.0 * 2.0, "the fixture's values ({}) stay inside f16's range", v_max);
+    let cpu = common::cpu();
+    let want_model = Model::load(&dir, &*cpu, &mut |_, _| {}).unwrap();
+    for b in common::backends("massive attention values") {
+        let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
+        for p in r["prompts"].as_array().unwrap() {
+            let prompt = ids(&p["ids"]);
+            let n = prompt.len();
+            let want = Session::with_kv_dtype(&want_model, &*cpu, n, DType::F32).unwrap().feed(&prompt).unwrap();
+            for kv in common::KV_DTYPES {
+                let mut s = Session::with_kv_dtype(&model, &*b, n, kv).unwrap();
+                if n > 1 {
+                    s.feed(&prompt[..n - 1]).unwrap();
+                }
+                let got = s.feed(&prompt[n - 1..]).unwrap();
+                let what = format!("massive values on {}, {} cache, {} tokens", b.describe(), kv, n);
+                common::assert_close_to_std(&what, &got, &want, common::logits_tolerance(&*b, kv));
+            }
+        }
+    }
+}
+
+#[test]
 fn massive_mlp_activations_in_f16_and_q8_0_weights_give_the_f32_answer() {
     // layer 0's post-attention norm scaled by 300: its MLP's down-projection input reaches
     // 2·10^5 to 5·10^5 at every token (as "massive activations" do in real LLMs), past f16's

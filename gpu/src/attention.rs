@@ -35,6 +35,10 @@
 //! z = `t · ceil(group / MAX_QV)` and a block serves vectors of one row only; a key's cache row
 //! is looked up per key (`Paging::row`), everything else is as above.
 //!
+//! An f16 cache may come with row scales (`kv_scale`, see [`AttentionParams::kv_scale`]): a
+//! key's scale multiplies its score, a value's the key's weight in PV (after the softmax sum),
+//! both in f32, so rows stored divided by a power of two give the f32 answer.
+//!
 //! # Safety
 //! The launchers validate sizes and shapes (`d` in 32, 64, 128, 256 for the split path).
 //! Warps past the last item exit as a whole, so shuffles have all 32 lanes; in the split kernel
@@ -79,6 +83,7 @@ unsafe fn attention<C: KvElem>(p: AttentionParams) {
     }
     let mut norm = OnlineSoftmax::EMPTY;
     let (k, v) = (p.k as *const C, p.v as *const C);
+    let sc = RowScales::new(p.kv_scale, p.kv_heads as usize, kvh);
     let mut j = 0usize;
     while j < visible {
         let kr = k.add(j * kv_stride + kvh * d);
@@ -89,8 +94,10 @@ unsafe fn attention<C: KvElem>(p: AttentionParams) {
                 part += qr[e] * C::load(kr.add(x));
             }
         }
-        let s = warp_sum(part) * p.scale;
+        let (ks, vs) = sc.at(j);
+        let s = warp_sum(part) * ks * p.scale;
         let (next, rescale, w) = norm.push_weighted(s);
+        let w = w * vs;
         norm = next;
         let vr = v.add(j * kv_stride + kvh * d);
         for e in 0..MAX_PER_LANE {
@@ -121,6 +128,39 @@ pub unsafe fn attention_f32(p: AttentionParams) {
 #[kernel]
 pub unsafe fn attention_f16(p: AttentionParams) {
     attention::<F16>(p)
+}
+
+/// The scales of one KV head's f16 cache rows (see [`AttentionParams::kv_scale`]): `(key,
+/// value)` scale of cache row `row`, `(1, 1)` without a scale tensor.
+#[derive(Clone, Copy)]
+pub(crate) struct RowScales {
+    base: *const f32,
+    stride: usize,
+}
+
+impl RowScales {
+    /// KV head `g` of `kv_heads` in the `[cap, kv_heads, 2]` tensor at `addr` (0: none).
+    #[inline(always)]
+    pub(crate) unsafe fn new(addr: u64, kv_heads: usize, g: usize) -> RowScales {
+        let base = if addr == 0 { core::ptr::null() } else { (addr as *const f32).add(2 * g) };
+        RowScales { base, stride: 2 * kv_heads }
+    }
+
+    /// The address of row `row`'s `(key, value)` pair (scales present).
+    #[inline(always)]
+    #[cfg_attr(not(feature = "sm80"), allow(dead_code))]
+    pub(crate) unsafe fn ptr(&self, row: usize) -> *const f32 {
+        self.base.add(row * self.stride)
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn at(&self, row: usize) -> (f32, f32) {
+        if self.base.is_null() {
+            return (1.0, 1.0);
+        }
+        let x = *(self.base.add(row * self.stride) as *const [f32; 2]);
+        (x[0], x[1])
+    }
 }
 
 /// Where logical key `j` of a block's sequence sits in the cache: row `j` (contiguous), or in
@@ -160,6 +200,7 @@ struct WarpState {
 #[inline(always)]
 unsafe fn warp_block<C: KvVec8, const QV: usize>(
     (k, v, kv_row): (*const C, *const C, usize),
+    sc: RowScales,
     pg: Paging,
     d: usize,
     qs: *const f32,
@@ -172,8 +213,13 @@ unsafe fn warp_block<C: KvVec8, const QV: usize>(
     // 1. QK: lane `l` scores key `kb + l`
     let mut s = [0.0f32; QV];
     let j = kb + lane;
+    let (mut ks, mut vs) = (1.0f32, 1.0f32);
     if lane < nk {
-        let row = k.add(pg.row(j) * kv_row);
+        let r = pg.row(j);
+        let (a, b) = sc.at(r);
+        ks = a;
+        vs = b;
+        let row = k.add(r * kv_row);
         // QK_VECS vectors of the row in flight at a time (a 128-wide f16 row in two rounds)
         const QK_VECS: usize = 8;
         let mut c = 0;
@@ -196,10 +242,11 @@ unsafe fn warp_block<C: KvVec8, const QV: usize>(
             c += 8 * QK_VECS;
         }
     }
-    // 2. one softmax update per vector for the block: p = e^(s - m), rescale the old state
+    // 2. one softmax update per vector for the block: p = e^(s - m), rescale the old state;
+    //    the key's scale multiplies its scores, the value's its weight (after the sum)
     let mut p = [0.0f32; QV];
     for vi in 0..QV {
-        let score = if lane < nk && j <= vis[vi] && vi < qvs { s[vi] } else { f32::NEG_INFINITY };
+        let score = if lane < nk && j <= vis[vi] && vi < qvs { s[vi] * ks } else { f32::NEG_INFINITY };
         let m = st[vi].max.max(warp_max(score));
         if m == f32::NEG_INFINITY {
             continue; // nothing visible yet (uniform: m is the warp's)
@@ -207,6 +254,7 @@ unsafe fn warp_block<C: KvVec8, const QV: usize>(
         p[vi] = (score - m).exp();
         let rescale = (st[vi].max - m).exp();
         st[vi].sum = st[vi].sum * rescale + warp_sum(p[vi]);
+        p[vi] *= vs;
         st[vi].max = m;
         for e in 0..8 {
             st[vi].acc[e] *= rescale;
@@ -303,9 +351,10 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize,
     // 2. each warp takes blocks of 32 keys in turn
     let mut st = [WarpState { max: f32::NEG_INFINITY, sum: 0.0, acc: [0.0; 8] }; QV];
     let kv = ((p.k as *const C).add(g * d), (p.v as *const C).add(g * d), kv_heads * d);
+    let sc = RowScales::new(p.kv_scale, kv_heads, g);
     let mut kb = c0 + 32 * w;
     while kb < c1 {
-        warp_block::<C, QV>(kv, pg, d, qs, (kb, (c1 - kb).min(32)), &vis, qvs, &mut st);
+        warp_block::<C, QV>(kv, sc, pg, d, qs, (kb, (c1 - kb).min(32)), &vis, qvs, &mut st);
         kb += 32 * SPLIT_WARPS as usize;
     }
     finish_warp::<QV>(d, &mut st);

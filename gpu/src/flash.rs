@@ -16,7 +16,9 @@
 //! may see are skipped — never loaded or scored; tiles every vector sees entirely are scored
 //! without per-element checks; the rest are masked per element. With `cos`/`sin` the queries are
 //! rotated (rotate-half) as they are loaded (the vision tower's 2-D rotary embedding).
-//! The scores are computed as `q · scale · log2(e) · k` and exponentiated with `ex2`.
+//! The scores are computed as `q · scale · log2(e) · k` and exponentiated with `ex2`. f16 K/V
+//! may come with row scales (`kv_scale`, see [`FlashParams::kv_scale`]): the SIMT kernels
+//! multiply each row by its scale as they widen it; the tensor-core ones as described there.
 //!
 //! # Tiling (SIMT, [`flash_tile`])
 //! A row group of `TX = D / 8` lanes holds `ROWS` (4) query vectors; lane `x` keeps dims
@@ -46,6 +48,7 @@
 //! are private to a row group (one warp) and fenced with `sync_warp`. Mask words are read with
 //! clamped indices, so a malformed mask cannot read outside its array.
 
+use crate::attention::RowScales;
 use crate::math::F16;
 use crate::mem::{ex2, ld_f32x4, F32x4, KvVec8};
 use crate::params::block_mask::{bits_at, k_bounds_at, CLASSIFIED_TILES as MASK_TILES, HEADER, MAX_TILE_PAIRS};
@@ -121,7 +124,7 @@ impl Mask {
 /// The lanes of the warp for which `x` holds, as a bit mask (`vote.sync.ballot`); every lane
 /// calls it.
 #[inline(always)]
-fn ballot(x: bool) -> u32 {
+pub(crate) fn ballot(x: bool) -> u32 {
     let r: u32;
     unsafe {
         core::arch::asm!(
@@ -354,9 +357,10 @@ pub(crate) unsafe fn load_q2(p: &FlashParams, row: usize, head: usize, e: usize,
 }
 
 /// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of KV head `g` into `dst [BN][D]` f32,
-/// dims past `d` zero: every load of the tile issued before any store.
+/// dims past `d` zero, each row times its scale (`which` 0: the key's, 1: the value's): every
+/// load of the tile issued before any store.
 #[inline(always)]
-unsafe fn stage<C: KvVec8, const D: usize>(dst: *mut f32, src: *const C, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
+unsafe fn stage<C: KvVec8, const D: usize>(dst: *mut f32, src: *const C, (sc, which): (RowScales, usize), k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
     let per_row = D / 8;
     const ITEMS: usize = 4; // BN · D / 8 / THREADS for D = 128; half of them for D = 64
     let items = BN * per_row / THREADS as usize;
@@ -366,6 +370,11 @@ unsafe fn stage<C: KvVec8, const D: usize>(dst: *mut f32, src: *const C, k0: usi
         let (kk, c) = (it / per_row, it % per_row);
         if u < items && kk < nk && 8 * c < d {
             vals[u] = C::load8(src.add((k0 + kk) * row + 8 * c));
+            let (ks, vs) = sc.at(k0 + kk);
+            let f = if which == 0 { ks } else { vs };
+            for e in 0..8 {
+                vals[u][e] *= f;
+            }
         }
     }
     for u in 0..ITEMS {
@@ -469,6 +478,7 @@ unsafe fn flash_simt<C: KvVec8, const D: usize>(p: FlashParams) {
     let mut m = [f32::NEG_INFINITY; ROWS];
     let mut l = [0.0f32; ROWS];
     let (k, v) = ((p.k as *const C).add(plan.g * d), (p.v as *const C).add(plan.g * d));
+    let sc = RowScales::new(p.kv_scale, p.kv_heads as usize, plan.g);
     let tiles = plan.tiles(BN);
     let mut j = 0;
     while j < tiles {
@@ -480,8 +490,8 @@ unsafe fn flash_simt<C: KvVec8, const D: usize>(p: FlashParams) {
         let k0 = j * BN;
         let nk = (plan.end_max - k0).min(BN);
         thread::sync_threads(); // the previous tile's readers are done
-        stage::<C, D>(ks, k, k0, nk, kv_row, d, tid);
-        stage::<C, D>(vs, v, k0, nk, kv_row, d, tid);
+        stage::<C, D>(ks, k, (sc, 0), k0, nk, kv_row, d, tid);
+        stage::<C, D>(vs, v, (sc, 1), k0, nk, kv_row, d, tid);
         thread::sync_threads();
 
         // 2a. scores, CHUNK keys at a time: partial dots over this lane's dims for 4 vectors ×

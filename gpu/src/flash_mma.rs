@@ -6,20 +6,35 @@
 //! # Precision
 //! Queries (pre-scaled by `scale · log2 e`), keys, values and probabilities are rounded to f16
 //! (11 significant bits, relative error ≤ 2^-11 each; an f16 KV cache is already exact), sums and
-//! the softmax state stay f32. f16 rather than bf16: the attention operands are bounded (keys
-//! and values of the normed model, probabilities in [0, 1]), so the 3 extra mantissa bits are
-//! free accuracy.
+//! the softmax state stay f32. f16 rather than bf16 for the 3 extra mantissa bits; f16's range
+//! is kept by powers of two, so that any f32 magnitude gives the f32 answer:
+//! - a query row whose largest magnitude reaches `2^15` is narrowed divided by its
+//!   `f16_key_scale` (also a row below `2^-4`, whose small elements would become f16
+//!   subnormals), and its scores are multiplied back (f32) after `Q Kᵀ`;
+//! - keys and values are f16 rows stored divided by their scales (`kv_scale`: the KV cache's,
+//!   or those `rope_cast_f16` wrote when the host narrowed f32 K/V; the host always narrows
+//!   first, so only f16 K/V kernels exist). A key's scale multiplies its score column. A value's
+//!   scale `sᵥ` enters through the probabilities: `o` is kept in units of `vmax`, the largest
+//!   value scale of the tiles so far (it only grows: `o` is rescaled like the softmax state), and
+//!   each probability is multiplied by `sᵥ / vmax ≤ 1` before it is narrowed for `P V`, while
+//!   the row sums take the probabilities unscaled; the output is `o · vmax / l`.
+//! All of this is one copy of the tile loop (`tiles::<D, true>`); the block takes it only when
+//! a query row of the block needs a scale or the backend's flag (`kv_flag`, a u32 every writer
+//! of row scales sets when it writes one other than 1, never reset) is set, decided once with a
+//! `bar.red.or`. Otherwise it runs `tiles::<D, false>`, the loop without any scale step, as fast
+//! as before the scales existed. In the scaled copy a ballot per tile still skips the multiplies
+//! for tiles whose rows all have scale 1.
 //!
 //! # Tiling ([`flash_mma_tile`])
-//! `WARPS` (4) warps, each owning `MT = m_tiles(D, f16)` tiles of 16 query vectors (two for
-//! head dims up to 64 with f16 K/V — every K/V fragment read from shared memory then feeds two
-//! products — else one): 128 or 64 vectors per block. Key tiles of `BN` = 64 keys: K and V are
-//! staged as f16 `[BN][D]` in shared memory with the 16-byte chunks of row `r` XOR-swizzled by
-//! `r % 8`, so the `ldmatrix` row reads of 8 consecutive keys hit 8 different bank groups. An f16
-//! cache is copied with `cp.async` (zero-filled past the valid keys); f32 K/V are loaded,
-//! narrowed and stored. The pipeline overlaps each load with a product: V of tile `j` loads
-//! while `S = Q Kⱼᵀ` runs, K of the next visible tile while `O += P Vⱼ` runs (one buffer each,
-//! two barriers per tile). With a block mask, the block classifies its key tiles up front
+//! `WARPS` (4) warps, each owning `MT = m_tiles(D)` tiles of 16 query vectors (two for head dims
+//! up to 64 — every K/V fragment read from shared memory then feeds two products — else one):
+//! 128 or 64 vectors per block. Key tiles of `BN` = 64 keys: K and V are staged as f16 `[BN][D]`
+//! in shared memory with the 16-byte chunks of row `r` XOR-swizzled by `r % 8`, so the
+//! `ldmatrix` row reads of 8 consecutive keys hit 8 different bank groups; they are copied with
+//! `cp.async` (zero-filled past the valid keys), the tile's row scales (`[BN][2]` f32) with the
+//! keys. The pipeline overlaps each load with a product: V of tile `j` loads while `S = Q Kⱼᵀ`
+//! runs, K of the next visible tile while `O += P Vⱼ` runs (one buffer each, two barriers per
+//! tile). With a block mask, the block classifies its key tiles up front
 //! (`Plan::classify_tiles`).
 //!
 //! # Thread mapping
@@ -36,15 +51,16 @@
 //! the barriers; `cp.async` groups are waited for (`wait_group 0`) before the barrier that
 //! publishes a tile.
 
-use crate::flash::{load_q2, Plan, LOG2E};
-use crate::math::F16;
-use crate::mem::{ex2, F32x4, KvVec8};
+use crate::attention::RowScales;
+use crate::flash::{ballot, load_q2, Plan, LOG2E};
+use crate::math::{f16_key_scale, F16};
+use crate::mem::{ex2, F32x4};
 use crate::params::flash_mma_tile::{BN, THREADS};
 use crate::params::flash_mma_tile;
 use crate::params::block_mask::CLASS_WORDS;
 use crate::params::FlashParams;
 use crate::reduce::shfl_xor;
-use cuda_std::{kernel, shared_array, thread};
+use cuda_std::{kernel, shared_array, thread, GpuFloat};
 
 /// `body` once for each listed index below `n`, with `$i` a constant: loops over register
 /// arrays written out, so that every index is known at compile time (a loop the compiler
@@ -159,74 +175,64 @@ fn swizzle<const D: usize>(r: usize, c: usize) -> u32 {
     (r * D * 2 + ((c ^ (r & 7)) << 4)) as u32
 }
 
-/// How one KV dtype reaches a swizzled f16 tile in shared memory.
-trait MmaKv: KvVec8 {
-    /// f16 elements (else f32).
-    const HALF: bool;
-    /// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of the rows at `src` (row stride
-    /// `row` elements) into the tile at shared address `dst`, dims past `d` zero.
-    unsafe fn stage<const D: usize>(dst: u32, src: *const Self, k0: usize, nk: usize, row: usize, d: usize, tid: usize);
-}
-
-impl MmaKv for F16 {
-    const HALF: bool = true;
-    #[inline(always)]
-    unsafe fn stage<const D: usize>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
-        let chunks = D / 8;
-        const MAX_ITEMS: usize = BN * 128 / 8 / THREADS as usize;
-        let items = BN * chunks / THREADS as usize;
-        for u in 0..MAX_ITEMS {
-            if u < items {
-                let it = tid + u * THREADS as usize;
-                let (r, c) = (it / chunks, it % chunks);
-                let ok = r < nk && 8 * c < d;
-                let from = if ok { src.add((k0 + r) * row + 8 * c) } else { src };
-                cp_async16(dst + swizzle::<D>(r, c), from as *const u8, if ok { 16 } else { 0 });
-            }
+/// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of the f16 rows at `src` (row stride
+/// `row` elements) into the tile at shared address `dst`, dims past `d` zero, with `cp.async`.
+#[inline(always)]
+unsafe fn stage<const D: usize>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
+    let chunks = D / 8;
+    const MAX_ITEMS: usize = BN * 128 / 8 / THREADS as usize;
+    let items = BN * chunks / THREADS as usize;
+    for u in 0..MAX_ITEMS {
+        if u < items {
+            let it = tid + u * THREADS as usize;
+            let (r, c) = (it / chunks, it % chunks);
+            let ok = r < nk && 8 * c < d;
+            let from = if ok { src.add((k0 + r) * row + 8 * c) } else { src };
+            cp_async16(dst + swizzle::<D>(r, c), from as *const u8, if ok { 16 } else { 0 });
         }
     }
 }
 
-impl MmaKv for f32 {
-    const HALF: bool = false;
-    #[inline(always)]
-    unsafe fn stage<const D: usize>(dst: u32, src: *const f32, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
-        let chunks = D / 8;
-        // in rounds of BATCH chunks per thread: loads of a round in flight together, then stores
-        const BATCH: usize = 2;
-        let items = BN * chunks / THREADS as usize;
-        let mut u0 = 0;
-        while u0 < items {
-            let mut vals = [[0.0f32; 8]; BATCH];
-            for b in 0..BATCH {
-                let it = tid + (u0 + b) * THREADS as usize;
-                let (r, c) = (it / chunks, it % chunks);
-                if r < nk && 8 * c < d {
-                    vals[b] = f32::load8(src.add((k0 + r) * row + 8 * c));
-                }
-            }
-            for b in 0..BATCH {
-                let it = tid + (u0 + b) * THREADS as usize;
-                let (r, c) = (it / chunks, it % chunks);
-                let x = &vals[b];
-                core::arch::asm!(
-                    "st.shared.v4.b32 [{}], {{{}, {}, {}, {}}};",
-                    in(reg32) dst + swizzle::<D>(r, c),
-                    in(reg32) pack_f16x2(x[0], x[1]), in(reg32) pack_f16x2(x[2], x[3]),
-                    in(reg32) pack_f16x2(x[4], x[5]), in(reg32) pack_f16x2(x[6], x[7]),
-                    options(nostack),
-                );
-            }
-            u0 += BATCH;
-        }
+// the per-tile scale check reads two keys per lane
+const _: () = assert!(BN == 64);
+
+/// Stages the (key, value) scales of keys `k0 .. k0 + BN` (those past `nk` zero) into `dst
+/// [BN][2]` f32 in shared memory with 8-byte `cp.async` (threads `0 .. BN`, one key each).
+#[inline(always)]
+unsafe fn stage_scales(dst: u32, sc: &RowScales, k0: usize, nk: usize, tid: usize) {
+    if tid < BN {
+        let ok = tid < nk;
+        let from = sc.ptr(if ok { k0 + tid } else { 0 });
+        core::arch::asm!("cp.async.ca.shared.global [{}], [{}], 8, {};", in(reg32) dst + 8 * tid as u32, in(reg64) from, in(reg32) if ok { 8u32 } else { 0 }, options(nostack));
     }
+}
+
+/// m16 row tiles per warp, at most (see `flash_mma_tile::m_tiles`).
+const MAX_MT: usize = 2;
+
+/// Whether `x` holds for any thread of the block (`bar.red.or`: a barrier every thread reaches).
+#[inline(always)]
+unsafe fn block_any(x: bool) -> bool {
+    let r: u32;
+    core::arch::asm!(
+        "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+        x = in(reg32) x as u32, r = out(reg32) r,
+        options(nostack),
+    );
+    r != 0
+}
+
+/// A lane's query rows as the prologue leaves them for the tile loop: each row slot's bounds
+/// (`Plan::row_state`), its scale, and the Q fragments.
+struct QRows {
+    st: [(u32, u32); 2 * MAX_MT],
+    qsc: [f32; 2 * MAX_MT],
+    qa: [[[u32; 4]; 8]; MAX_MT],
 }
 
 #[inline(always)]
-unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
-    // m16 row tiles per warp (see `flash_mma_tile::m_tiles`)
-    const MAX_MT: usize = 2;
-    let mt_n = flash_mma_tile::m_tiles(D, C::HALF);
+unsafe fn flash_mma<const D: usize>(p: FlashParams) {
+    let mt_n = flash_mma_tile::m_tiles(D);
     // sized for the largest head-dim class
     let ks = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
     let vs = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
@@ -235,38 +241,88 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
     let (gq, tq) = (lane / 4, lane % 4);
     let (heads, d) = (p.heads as usize, p.d as usize);
     let kv_row = p.kv_heads as usize * d;
-    let mut plan = Plan::new(&p, flash_mma_tile::vectors(D, C::HALF));
+    let mut plan = Plan::new(&p, flash_mma_tile::vectors(D));
     plan.classify_tiles(BN, shared_array![u32; CLASS_WORDS]);
 
     // 1. this lane's rows: vectors `16 · (mt_n · w + mt) + l/4 (+ 8)` of the block, row slot
-    //    `2 mt + h`; their bounds and Q fragments
+    //    `2 mt + h`; their bounds and Q fragments, narrowed divided by the row's
+    //    `f16_key_scale` (the row's largest magnitude over the quad), which multiplies the row's
+    //    scores
     // (recomputed where needed rather than held in registers through the loop)
     let vector = |mt: usize, h: usize| plan.vector(plan.v0 + 16 * (mt_n * w + mt) + gq + 8 * h, heads);
     let mut st = [(0u32, 0u32); 2 * MAX_MT];
     let mul = p.scale * LOG2E;
+    let mut qsc = [1.0f32; 2 * MAX_MT];
     let mut qa = [[[0u32; 4]; 8]; MAX_MT];
     unroll!(mt < mt_n, [0, 1], {
+        // the lane's query elements, loaded once: [k-step][2c + h] pairs
+        let mut xq = [[[0.0f32; 2]; 4]; 8];
         unroll!(h < 2, [0, 1], {
-            let (row, _, ok) = vector(mt, h);
+            let (row, head, ok) = vector(mt, h);
             st[2 * mt + h] = plan.row_state(&p, row, ok);
+            let mut mx = 0.0f32;
+            unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+                for c in 0..2 {
+                    let e = 16 * kk + 8 * c + 2 * tq;
+                    let x = if ok && e < d { load_q2(&p, row, head, e, mul) } else { [0.0; 2] };
+                    mx = mx.max(x[0].abs()).max(x[1].abs());
+                    xq[kk][2 * c + h] = x;
+                }
+            });
+            mx = mx.max(shfl_xor(mx, 1));
+            mx = mx.max(shfl_xor(mx, 2));
+            qsc[2 * mt + h] = f16_key_scale(mx);
         });
+        let inv = [1.0 / qsc[2 * mt], 1.0 / qsc[2 * mt + 1]]; // exact: powers of two
         unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
             for c in 0..2 {
-                let e = 16 * kk + 8 * c + 2 * tq;
                 for h in 0..2 {
-                    let (row, head, ok) = vector(mt, h);
-                    let x = if ok && e < d { load_q2(&p, row, head, e, mul) } else { [0.0; 2] };
-                    qa[mt][kk][2 * c + h] = pack_f16x2(x[0], x[1]);
+                    let x = xq[kk][2 * c + h];
+                    qa[mt][kk][2 * c + h] = pack_f16x2(x[0] * inv[h], x[1] * inv[h]);
                 }
             }
         });
     });
+    // whether a row of this lane is scaled
+    let mut q_scaled = false;
+    for r in 0..2 * MAX_MT {
+        q_scaled |= qsc[r] != 1.0;
+    }
 
-    // 2. the visible key tiles
+    // 2. the visible key tiles: through the scaled path (row scales staged and applied) when a
+    //    query row of the block is scaled or a writer flagged a K/V scale other than 1, else
+    //    through a copy of the loop without any of it (uniform over the block)
+    let flagged = p.kv_scale != 0 && (p.kv_flag == 0 || *(p.kv_flag as *const u32) != 0);
+    let rows = QRows { st, qsc, qa };
+    let smem = (ks, vs, shared_array![F32x4; BN / 2] as *const [f32; 2]);
+    if block_any(q_scaled || flagged) {
+        tiles::<D, true>(&p, &plan, &rows, smem, q_scaled);
+    } else {
+        tiles::<D, false>(&p, &plan, &rows, smem, false);
+    }
+}
+
+/// The tile loop and the output of [`flash_mma`]; `SCALED`: with the row-scale steps (`ks`, `vs`
+/// the K and V tiles' shared addresses, `scs` the tile's scales in shared memory).
+#[inline(always)]
+unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan, rows: &QRows, (ks, vs, scs): (u32, u32, *const [f32; 2]), q_scaled: bool) {
+    let mt_n = flash_mma_tile::m_tiles(D);
+    let tid = thread::thread_idx_x() as usize;
+    let (lane, w) = (tid % 32, tid / 32);
+    let (gq, tq) = (lane / 4, lane % 4);
+    let (heads, d) = (p.heads as usize, p.d as usize);
+    let kv_row = p.kv_heads as usize * d;
+    let vector = |mt: usize, h: usize| plan.vector(plan.v0 + 16 * (mt_n * w + mt) + gq + 8 * h, heads);
+    let (st, qsc, qa) = (&rows.st, &rows.qsc, &rows.qa);
     let mut o = [[[0.0f32; 4]; 16]; MAX_MT];
     let mut m = [f32::NEG_INFINITY; 2 * MAX_MT];
     let mut l = [0.0f32; 2 * MAX_MT];
-    let (k, v) = ((p.k as *const C).add(plan.g * d), (p.v as *const C).add(plan.g * d));
+    let (k, v) = ((p.k as *const F16).add(plan.g * d), (p.v as *const F16).add(plan.g * d));
+    // row scales: staged per tile with K; `vmax` is the largest value scale so far, the unit of
+    // `o` (each key's probability is multiplied by its value scale / `vmax` before PV)
+    let sc = RowScales::new(p.kv_scale, p.kv_heads as usize, plan.g);
+    let scaled = SCALED && p.kv_scale != 0;
+    let mut vmax = 1.0f32;
     let tiles = plan.tiles(BN);
     let (mi, ri) = (lane / 8, lane % 8);
     // ldmatrix row addresses: K rows np·16 + (mi / 2)·8 + ri at chunk 2kk + mi % 2, V rows
@@ -281,15 +337,29 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
     let keys = |j: usize| (plan.end_max - j * BN).min(BN);
     let mut j = plan.next_tile(0, BN);
     if j < tiles {
-        C::stage::<D>(ks, k, j * BN, keys(j), kv_row, d, tid);
+        stage::<D>(ks, k, j * BN, keys(j), kv_row, d, tid);
+        if scaled {
+            stage_scales(smem_addr(scs), &sc, j * BN, keys(j), tid);
+        }
         cp_async_commit();
     }
     while j < tiles {
         let (_, check) = plan.tile(j, BN);
         let k0 = j * BN;
         cp_async_wait_all();
-        thread::sync_threads(); // K_j landed; every warp is done with V of the last tile
-        C::stage::<D>(vs, v, k0, keys(j), kv_row, d, tid);
+        thread::sync_threads(); // K_j (and its scales) landed; every warp is done with V of the last tile
+        // whether the scores need multiplying (a query row of the warp or a key of the tile has
+        // a scale other than 1) and whether a value of the tile has one: each lane reads two
+        // keys' pairs, a ballot makes it uniform over the warp, and tiles of ordinary rows skip
+        // the multiplies. (Ballots per tile rather than flags fixed before the loop, which the
+        // compiler would unswitch into copies of the whole unrolled loop.)
+        let (mut k_mul, mut v_scaled) = (false, false);
+        if SCALED {
+            let (a, b) = (*scs.add(lane), *scs.add(lane + 32));
+            k_mul = ballot(q_scaled || (scaled && (a[0] != 1.0 || b[0] != 1.0))) != 0;
+            v_scaled = ballot(scaled && (a[1] != 1.0 || b[1] != 1.0)) != 0;
+        }
+        stage::<D>(vs, v, k0, keys(j), kv_row, d, tid);
         cp_async_commit();
 
         // 2a. S = Q Kᵀ: per k-step of 16 dims, one ldmatrix.x4 gives the B fragments of two
@@ -304,7 +374,35 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
                 });
             });
         });
-        // 2b. masks, row maxima over the quad, rescaled state, probabilities as A fragments
+        // 2b. scales (query rows, keys), masks, row maxima over the quad, rescaled state,
+        //     probabilities as A fragments
+        if k_mul {
+            unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+                unroll!(e < 2, [0, 1], {
+                    let kscale = if scaled { (*scs.add(8 * nt + 2 * tq + e))[0] } else { 1.0 };
+                    unroll!(mt < mt_n, [0, 1], {
+                        unroll!(h < 2, [0, 1], {
+                            s[mt][nt][2 * h + e] *= qsc[2 * mt + h] * kscale;
+                        });
+                    });
+                });
+            });
+        }
+        // the tile's largest value scale (each quad's lanes cover all BN keys) and how `o`
+        // changes unit
+        let mut vr = 1.0f32;
+        if v_scaled {
+            let mut tv = 1.0f32;
+            unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+                tv = tv.max((*scs.add(8 * nt + 2 * tq))[1]).max((*scs.add(8 * nt + 2 * tq + 1))[1]);
+            });
+            tv = tv.max(shfl_xor(tv, 1));
+            tv = tv.max(shfl_xor(tv, 2));
+            if tv > vmax {
+                vr = vmax / tv;
+                vmax = tv;
+            }
+        }
         if check {
             unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
                 unroll!(e < 2, [0, 1], {
@@ -345,11 +443,12 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
                 m[r] = mn;
                 l[r] *= alpha[h];
             });
+            let (a0, a1) = (alpha[0] * vr, alpha[1] * vr);
             unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
-                o[mt][dt][0] *= alpha[0];
-                o[mt][dt][1] *= alpha[0];
-                o[mt][dt][2] *= alpha[1];
-                o[mt][dt][3] *= alpha[1];
+                o[mt][dt][0] *= a0;
+                o[mt][dt][1] *= a0;
+                o[mt][dt][2] *= a1;
+                o[mt][dt][3] *= a1;
             });
             // probabilities, packed into A fragments as they are made; row sums in two chains
             let mut rs = [[0.0f32; 2]; 2];
@@ -361,6 +460,12 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
                     });
                     rs[0][u] += p4[u][0] + p4[u][1];
                     rs[1][u] += p4[u][2] + p4[u][3];
+                    if SCALED && (v_scaled || vmax != 1.0) {
+                        let inv = 1.0 / vmax;
+                        let c = 16 * kc + 8 * u + 2 * tq;
+                        let (f0, f1) = ((*scs.add(c))[1] * inv, (*scs.add(c + 1))[1] * inv);
+                        p4[u] = [p4[u][0] * f0, p4[u][1] * f1, p4[u][2] * f0, p4[u][3] * f1];
+                    }
                 });
                 pa[mt][kc] = [pack_f16x2(p4[0][0], p4[0][1]), pack_f16x2(p4[0][2], p4[0][3]), pack_f16x2(p4[1][0], p4[1][1]), pack_f16x2(p4[1][2], p4[1][3])];
             });
@@ -371,7 +476,10 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
         thread::sync_threads(); // V_j landed; every warp is done with K_j
         let jn = plan.next_tile(j + 1, BN);
         if jn < tiles {
-            C::stage::<D>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
+            stage::<D>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
+            if scaled {
+                stage_scales(smem_addr(scs), &sc, jn * BN, keys(jn), tid);
+            }
             cp_async_commit();
         }
         // 2c. O += P V: per 16 keys, one ldmatrix.x4.trans gives the B fragments of two dim
@@ -397,7 +505,7 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
             l[r] += shfl_xor(l[r], 2);
             let (row, head, ok) = vector(mt, h);
             if ok {
-                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+                let inv = if l[r] > 0.0 { vmax / l[r] } else { 0.0 };
                 let dst = out.add((row * heads + head) * d);
                 unroll!(dt < D / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {
                     let e = 8 * dt + 2 * tq;
@@ -410,26 +518,14 @@ unsafe fn flash_mma<C: MmaKv, const D: usize>(p: FlashParams) {
     });
 }
 
-/// Flash attention on tensor cores, head dims up to 64, f32 K/V (narrowed as staged).
-#[kernel]
-pub unsafe fn flash_attention_mma_d64_f32(p: FlashParams) {
-    flash_mma::<f32, 64>(p)
-}
-
 /// Flash attention on tensor cores, head dims up to 64, f16 K/V (`cp.async`).
 #[kernel]
 pub unsafe fn flash_attention_mma_d64_f16(p: FlashParams) {
-    flash_mma::<F16, 64>(p)
-}
-
-/// Flash attention on tensor cores, head dims up to 128, f32 K/V (narrowed as staged).
-#[kernel]
-pub unsafe fn flash_attention_mma_d128_f32(p: FlashParams) {
-    flash_mma::<f32, 128>(p)
+    flash_mma::<64>(p)
 }
 
 /// Flash attention on tensor cores, head dims up to 128, f16 K/V (`cp.async`).
 #[kernel]
 pub unsafe fn flash_attention_mma_d128_f16(p: FlashParams) {
-    flash_mma::<F16, 128>(p)
+    flash_mma::<128>(p)
 }

@@ -253,6 +253,35 @@ pub fn f16_row_scale(max_abs: f32) -> f32 {
     f32::from_bits(((127 - e) as u32) << 23)
 }
 
+/// The power of two `s` an f16 value row (one KV head's `d` values of one token) is stored
+/// divided by, for a row whose largest magnitude is `max_abs`: 1 while the row is below `2^15`
+/// (what an f16 cache always held; such rows are stored exactly as before), else
+/// `2^(exponent(max_abs) - F16_ROW_EXP)`, which brings the row into `[2^14, 2^15)`, so a value of
+/// any f32 magnitude is stored with f16's relative precision instead of overflowing. Never below
+/// 1: the tensor-core attention folds `s / max s` into the probabilities it rounds to f16, where
+/// a row scaled up would lose its precision. The reader multiplies by `s` (exact). 1 for
+/// infinities and NaN (carried as f32 would carry them). Shared by the cache writers
+/// (`qkv_rope_append_f16`, `rope_cast_f16`) and the CPU backend.
+#[inline(always)]
+pub fn f16_value_scale(max_abs: f32) -> f32 {
+    if !(max_abs >= 32768.0) || max_abs == f32::INFINITY {
+        return 1.0;
+    }
+    1.0 / f16_row_scale(max_abs)
+}
+
+/// [`f16_value_scale`] for keys and queries, whose scales multiply scores (f32), so rows are
+/// also scaled up: a row whose largest magnitude is below `2^-4` is brought into `[2^14, 2^15)`
+/// too, and its small elements keep f16's relative precision instead of becoming f16
+/// subnormals (a tiny key against a huge query).
+#[inline(always)]
+pub fn f16_key_scale(max_abs: f32) -> f32 {
+    if max_abs < 0.0625 && max_abs > 0.0 {
+        return 1.0 / f16_row_scale(max_abs);
+    }
+    f16_value_scale(max_abs)
+}
+
 /// The rotary axis (0 = t, 1 = h, 2 = w) whose position drives frequency `j` of interleaved
 /// MRoPE with sections `section` (t, h, w): `j % 3 == 1` takes h while `j < 3 · section[1]`,
 /// `j % 3 == 2` takes w while `j < 3 · section[2]`, everything else t.
@@ -475,6 +504,27 @@ mod tests {
         assert_eq!(f16_row_scale(f32::INFINITY), 1.0);
         assert_eq!(f16_row_scale(f32::NAN), 1.0);
         assert_eq!(f16_row_scale(1e-36), 2f32.powi(100));
+    }
+
+    #[test]
+    fn f16_kv_scales_leave_f16_rows_alone_and_bring_others_into_range() {
+        for &m in &[0.0f32, 0.0625, 1.0, 1000.0, 32767.0, f32::INFINITY, f32::NAN] {
+            assert_eq!(f16_value_scale(m), 1.0, "{}", m);
+            assert_eq!(f16_key_scale(m), 1.0, "{}", m);
+        }
+        for &m in &[1e-30f32, 1e-6, 0.01, 0.06] {
+            assert_eq!(f16_value_scale(m), 1.0, "{}: values are never scaled up", m);
+        }
+        for &m in &[32768.0f32, 65504.0, 65505.0, 3.0e5, 1e20, f32::MAX, 1e-20, 1e-6, 0.01, 0.06] {
+            let s = f16_key_scale(m);
+            assert!(s != 1.0 && s.to_bits() & 0x7f_ffff == 0, "{}: a power of two: {}", m, s);
+            let stored = m / s;
+            assert!((16384.0..32768.0).contains(&stored), "{} stored as {}", m, stored);
+            assert_eq!(stored * s, m, "{}: undone exactly", m);
+            if m >= 32768.0 {
+                assert_eq!(f16_value_scale(m), s, "{}", m);
+            }
+        }
     }
 
     #[test]

@@ -212,6 +212,11 @@ pub struct AttentionParams {
     pub v: u64,
     /// `[t, heads, d]` f32.
     pub out: u64,
+    /// `[cap, kv_heads, 2]` f32 or 0: per cache row and KV head the power of two its f16 key
+    /// (`[.., 0]`) and value (`[.., 1]`) row is stored divided by (`crate::math::f16_key_scale`,
+    /// `f16_value_scale`;
+    /// the kernels multiply it back). 0: every row as stored.
+    pub kv_scale: u64,
     pub t: u32,
     pub heads: u32,
     pub kv_heads: u32,
@@ -266,6 +271,14 @@ pub struct FlashParams {
     /// `crate::math::rope_pair`), or 0 for none.
     pub cos: u64,
     pub sin: u64,
+    /// `[cap, kv_heads, 2]` f32 or 0: per cache row and KV head the power of two its f16 key
+    /// (`[.., 0]`) and value (`[.., 1]`) row is stored divided by (`crate::math::f16_key_scale`,
+    /// `f16_value_scale`;
+    /// the kernels multiply it back). 0: every row as stored.
+    pub kv_scale: u64,
+    /// The writers' KV scale flag (see [`QkvRopeParams::kv_flag`]), or 0: when it reads 0 and no
+    /// query row needs a scale, the tensor-core kernels skip every row-scale step.
+    pub kv_flag: u64,
     pub t: u32,
     pub heads: u32,
     pub kv_heads: u32,
@@ -353,20 +366,19 @@ pub mod flash_mma_tile {
     pub const THREADS: u32 = WARPS * 32;
     /// Keys per tile.
     pub const BN: usize = 64;
-    /// m16 row tiles per warp for head-dim class `dc` and K/V of f16 (else f32): two for 64
-    /// with f16 K/V (each K/V fragment read from shared memory feeds twice the products), else
-    /// one (the 128 class's wider accumulators, or the registers f32 K/V pass through as they are
-    /// narrowed, fill the register file).
-    pub const fn m_tiles(dc: usize, f16_kv: bool) -> usize {
-        if dc <= 64 && f16_kv {
+    /// m16 row tiles per warp for head-dim class `dc`: two for 64 (each K/V fragment read from
+    /// shared memory feeds twice the products), one for 128 (its wider accumulators fill the
+    /// register file).
+    pub const fn m_tiles(dc: usize) -> usize {
+        if dc <= 64 {
             2
         } else {
             1
         }
     }
     /// Query vectors per block.
-    pub const fn vectors(dc: usize, f16_kv: bool) -> usize {
-        16 * m_tiles(dc, f16_kv) * WARPS as usize
+    pub const fn vectors(dc: usize) -> usize {
+        16 * m_tiles(dc) * WARPS as usize
     }
 }
 
@@ -386,10 +398,21 @@ pub struct RopeCastParams {
     pub sin: u64,
     /// `[rows, heads, d]` f16 bits.
     pub out: u64,
+    /// `[rows, heads]` f32 at a stride of 2 floats (one plane of a `[rows, heads, 2]` scale
+    /// tensor, see [`AttentionParams::kv_scale`]), or 0: when set, each (row, head) vector is
+    /// stored divided by its `crate::math::f16_key_scale` (`f16_value_scale` with `values`),
+    /// written here; else narrowed as is.
+    pub scale_out: u64,
+    /// Like `scale_out`, or 0: the scales `x`'s vectors are multiplied by first (K/V gathered
+    /// out of a scaled cache).
+    pub scale_in: u64,
+    /// See [`QkvRopeParams::kv_flag`].
+    pub kv_flag: u64,
     pub rows: u32,
     pub heads: u32,
     pub d: u32,
-    pub _pad: u32,
+    /// 1: the vectors are values (`f16_value_scale`), 0: keys (`f16_key_scale`).
+    pub values: u32,
 }
 
 /// Tile sizes of `matmul_*`, shared with the host launcher.
@@ -525,6 +548,12 @@ pub struct QkvRopeParams {
     /// values are written at each row's cache row.
     pub k_cache: u64,
     pub v_cache: u64,
+    /// f16 caches: `[cap, kv_heads, 2]` f32, where each written row's key and value scale go
+    /// (see [`AttentionParams::kv_scale`]); 0 to store rows unscaled (f32 caches).
+    pub kv_scale: u64,
+    /// A u32 on the device that every writer of row scales sets to 1 when it writes a scale other
+    /// than 1 (and nothing resets), or 0 for none.
+    pub kv_flag: u64,
     pub t: u32,
     pub heads: u32,
     pub kv_heads: u32,
@@ -542,6 +571,9 @@ pub mod qkv_rope_tile {
     pub const THREADS: u32 = WARPS * 32;
     /// Largest head dim (a warp stages its vector in shared memory).
     pub const MAX_D: usize = 256;
+    /// Rotary pairs a lane of `rope_cast_f16` holds (its head dim at most `64 · CAST_PAIRS`,
+    /// which is `MAX_D`).
+    pub const CAST_PAIRS: usize = MAX_D / 64;
 }
 
 /// Split-KV attention for a few query rows against the KV cache: partial softmax states per
@@ -570,6 +602,11 @@ pub struct SplitAttnParams {
     pub table: u64,
     /// Paged mode: `[t]` u32, the keys query row `i` sees (`0 .. lens[i]`).
     pub lens: u64,
+    /// `[cap, kv_heads, 2]` f32 or 0: per cache row and KV head the power of two its f16 key
+    /// (`[.., 0]`) and value (`[.., 1]`) row is stored divided by (`crate::math::f16_key_scale`,
+    /// `f16_value_scale`;
+    /// the kernels multiply it back). 0: every row as stored.
+    pub kv_scale: u64,
     pub t: u32,
     pub heads: u32,
     pub kv_heads: u32,

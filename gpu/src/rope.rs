@@ -13,11 +13,11 @@
 //! # Safety
 //! The launcher validates sizes (`d` even). No barriers.
 
-use crate::math::{mrope_axis, rms_scale, rope_pair, F16};
+use crate::math::{f16_key_scale, f16_value_scale, mrope_axis, rms_scale, rope_pair, F16};
 use crate::mem::KvElem;
-use crate::params::qkv_rope_tile::{MAX_D, WARPS};
+use crate::params::qkv_rope_tile::{CAST_PAIRS, MAX_D, WARPS};
 use crate::params::{QkvRopeParams, RopeCastParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
-use crate::reduce::warp_sum;
+use crate::reduce::{warp_max, warp_sum};
 use cuda_std::{kernel, shared_array, thread, warp, GpuFloat};
 
 /// Rotates every head of one row per block. See the module docs.
@@ -41,27 +41,58 @@ pub unsafe fn rope_f32(p: RopeParams) {
 }
 
 /// # `rope_cast_f16` ([`RopeCastParams`])
-/// `out = f16(rope(x))` (rotate-half with the row's `cos`/`sin`, as `rope_f32`), or `f16(x)` when
-/// `cos` is 0: the vision tower's keys rotated and narrowed, and its values narrowed, for the
-/// tensor-core attention, in one pass each. One block of `ROW_THREADS` per row; threads stride
-/// over the row's `heads · d/2` pairs. No barriers.
+/// `out = f16(rope(x · s_in) / s)` (rotate-half with the row's `cos`/`sin`, as `rope_f32`; no
+/// rotation when `cos` is 0; `s_in` the vector's scale in `scale_in`, else 1), `s` the (row, head)
+/// vector's `f16_key_scale` (`f16_value_scale` with `values`) written to `scale_out` (or 1 when
+/// `scale_out` is 0): the vision tower's keys rotated and narrowed, its values narrowed, any K/V
+/// narrowed for the tensor-core attention, and f16 KV-cache rows written, in one pass each.
+/// One warp per (row, head) vector, `WARPS` per block (grid = `ceil(rows · heads / WARPS)`);
+/// lane `l` loads pairs `(i, i + d/2)` for `i = l, l + 32, ...` (`d <= 2 · 32 · CAST_PAIRS`) up
+/// front, the warp reduces their largest magnitude, then stores. Warps past the last vector
+/// exit as a whole; no barriers.
 #[kernel]
 pub unsafe fn rope_cast_f16(p: RopeCastParams) {
-    let r = thread::block_idx_x() as usize;
+    const PAIRS: usize = CAST_PAIRS;
+    let tid = thread::thread_idx_x() as usize;
+    let (lane, item) = (tid % 32, thread::block_idx_x() as usize * WARPS as usize + tid / 32);
     let (heads, d) = (p.heads as usize, p.d as usize);
-    let half = d / 2;
-    let x = (p.x as *const f32).add(r * heads * d);
-    let out = (p.out as *mut F16).add(r * heads * d);
-    let (cos, sin) = ((p.cos as *const f32).add(r * half), (p.sin as *const f32).add(r * half));
-    let mut pair = thread::thread_idx_x() as usize;
-    while pair < heads * half {
-        let (h, i) = (pair / half, pair % half);
-        let base = h * d;
-        let (x1, x2) = (*x.add(base + i), *x.add(base + i + half));
-        let (a, b) = if p.cos != 0 { rope_pair(x1, x2, *cos.add(i), *sin.add(i)) } else { (x1, x2) };
-        F16::store(out.add(base + i), a);
-        F16::store(out.add(base + i + half), b);
-        pair += thread::block_dim_x() as usize;
+    if item >= p.rows as usize * heads {
+        return; // uniform per warp
+    }
+    let (r, half) = (item / heads, d / 2);
+    let x = (p.x as *const f32).add(item * d);
+    let f = if p.scale_in != 0 { *(p.scale_in as *const f32).add(2 * item) } else { 1.0 };
+    let (mut a, mut b) = ([0.0f32; PAIRS], [0.0f32; PAIRS]);
+    let mut mx = 0.0f32;
+    for u in 0..PAIRS {
+        let i = lane + 32 * u;
+        if i < half {
+            let (x1, x2) = (*x.add(i) * f, *x.add(i + half) * f);
+            let (y1, y2) = if p.cos != 0 { rope_pair(x1, x2, *(p.cos as *const f32).add(r * half + i), *(p.sin as *const f32).add(r * half + i)) } else { (x1, x2) };
+            a[u] = y1;
+            b[u] = y2;
+            mx = mx.max(y1.abs()).max(y2.abs());
+        }
+    }
+    let mut s = 1.0f32;
+    if p.scale_out != 0 {
+        let m = warp_max(mx);
+        s = if p.values != 0 { f16_value_scale(m) } else { f16_key_scale(m) };
+        if lane == 0 {
+            *(p.scale_out as *mut f32).add(2 * item) = s;
+            if s != 1.0 && p.kv_flag != 0 {
+                *(p.kv_flag as *mut u32) = 1;
+            }
+        }
+    }
+    let inv = 1.0 / s; // exact: a power of two
+    let out = (p.out as *mut F16).add(item * d);
+    for u in 0..PAIRS {
+        let i = lane + 32 * u;
+        if i < half {
+            F16::store(out.add(i), a[u] * inv);
+            F16::store(out.add(i + half), b[u] * inv);
+        }
     }
 }
 
@@ -69,7 +100,9 @@ pub unsafe fn rope_cast_f16(p: RopeCastParams) {
 /// The decoder's step between the fused QKV projection and attention, for `t` rows:
 /// q heads are RMS-normed (`q_norm`), rotated, and written to `q_out [t, heads, d]`; k heads are
 /// normed (`k_norm`), rotated and written to the KV cache at the row's cache row; v heads are
-/// copied there. The rotation angle of pair `j` is `pos[axis(j)] · inv_freq[j]`, with the
+/// copied there. With `kv_scale` (f16 caches) each k and v head vector is stored divided by its
+/// `f16_key_scale` / `f16_value_scale` (a warp max), written beside it by lane 0, which also
+/// sets `kv_flag` for a scale other than 1. The rotation angle of pair `j` is `pos[axis(j)] · inv_freq[j]`, with the
 /// (t, h, w) position from the row's cursor and the axis from interleaved MRoPE
 /// (`gpu::math::mrope_axis`); `cos`/`sin` are computed here, so nothing is uploaded per step.
 ///
@@ -121,12 +154,18 @@ unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
     }
     let (pt, ph, pw, row) = (*cur, *cur.add(1), *cur.add(2), *cur.add(CURSOR_ROW) as usize);
     if is_v {
-        // v: copied into the cache as is
+        // v: into the cache as is (divided by its scale in an f16 cache)
         if row < p.cap as usize {
-            let dst = (p.v_cache as *mut C).add((row * kvh + hv - heads - kvh) * d);
+            let g = hv - heads - kvh;
+            let mut mx = 0.0f32;
+            for u in 0..PER_LANE {
+                mx = mx.max(x[u].abs());
+            }
+            let inv = 1.0 / kv_scale_out(&p, row, g, 1, mx, lane);
+            let dst = (p.v_cache as *mut C).add((row * kvh + g) * d);
             for u in 0..PER_LANE {
                 if lane + 32 * u < d {
-                    C::store(dst.add(lane + 32 * u), x[u]);
+                    C::store(dst.add(lane + 32 * u), x[u] * inv);
                 }
             }
         }
@@ -145,8 +184,11 @@ unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
         }
     }
     warp::sync_warp(0xffff_ffff);
-    // 3. rotate pairs (j, j + d/2) by pos[axis(j)] · inv_freq[j] and write them out
+    // 3. rotate pairs (j, j + d/2) by pos[axis(j)] · inv_freq[j] and write them out (keys
+    //    divided by their scale in an f16 cache)
     let half = d / 2;
+    let (mut ra, mut rb) = ([0.0f32; PER_LANE / 2], [0.0f32; PER_LANE / 2]);
+    let mut mx = 0.0f32;
     for u in 0..PER_LANE / 2 {
         let j = lane + 32 * u;
         if j < half {
@@ -157,17 +199,51 @@ unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
             };
             let angle = pos as f32 * f[u];
             let (a, b) = rope_pair(*s.add(j), *s.add(j + half), angle.cos(), angle.sin());
-            if is_q {
-                let dst = (p.q_out as *mut f32).add((i * heads + hv) * d);
-                *dst.add(j) = a;
-                *dst.add(j + half) = b;
-            } else if row < p.cap as usize {
-                let dst = (p.k_cache as *mut C).add((row * kvh + hv - heads) * d);
-                C::store(dst.add(j), a);
-                C::store(dst.add(j + half), b);
+            ra[u] = a;
+            rb[u] = b;
+            mx = mx.max(a.abs()).max(b.abs());
+        }
+    }
+    if is_q {
+        let dst = (p.q_out as *mut f32).add((i * heads + hv) * d);
+        for u in 0..PER_LANE / 2 {
+            let j = lane + 32 * u;
+            if j < half {
+                *dst.add(j) = ra[u];
+                *dst.add(j + half) = rb[u];
+            }
+        }
+    } else if row < p.cap as usize {
+        let g = hv - heads;
+        let inv = 1.0 / kv_scale_out(&p, row, g, 0, mx, lane);
+        let dst = (p.k_cache as *mut C).add((row * kvh + g) * d);
+        for u in 0..PER_LANE / 2 {
+            let j = lane + 32 * u;
+            if j < half {
+                C::store(dst.add(j), ra[u] * inv);
+                C::store(dst.add(j + half), rb[u] * inv);
             }
         }
     }
+}
+
+/// The scale a cache row of KV head `g` at cache row `row` is stored with (`which` 0: key, 1:
+/// value), from this lane's largest magnitude `mx`: with `kv_scale` set, the warp's
+/// `f16_key_scale` (`f16_value_scale` for values), written by lane 0; else 1. Every lane of the warp calls it.
+#[inline(always)]
+unsafe fn kv_scale_out(p: &QkvRopeParams, row: usize, g: usize, which: usize, mx: f32, lane: usize) -> f32 {
+    if p.kv_scale == 0 {
+        return 1.0;
+    }
+    let m = warp_max(mx);
+    let s = if which == 1 { f16_value_scale(m) } else { f16_key_scale(m) };
+    if lane == 0 {
+        *(p.kv_scale as *mut f32).add(2 * (row * p.kv_heads as usize + g) + which) = s;
+        if s != 1.0 && p.kv_flag != 0 {
+            *(p.kv_flag as *mut u32) = 1;
+        }
+    }
+    s
 }
 
 /// QKV norm + MRoPE + append to an f32 KV cache. See [`qkv_rope_append`].

@@ -28,6 +28,15 @@ pub enum Gelu {
     Erf,
 }
 
+/// How f16 keys and values keep f32's range: each row (one KV head's `d` values of one token) is
+/// stored divided by a power of two, `gpu::math::f16_key_scale` / `f16_value_scale` of its
+/// largest magnitude (1 for every row in `[2^-4, 2^15)`, so ordinary rows are stored as plain
+/// f16; values are only ever scaled down), and a `[rows, kv_heads, 2]`
+/// f32 tensor beside the cache holds each row's key scale (`[.., 0]`) and value scale (`[.., 1]`).
+/// Readers multiply them back in f32. The KV caches in f16 carry one ([`crate::model::KvCache`],
+/// the engine's paged pool); `None` in the ops below means every row is stored as is.
+pub const KV_SCALES: usize = 2;
+
 /// How queries see keys in [`Backend::attention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
@@ -200,14 +209,17 @@ pub fn attention_block_sparse_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, 
 }
 
 /// The composite body of [`Backend::attention_paged`] (the CPU path and the test oracle): per
-/// row, its keys and values gathered out of the caches, then one dense [`Backend::attention`].
-pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, pages: &Pages, scale: f32) -> Result<Tensor> {
+/// row, its keys, values and their scales gathered out of the caches, then one dense
+/// [`Backend::attention_scaled`].
+pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
     let (t, heads, _, d) = ops::paged_dims(q, k_pool, v_pool, pages)?;
+    ops::kv_scale_dims("attention_paged", k_pool, scales)?;
     let mut out = b.zeros(&[t, heads, d])?;
     for i in 0..t {
         let (n, slots) = (pages.len(i), pages.slots(i, pages.len(i)));
         let (k, v) = (gather_cache_rows(b, k_pool, &slots)?, gather_cache_rows(b, v_pool, &slots)?);
-        let o = b.attention(&b.take_rows(q, i, 1)?, &k, &v, AttnParams { kv_len: n, q_pos0: n - 1, causal: false, scale })?;
+        let sc = scales.map(|s| gather_cache_rows(b, s, &slots)).transpose()?;
+        let o = b.attention_scaled(&b.take_rows(q, i, 1)?, &k, &v, sc.as_ref(), AttnParams { kv_len: n, q_pos0: n - 1, causal: false, scale })?;
         b.write_rows(&mut out, i, &o)?;
     }
     Ok(out)
@@ -379,13 +391,26 @@ pub trait Backend: Send + Sync {
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor>;
 
     /// Scaled dot-product attention with grouped KV heads (see [`AttnParams`]):
-    /// `q [t, heads, d]` against the first `p.kv_len` rows of `k`, `v` `[cap, kv_heads, d]`;
-    /// returns `[t, heads, d]`.
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor>;
+    /// `q [t, heads, d]` against the first `p.kv_len` rows of `k`, `v` `[cap, kv_heads, d]`
+    /// (f32 or f16, rows times their `scales` when given, see [`KV_SCALES`]); returns
+    /// `[t, heads, d]`.
+    fn attention_scaled(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, p: AttnParams) -> Result<Tensor>;
+
+    /// [`Backend::attention_scaled`] of rows stored as they are.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
+        self.attention_scaled(q, k, v, None, p)
+    }
 
     /// Copies `src [r, ..]` (f32) into rows `row0 .. row0 + r` of `dst [cap, ..]` (trailing axes
     /// equal; f32, or f16 rounded to nearest even), in place: the KV-cache append.
     fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()>;
+
+    /// [`Backend::write_rows`] of keys or values `src [r, kv_heads, d]` into a cache row range
+    /// with row scales: with `scales = Some((s, which))` (`s [cap, kv_heads, 2]`, `which` 0 for
+    /// keys, 1 for values) each (row, head) vector is stored divided by its
+    /// `gpu::math::f16_key_scale` (values: `f16_value_scale`) and the scale goes to
+    /// `s[row, head, which]`; without, as `write_rows`.
+    fn write_kv_rows(&self, dst: &mut Tensor, scales: Option<(&mut Tensor, usize)>, row0: usize, src: &Tensor) -> Result<()>;
 
     /// Columns `col0 .. col0 + width` of the f32 matrix `x [rows, cols]` as `[rows, width]`.
     fn narrow_cols(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor>;
@@ -487,8 +512,11 @@ pub trait Backend: Send + Sync {
     /// interleaved MRoPE at the positions of `cursor [t, 4]` (u32: t, h, w, cache row), writes
     /// keys and values into `k_cache`, `v_cache` `[cap, kv_heads, d]` at the cursor's cache rows
     /// (any rows: a paged cache's jump at block bounds), and returns the queries `[t, heads, d]`.
-    fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor) -> Result<Tensor> {
+    /// With `scales` (`[cap, kv_heads, 2]`, see [`KV_SCALES`]) the rows are written scaled and
+    /// their scales beside them.
+    fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor, mut scales: Option<&mut Tensor>) -> Result<Tensor> {
         let t = ops::qkv_rope_dims(qkv, p, cursor, k_cache, v_cache)?;
+        ops::kv_scale_dims("qkv_rope_append", k_cache, scales.as_deref())?;
         let cur = self.download_u32(cursor)?;
         let (qd, kvd) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
         // 1. rotary tables for the cursor's positions: cos, sin [t, d / 2]
@@ -512,8 +540,8 @@ pub trait Backend: Send + Sync {
                 i1 += 1;
             }
             let (kr, vr) = if i0 == 0 && i1 == t { (k.clone(), v.clone()) } else { (self.take_rows(&k, i0, i1 - i0)?, self.take_rows(&v, i0, i1 - i0)?) };
-            self.write_rows(k_cache, rows[i0], &kr)?;
-            self.write_rows(v_cache, rows[i0], &vr)?;
+            self.write_kv_rows(k_cache, scales.as_deref_mut().map(|s| (s, 0)), rows[i0], &kr)?;
+            self.write_kv_rows(v_cache, scales.as_deref_mut().map(|s| (s, 1)), rows[i0], &vr)?;
             i0 = i1;
         }
         Ok(q)
@@ -521,21 +549,22 @@ pub trait Backend: Send + Sync {
 
     /// Causal attention of `q [t, heads, d]` against the KV cache: query row `i` sees the keys
     /// `0 ..= cursor[i].row` (rows of `cursor [t, 4]` consecutive).
-    fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
+    /// `scales`: the cache's row scales ([`KV_SCALES`]) or `None`.
+    fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, scales: Option<&Tensor>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
         ops::cursor_dims("attention_cached", cursor, q.shape().first().copied().unwrap_or(0))?;
         let cur = self.download_u32(cursor)?;
         ops::cursor_rows_consecutive("attention_cached", &cur)?;
         let t = cur.len() / CURSOR_FIELDS;
         let row0 = if t == 0 { 0 } else { cur[CURSOR_ROW] as usize };
-        self.attention(q, k_cache, v_cache, AttnParams { kv_len: row0 + t, q_pos0: row0, causal: true, scale })
+        self.attention_scaled(q, k_cache, v_cache, scales, AttnParams { kv_len: row0 + t, q_pos0: row0, causal: true, scale })
     }
 
     /// Attention for a batched decode step: `q [t, heads, d]`, each row a sequence of its own,
     /// row `i` seeing keys `0 .. pages.len(i)` of the paged caches `k_pool`, `v_pool`
     /// `[slots, kv_heads, d]` (f32 or f16) through its block table (`pages` made for this
-    /// backend). Returns `[t, heads, d]`.
-    fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, pages: &Pages, scale: f32) -> Result<Tensor> {
-        attention_paged_composite(self, q, k_pool, v_pool, pages, scale)
+    /// backend), rows times their `scales` ([`KV_SCALES`]) when given. Returns `[t, heads, d]`.
+    fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
+        attention_paged_composite(self, q, k_pool, v_pool, scales, pages, scale)
     }
 
     /// Block-sparse attention (non-causal): `q [t, heads, d]` against `k`, `v`

@@ -253,6 +253,21 @@ pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &crate::backend::At
     Ok((t, heads, kvh, d))
 }
 
+/// Checks the row scales of f32 or f16 keys and values `k [cap, kv_heads, d]`: `[cap, kv_heads,
+/// 2]` f32 (see [`crate::backend::KV_SCALES`]).
+pub fn kv_scale_dims(op: &'static str, k: &Tensor, scales: Option<&Tensor>) -> Result<()> {
+    let sc = match scales {
+        Some(sc) => sc,
+        None => return Ok(()),
+    };
+    expect_f32(op, sc)?;
+    let ks = k.shape();
+    if ks.len() != 3 || sc.shape() != [ks[0], ks[1], 2] {
+        return Err(Error::shape(op, &[ks, sc.shape()], "row scales must be [rows, kv_heads, 2] for keys [rows, kv_heads, d]"));
+    }
+    Ok(())
+}
+
 /// `(t, heads, kv_heads, d)` of [`crate::Backend::attention_block_sparse`], after checking q
 /// (f32 `[t, heads, d]`), k and v (`[kv_len, kv_heads, d]`, f32 or f16, kv_heads dividing heads),
 /// the mask's extent (`t` rows, `kv_len` keys) and the rotary tables (`[t, d / 2]` f32, d even,

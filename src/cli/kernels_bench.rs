@@ -153,9 +153,11 @@ mod cuda_bench {
             let cap = ctx + 128;
             let kc = b.upload_half(&[cap, kvh, d], DType::F16, &random_bits(cap * kvh * d, 3))?;
             let vc = b.upload_half(&[cap, kvh, d], DType::F16, &random_bits(cap * kvh * d, 4))?;
+            // row scales as a cache has them (all 1: rows within f16's range)
+            let sc = b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?;
             let q = b.upload_f32(&[1, heads, d], &vec![0.1; heads * d])?;
             let cursor = b.upload_u32(&[1, CURSOR_FIELDS], &[ctx as u32 - 1, ctx as u32 - 1, ctx as u32 - 1, ctx as u32 - 1])?;
-            let t = time(b, a.reps, 20, &mut |_| b.attention_cached(&q, &kc, &vc, &cursor, 0.088).map(drop))?;
+            let t = time(b, a.reps, 20, &mut |_| b.attention_cached(&q, &kc, &vc, Some(&sc), &cursor, 0.088).map(drop))?;
             let bytes = 2 * ctx * kvh * d * 2;
             let gbs = bytes as f64 / t / 1e9;
             report!(a.json, "| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
@@ -225,10 +227,11 @@ mod cuda_bench {
         for &t in &[512usize, 4096] {
             let kc = b.upload_half(&[t, kvh, d], DType::F16, &random_bits(t * kvh * d, 5))?;
             let vc = b.upload_half(&[t, kvh, d], DType::F16, &random_bits(t * kvh * d, 6))?;
+            let sc = b.upload_f32(&[t, kvh, 2], &vec![1.0; t * kvh * 2])?;
             let q = b.upload_f32(&[t, heads, d], &(0..t * heads * d).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect::<Vec<_>>())?;
             let cur: Vec<u32> = (0..t as u32).flat_map(|i| vec![i, i, i, i]).collect();
             let cursor = b.upload_u32(&[t, CURSOR_FIELDS], &cur)?;
-            let secs = time(b, a.reps, 5, &mut |_| b.attention_cached(&q, &kc, &vc, &cursor, 1.0 / (d as f32).sqrt()).map(drop))?;
+            let secs = time(b, a.reps, 5, &mut |_| b.attention_cached(&q, &kc, &vc, Some(&sc), &cursor, 1.0 / (d as f32).sqrt()).map(drop))?;
             let flops = 4.0 * (t * t) as f64 / 2.0 * (d * heads) as f64;
             report!(a.json, "| flash attention, causal prefill, f16 cache | t {} heads {}/{} d {} | {:.1} | {:.1} |", t, heads, kvh, d, secs * 1e6, flops / secs / 1e12);
             rows.push(serde_json::json!({"kernel": "flash_attention prefill", "t": t, "us": secs * 1e6, "tflops": flops / secs / 1e12}));

@@ -69,12 +69,22 @@ impl CpuBackend {
     }
 
     /// The first `rows` rows of an f32 or f16 KV tensor as f32 (f16 widened exactly).
-    fn kv_f32<'a>(op: &'static str, t: &'a Tensor, rows: usize) -> Result<std::borrow::Cow<'a, [f32]>> {
+    /// The first `rows` rows of keys or values `t [cap, kv_heads, d]` as f32, each (row, head)
+    /// vector times its scale from `scales` (`which` 0: keys, 1: values) when given.
+    fn kv_f32<'a>(op: &'static str, t: &'a Tensor, rows: usize, scales: Option<(&Tensor, usize)>) -> Result<std::borrow::Cow<'a, [f32]>> {
         let row_len: usize = t.shape()[1..].iter().product();
-        match t.dtype() {
-            DType::F32 => Ok(std::borrow::Cow::Borrowed(t.as_cpu_f32(op)?)),
-            _ => Ok(std::borrow::Cow::Owned(t.as_cpu_half(op)?[..rows * row_len].iter().map(|&h| gpu::math::f16_to_f32(h)).collect())),
+        let mut x = match t.dtype() {
+            DType::F32 => std::borrow::Cow::Borrowed(&t.as_cpu_f32(op)?[..rows * row_len]),
+            _ => std::borrow::Cow::Owned(t.as_cpu_half(op)?[..rows * row_len].iter().map(|&h| gpu::math::f16_to_f32(h)).collect()),
+        };
+        if let Some((sc, which)) = scales {
+            let (sv, d) = (sc.as_cpu_f32(op)?, t.shape()[2]);
+            for (i, vec) in x.to_mut().chunks_mut(d.max(1)).enumerate() {
+                let f = sv[crate::backend::KV_SCALES * i + which];
+                vec.iter_mut().for_each(|v| *v *= f);
+            }
         }
+        Ok(x)
     }
 }
 
@@ -249,10 +259,11 @@ impl Backend for CpuBackend {
         Tensor::cpu_f32(x.shape(), out)
     }
 
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
+    fn attention_scaled(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, p: AttnParams) -> Result<Tensor> {
         let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
+        ops::kv_scale_dims("attention", k, scales)?;
         let qv = q.as_cpu_f32("attention")?;
-        let (kv, vv) = (Self::kv_f32("attention", k, p.kv_len)?, Self::kv_f32("attention", v, p.kv_len)?);
+        let (kv, vv) = (Self::kv_f32("attention", k, p.kv_len, scales.map(|s| (s, 0)))?, Self::kv_f32("attention", v, p.kv_len, scales.map(|s| (s, 1)))?);
         let mut out = self.output(t * heads * d);
         let dims = attention::Dims { t, heads, kv_heads, d };
         self.pool.install(|| attention::attention(qv, &kv, &vv, dims, p, &mut out));
@@ -270,6 +281,26 @@ impl Backend for CpuBackend {
             dst.as_cpu_f32_mut("write_rows")?[range].copy_from_slice(sv);
         }
         Ok(())
+    }
+
+    fn write_kv_rows(&self, dst: &mut Tensor, scales: Option<(&mut Tensor, usize)>, row0: usize, src: &Tensor) -> Result<()> {
+        let (sc, which) = match scales {
+            Some(s) => s,
+            None => return self.write_rows(dst, row0, src),
+        };
+        let (rows, row_len) = ops::write_rows_dims(dst, row0, src)?;
+        ops::expect_dtype("write_kv_rows", dst, DType::F16)?;
+        ops::kv_scale_dims("write_kv_rows", dst, Some(sc))?;
+        let d = dst.shape()[2].max(1);
+        let (sv, scv) = (src.as_cpu_f32("write_kv_rows")?, sc.as_cpu_f32_mut("write_kv_rows")?);
+        let mut scaled = Vec::with_capacity(rows * row_len);
+        for (i, vec) in sv.chunks(d).enumerate() {
+            let m = vec.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let s = if which == 1 { gpu::math::f16_value_scale(m) } else { gpu::math::f16_key_scale(m) };
+            scv[crate::backend::KV_SCALES * (row0 * row_len / d + i) + which] = s;
+            scaled.extend(vec.iter().map(|x| x / s));
+        }
+        self.write_rows(dst, row0, &Tensor::cpu_f32(src.shape(), scaled)?)
     }
 
     fn narrow_cols(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor> {

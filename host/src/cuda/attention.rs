@@ -7,11 +7,11 @@
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
-use crate::backend::{attention_block_sparse_composite, attention_paged_composite, AttnParams, BlockMask};
+use crate::backend::{attention_block_sparse_composite, attention_paged_composite, AttnParams, BlockMask, KV_SCALES};
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{attention_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D, ROW_THREADS};
+use gpu::params::{attention_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
 use std::sync::Once;
 
 /// Sizes of an attention launch (validated against each other by `crate::ops`).
@@ -31,6 +31,8 @@ pub struct AttnBuffers<'a> {
     pub out: &'a DeviceBuffer,
     /// `[t, 4]` u32 cursor, when positions come from the device.
     pub cursor: Option<&'a DeviceBuffer>,
+    /// `[cap, kv_heads, 2]` f32 row scales of `k` and `v` (`crate::backend::KV_SCALES`).
+    pub kv_scale: Option<&'a DeviceBuffer>,
 }
 
 fn check_common(kernel: Kernel, b: &AttnBuffers<'_>, s: &AttnShape, kv_dtype: DType) -> Result<()> {
@@ -43,6 +45,9 @@ fn check_common(kernel: Kernel, b: &AttnBuffers<'_>, s: &AttnShape, kv_dtype: DT
     need(kernel, "out", b.out, s.t * s.heads * s.d * 4)?;
     if let Some(c) = b.cursor {
         need(kernel, "cursor", c, s.t * CURSOR_FIELDS * 4)?;
+    }
+    if let Some(sc) = b.kv_scale {
+        need(kernel, "kv_scale", sc, s.cap * s.kv_heads * KV_SCALES * 4)?;
     }
     Ok(())
 }
@@ -60,6 +65,7 @@ pub fn attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, s: &Att
         k: b.k.addr(),
         v: b.v.addr(),
         out: b.out.addr(),
+        kv_scale: b.kv_scale.map_or(0, |c| c.addr()),
         t: fits_u32(kernel, "t", s.t)?,
         heads: fits_u32(kernel, "heads", s.heads)?,
         kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
@@ -93,18 +99,26 @@ pub struct FlashExtra<'a> {
     pub rope: Option<(&'a DeviceBuffer, &'a DeviceBuffer)>,
 }
 
+/// Whether flash attention runs on tensor cores here, which take f16 K/V only (f32 K/V are
+/// narrowed first, with row scales: [`narrow_kv`]).
+pub fn flash_mma(l: &Launcher<'_>) -> bool {
+    l.kernels.arch() >= Arch::Compute80
+}
+
 /// Flash attention (see `gpu/src/flash.rs`): the tensor-core kernels when the loaded module is
-/// compute_80, the SIMT ones otherwise; head-dim class 64 or 128 by `d`.
+/// compute_80 (f16 K/V), the SIMT ones otherwise (f32 or f16); head-dim class 64 or 128 by `d`.
 pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x: &FlashExtra<'_>, s: &AttnShape, p: &AttnParams) -> Result<()> {
-    let mma = l.kernels.arch() >= Arch::Compute80;
+    let mma = flash_mma(l);
     let small = s.d <= 64;
-    let pair = match (mma, small) {
-        (false, true) => [Kernel::FlashAttentionD64F32, Kernel::FlashAttentionD64F16],
-        (false, false) => [Kernel::FlashAttentionD128F32, Kernel::FlashAttentionD128F16],
-        (true, true) => [Kernel::FlashAttentionMmaD64F32, Kernel::FlashAttentionMmaD64F16],
-        (true, false) => [Kernel::FlashAttentionMmaD128F32, Kernel::FlashAttentionMmaD128F16],
+    let kernel = match (mma, small) {
+        (false, true) => Kernel::by_kv(kv_dtype, [Kernel::FlashAttentionD64F32, Kernel::FlashAttentionD64F16])?,
+        (false, false) => Kernel::by_kv(kv_dtype, [Kernel::FlashAttentionD128F32, Kernel::FlashAttentionD128F16])?,
+        (true, true) => Kernel::FlashAttentionMmaD64F16,
+        (true, false) => Kernel::FlashAttentionMmaD128F16,
     };
-    let kernel = Kernel::by_kv(kv_dtype, pair)?;
+    if mma && kv_dtype != DType::F16 {
+        return Err(Error::DType { op: kernel.name(), expected: "f16 keys and values (narrowed first)", got: kv_dtype });
+    }
     if !flash_fits(s.d) {
         return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} is not a multiple of 8 in 8..={}", s.d, FLASH_MAX_D) });
     }
@@ -130,6 +144,8 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
         mask: x.mask.map_or(0, |m| m.0.addr()),
         cos: x.rope.map_or(0, |r| r.0.addr()),
         sin: x.rope.map_or(0, |r| r.1.addr()),
+        kv_scale: b.kv_scale.map_or(0, |c| c.addr()),
+        kv_flag: l.kv_flag,
         t: fits_u32(kernel, "t", s.t)?,
         heads: fits_u32(kernel, "heads", s.heads)?,
         kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
@@ -142,7 +158,7 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
         _pad: 0,
     };
     let dc = if small { 64 } else { 128 };
-    let vectors = if mma { flash_mma_tile::vectors(dc, kv_dtype == DType::F16) } else { flash_tile::vectors(dc) };
+    let vectors = if mma { flash_mma_tile::vectors(dc) } else { flash_tile::vectors(dc) };
     let tiles = ceil_div(s.t * group, vectors);
     if tiles == 0 {
         return Ok(());
@@ -155,32 +171,67 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
     }
 }
 
-/// `out = f16(rope(x))` (no rotation without `rope`) for `x [rows, heads, d]` f32, `out` f16.
-pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBuffer, &DeviceBuffer)>, out: &DeviceBuffer, rows: usize, heads: usize, d: usize) -> Result<()> {
+/// Row scales a [`rope_cast_f16`] reads or writes: the `[rows, heads, 2]` f32 buffer and the
+/// plane (0: keys, 1: values).
+pub type ScalePlane<'a> = (&'a DeviceBuffer, usize);
+
+/// `out[row0 ..] = f16(rope(x · s_in) / s)` for `x [rows, heads, d]` f32 (no rotation without
+/// `rope`; `s_in` from `scale_in` or 1), each (row, head) vector divided by its
+/// `gpu::math::f16_key_scale` (`f16_value_scale` for plane 1), written to `scale_out` at rows
+/// `row0 ..` (without `scale_out`, narrowed as is): keys and values narrowed for the
+/// tensor-core attention, and f16 KV-cache rows with their scales.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBuffer, &DeviceBuffer)>, scale_in: Option<ScalePlane<'_>>, (out, row0): (&DeviceBuffer, usize), scale_out: Option<ScalePlane<'_>>, rows: usize, heads: usize, d: usize) -> Result<()> {
     let kernel = Kernel::RopeCastF16;
-    if d % 2 != 0 {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} is odd", d) });
+    if d % 2 != 0 || d > 64 * qkv_rope_tile::CAST_PAIRS {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} must be even and at most {}", d, 64 * qkv_rope_tile::CAST_PAIRS) });
     }
     need(kernel, "x", x, rows * heads * d * 4)?;
-    need(kernel, "out", out, rows * heads * d * 2)?;
+    need(kernel, "out", out, (row0 + rows) * heads * d * 2)?;
     if let Some((cos, sin)) = rope {
         need(kernel, "cos", cos, rows * d / 2 * 4)?;
         need(kernel, "sin", sin, rows * d / 2 * 4)?;
     }
+    // the address of plane `which` at row `from`, after checking rows up to `from + rows`
+    let plane = |name, sc: Option<ScalePlane<'_>>, from: usize| -> Result<u64> {
+        match sc {
+            None => Ok(0),
+            Some((_, which)) if which >= KV_SCALES => Err(Error::Limit { op: kernel.name(), msg: format!("scale plane {} of {}", which, KV_SCALES) }),
+            Some((b, which)) => {
+                need(kernel, name, b, (from + rows) * heads * KV_SCALES * 4)?;
+                Ok(b.addr() + ((from * heads * KV_SCALES + which) * 4) as u64)
+            }
+        }
+    };
     let p = RopeCastParams {
         x: x.addr(),
         cos: rope.map_or(0, |r| r.0.addr()),
         sin: rope.map_or(0, |r| r.1.addr()),
-        out: out.addr(),
+        out: out.addr() + (row0 * heads * d * 2) as u64,
+        scale_out: plane("scale_out", scale_out, row0)?,
+        scale_in: plane("scale_in", scale_in, 0)?,
+        kv_flag: l.kv_flag,
         rows: fits_u32(kernel, "rows", rows)?,
         heads: fits_u32(kernel, "heads", heads)?,
         d: fits_u32(kernel, "d", d)?,
-        _pad: 0,
+        values: scale_out.map_or(0, |s| (s.1 == 1) as u32),
     };
     if rows == 0 || heads == 0 || d == 0 {
         return Ok(());
     }
-    l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(rows * heads, qkv_rope_tile::WARPS as usize), MAX_GRID_X)?, 1, 1], qkv_rope_tile::THREADS, &p)
+}
+
+/// f32 keys and values `[rows, kv_heads, d]` (times `scales` when given) narrowed to f16 with
+/// fresh row scales, for the tensor-core flash kernels (keys rotated with `rope` when given):
+/// `(k, v, scales)`.
+#[allow(clippy::too_many_arguments)]
+pub fn narrow_kv(be: &CudaBackend, l: &Launcher<'_>, (k, v): (&DeviceBuffer, &DeviceBuffer), scales: Option<&DeviceBuffer>, rope: Option<(&DeviceBuffer, &DeviceBuffer)>, rows: usize, kv_heads: usize, d: usize) -> Result<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
+    let (kh, vh) = (be.pool.alloc(rows * kv_heads * d * 2)?, be.pool.alloc(rows * kv_heads * d * 2)?);
+    let sc = be.pool.alloc(rows * kv_heads * KV_SCALES * 4)?;
+    rope_cast_f16(l, k, rope, scales.map(|s| (s, 0)), (&kh, 0), Some((&sc, 0)), rows, kv_heads, d)?;
+    rope_cast_f16(l, v, None, scales.map(|s| (s, 1)), (&vh, 0), Some((&sc, 1)), rows, kv_heads, d)?;
+    Ok((kh, vh, sc))
 }
 
 /// Logs once per process that paged attention of this shape takes the composite path.
@@ -263,6 +314,7 @@ pub fn attention_split(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, p
         counters: counters.addr(),
         table: pages.map_or(0, |p| p.table.addr()),
         lens: pages.map_or(0, |p| p.lens.addr()),
+        kv_scale: b.kv_scale.map_or(0, |c| c.addr()),
         t: fits_u32(kernel, "t", s.t)?,
         heads: fits_u32(kernel, "heads", s.heads)?,
         kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
@@ -286,15 +338,28 @@ impl CudaBackend {
         split_count(cap, kv_heads, self.sms)
     }
 
-    pub(super) fn attention_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams, cursor: Option<&Tensor>) -> Result<Tensor> {
+    pub(super) fn attention_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, p: AttnParams, cursor: Option<&Tensor>) -> Result<Tensor> {
         const OP: &str = "attention";
         let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
+        ops::kv_scale_dims(OP, k, scales)?;
         let l = self.enter()?;
         let out = self.output(t * heads * d)?;
-        let shape = AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
-        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: cursor.map(|c| self.buffer(OP, c)).transpose()? };
+        let mut shape = AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
+        let sc = scales.map(|s| self.buffer(OP, s)).transpose()?;
+        let mut bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: cursor.map(|c| self.buffer(OP, c)).transpose()?, kv_scale: sc };
         if flash_fits(d) {
-            flash_attention(&l, k.dtype(), &bufs, &FlashExtra::default(), &shape, &p)?;
+            // the tensor-core kernels take f16: f32 keys and values narrowed with row scales
+            // (the rows a query may see: all with a cursor, else the first kv_len)
+            let narrowed;
+            let mut kv_dtype = k.dtype();
+            if flash_mma(&l) && kv_dtype == DType::F32 {
+                let rows = if cursor.is_some() { shape.cap } else { p.kv_len };
+                narrowed = narrow_kv(self, &l, (bufs.k, bufs.v), sc, None, rows, kv_heads, d)?;
+                bufs = AttnBuffers { k: &narrowed.0, v: &narrowed.1, kv_scale: Some(&narrowed.2), ..bufs };
+                shape.cap = rows;
+                kv_dtype = DType::F16;
+            }
+            flash_attention(&l, kv_dtype, &bufs, &FlashExtra::default(), &shape, &p)?;
         } else {
             log_unflashed(d);
             attention(&l, k.dtype(), &bufs, &shape, &p)?;
@@ -316,23 +381,20 @@ impl CudaBackend {
         // keys rotated
         let rope_bufs = rope.map(|(c, s)| Ok::<_, Error>((self.buffer(OP, c)?, self.buffer(OP, s)?))).transpose()?;
         let (mut kv_half, mut k_rot) = (None, None);
-        if self.kernels.arch() >= Arch::Compute80 && k.dtype() == DType::F32 {
-            let (kh, vh) = (self.pool.alloc(kv_len * kv_heads * d * 2)?, self.pool.alloc(kv_len * kv_heads * d * 2)?);
-            rope_cast_f16(&l, self.buffer(OP, k)?, rope_bufs, &kh, kv_len, kv_heads, d)?;
-            rope_cast_f16(&l, self.buffer(OP, v)?, None, &vh, kv_len, kv_heads, d)?;
-            kv_half = Some((kh, vh));
+        if flash_mma(&l) && k.dtype() == DType::F32 {
+            kv_half = Some(narrow_kv(self, &l, (self.buffer(OP, k)?, self.buffer(OP, v)?), None, rope_bufs, kv_len, kv_heads, d)?);
         } else if let Some((cos, sin)) = rope {
             k_rot = Some(self.rope_op(k, cos, sin)?);
         }
         let kv_dtype = if kv_half.is_some() { DType::F16 } else { k.dtype() };
         let out = self.output(t * heads * d)?;
         let shape = AttnShape { t, heads, kv_heads, d, cap: kv_len };
-        let (kb, vb) = match (&kv_half, &k_rot) {
-            (Some((kh, vh)), _) => (kh, vh),
-            (None, Some(kr)) => (self.buffer(OP, kr)?, self.buffer(OP, v)?),
-            (None, None) => (self.buffer(OP, k)?, self.buffer(OP, v)?),
+        let (kb, vb, sc) = match (&kv_half, &k_rot) {
+            (Some((kh, vh, sc)), _) => (kh, vh, Some(sc)),
+            (None, Some(kr)) => (self.buffer(OP, kr)?, self.buffer(OP, v)?, None),
+            (None, None) => (self.buffer(OP, k)?, self.buffer(OP, v)?, None),
         };
-        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: kb, v: vb, out: &out, cursor: None };
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: kb, v: vb, out: &out, cursor: None, kv_scale: sc };
         let nb = (mask.q_bounds().len() - 1, mask.k_bounds().len() - 1);
         let extra = FlashExtra { mask: Some((self.buffer(OP, mask.packed())?, nb.0, nb.1)), rope: rope_bufs };
         let p = AttnParams { kv_len, q_pos0: 0, causal: false, scale };
@@ -340,7 +402,7 @@ impl CudaBackend {
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
     }
 
-    pub(super) fn attention_cached_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
+    pub(super) fn attention_cached_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
         const OP: &str = "attention_cached";
         let t = q.shape().first().copied().unwrap_or(0);
         ops::cursor_dims(OP, cursor, t)?;
@@ -348,27 +410,30 @@ impl CudaBackend {
         // host-side bounds for the shape checks; the kernels take the positions from the cursor
         let p = AttnParams { kv_len: cap, q_pos0: cap.saturating_sub(t), causal: true, scale };
         let (t, heads, kv_heads, d) = ops::attention_dims(q, k, v, &p)?;
+        ops::kv_scale_dims(OP, k, scales)?;
         let shape = AttnShape { t, heads, kv_heads, d, cap };
         if !split_fits(&shape) {
-            return self.attention_op(q, k, v, p, Some(cursor));
+            return self.attention_op(q, k, v, scales, p, Some(cursor));
         }
         let splits = self.attention_splits(cap, kv_heads);
         let l = self.enter()?;
         let out = self.output(t * heads * d)?;
         let partial = self.output(t * heads * splits * (d + 2))?;
-        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: Some(self.buffer(OP, cursor)?) };
+        let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: Some(self.buffer(OP, cursor)?), kv_scale };
         attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale, None)?;
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
     }
 
-    pub(super) fn attention_paged_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, pages: &Pages, scale: f32) -> Result<Tensor> {
+    pub(super) fn attention_paged_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
         const OP: &str = "attention_paged";
         let (t, heads, kv_heads, d) = ops::paged_dims(q, k, v, pages)?;
+        ops::kv_scale_dims(OP, k, scales)?;
         let shape = AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
         let zblocks = t * ceil_div(heads / kv_heads, attn_split_tile::MAX_QV);
         if !split_paged_fits(&shape) || kv_heads * zblocks > super::ATTENTION_COUNTERS || zblocks > 65_535 {
             log_unpaged(&shape);
-            return attention_paged_composite(self, q, k, v, pages, scale);
+            return attention_paged_composite(self, q, k, v, scales, pages, scale);
         }
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the
         // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
@@ -378,7 +443,8 @@ impl CudaBackend {
         let l = self.enter()?;
         let out = self.output(t * heads * d)?;
         let partial = self.output(t * heads * splits * (d + 2))?;
-        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None };
+        let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None, kv_scale };
         let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
         attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale, Some(&sp))?;
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))

@@ -1,6 +1,7 @@
 //! Row gathers, scatters and copies (`gpu/src/embedding.rs`, plus driver copies): the embedding
 //! lookup, image rows into the prompt, and the KV-cache and row/column copies.
 
+use super::attention::rope_cast_f16;
 use super::elementwise::cast_f16;
 use super::launch::{fits_u32, grid_dim, need, Launcher, OkOrCuda, MAX_GRID_X};
 use super::{CudaBackend, DeviceBuffer};
@@ -75,6 +76,20 @@ impl CudaBackend {
             unsafe { cust::sys::cuMemcpyDtoDAsync_v2(at, s.addr(), rows * row_len * 4, l.stream) }.ok_or_cuda("cuMemcpyDtoDAsync (write_rows)")?;
         }
         Ok(())
+    }
+
+    pub(super) fn write_kv_rows_op(&self, dst: &mut Tensor, scales: Option<(&mut Tensor, usize)>, row0: usize, src: &Tensor) -> Result<()> {
+        const OP: &str = "write_kv_rows";
+        let (sc, which) = match scales {
+            Some(s) => s,
+            None => return self.write_rows_op(dst, row0, src),
+        };
+        let (rows, _) = ops::write_rows_dims(dst, row0, src)?;
+        ops::expect_dtype(OP, dst, DType::F16)?;
+        ops::kv_scale_dims(OP, dst, Some(sc))?;
+        let (kv_heads, d) = (dst.shape()[1], dst.shape()[2]);
+        let l = self.enter()?;
+        rope_cast_f16(&l, self.buffer(OP, src)?, None, None, (self.buffer(OP, dst)?, row0), Some((self.buffer(OP, sc)?, which)), rows, kv_heads, d)
     }
 
     pub(super) fn narrow_cols_op(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor> {

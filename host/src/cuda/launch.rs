@@ -15,6 +15,8 @@ pub const MAX_GRID_Y: usize = 65_535;
 pub struct Launcher<'a> {
     pub kernels: &'a Kernels,
     pub stream: cust::sys::CUstream,
+    /// The backend's KV scale flag (a u32 on the device; see `CudaBackend::kv_flag`).
+    pub kv_flag: u64,
 }
 
 impl Launcher<'_> {

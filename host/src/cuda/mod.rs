@@ -41,6 +41,10 @@ pub struct CudaBackend {
     /// Arrival counters of split-KV attention: zero between launches (each launch resets the
     /// ones it uses), so recorded steps can replay them. Dropped before the pool.
     counters: DeviceBuffer,
+    /// One u32, zero until a kernel writes an f16 K/V row scale other than 1 (sticky): the
+    /// tensor-core flash kernels take their scaled path only after that (see
+    /// `gpu/src/flash_mma.rs`).
+    kv_flag: DeviceBuffer,
     pool: Arc<Pool>,
     ctx: Context,
     name: String,
@@ -80,7 +84,9 @@ impl CudaBackend {
         let pool = Pool::new(ctx.clone());
         let counters = pool.alloc(ATTENTION_COUNTERS * 4)?;
         unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ATTENTION_COUNTERS) }.ok_or_cuda("cuMemsetD32 (attention counters)")?;
-        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, poison: AtomicBool::new(false) })
+        let kv_flag = pool.alloc(4)?;
+        unsafe { cust::sys::cuMemsetD32_v2(kv_flag.addr(), 0, 1) }.ok_or_cuda("cuMemsetD32 (KV scale flag)")?;
+        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false) })
     }
 
     /// The loaded module's architecture and why it was chosen.
@@ -105,7 +111,7 @@ impl CudaBackend {
 
     fn enter(&self) -> Result<Launcher<'_>> {
         CurrentContext::set_current(&self.ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner() })
+        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner(), kv_flag: self.kv_flag.addr() })
     }
 
     fn buffer<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t DeviceBuffer> {
@@ -311,12 +317,16 @@ impl Backend for CudaBackend {
         self.rope_op(x, cos, sin)
     }
 
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: AttnParams) -> Result<Tensor> {
-        self.attention_op(q, k, v, p, None)
+    fn attention_scaled(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, p: AttnParams) -> Result<Tensor> {
+        self.attention_op(q, k, v, scales, p, None)
     }
 
     fn write_rows(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {
         self.write_rows_op(dst, row0, src)
+    }
+
+    fn write_kv_rows(&self, dst: &mut Tensor, scales: Option<(&mut Tensor, usize)>, row0: usize, src: &Tensor) -> Result<()> {
+        self.write_kv_rows_op(dst, scales, row0, src)
     }
 
     fn narrow_cols(&self, x: &Tensor, col0: usize, width: usize) -> Result<Tensor> {
@@ -400,16 +410,16 @@ impl Backend for CudaBackend {
         self.gate_up_silu_op(x, Some((norm, eps)), gate, up)
     }
 
-    fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor) -> Result<Tensor> {
-        self.qkv_rope_append_op(qkv, p, cursor, k_cache, v_cache)
+    fn qkv_rope_append(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor, scales: Option<&mut Tensor>) -> Result<Tensor> {
+        self.qkv_rope_append_op(qkv, p, cursor, k_cache, v_cache, scales)
     }
 
-    fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, cursor: &Tensor, scale: f32) -> Result<Tensor> {
-        self.attention_cached_op(q, k_cache, v_cache, cursor, scale)
+    fn attention_cached(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, scales: Option<&Tensor>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
+        self.attention_cached_op(q, k_cache, v_cache, scales, cursor, scale)
     }
 
-    fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, pages: &crate::Pages, scale: f32) -> Result<Tensor> {
-        self.attention_paged_op(q, k_pool, v_pool, pages, scale)
+    fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &crate::Pages, scale: f32) -> Result<Tensor> {
+        self.attention_paged_op(q, k_pool, v_pool, scales, pages, scale)
     }
 
     fn attention_block_sparse(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {

@@ -4,7 +4,7 @@
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X};
 use super::{CudaBackend, DeviceBuffer};
-use crate::backend::QkvRope;
+use crate::backend::{QkvRope, KV_SCALES};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use gpu::params::{qkv_rope_tile, QkvRopeParams, RopeParams, CURSOR_FIELDS, ROW_THREADS};
@@ -37,6 +37,8 @@ pub struct QkvBuffers<'a> {
     pub q_out: &'a DeviceBuffer,
     pub k_cache: &'a DeviceBuffer,
     pub v_cache: &'a DeviceBuffer,
+    /// `[cap, kv_heads, 2]` f32 row scales of an f16 cache (`crate::backend::KV_SCALES`).
+    pub kv_scale: Option<&'a DeviceBuffer>,
 }
 
 /// QKV norm + MRoPE + cache append for `t` rows into caches of `cap` rows of `cache_dtype`.
@@ -54,6 +56,9 @@ pub fn qkv_rope_append(l: &Launcher<'_>, cache_dtype: DType, b: &QkvBuffers<'_>,
     need(kernel, "q_out", b.q_out, t * h * d * 4)?;
     need(kernel, "k_cache", b.k_cache, cap * kv * d * cache_dtype.size_of())?;
     need(kernel, "v_cache", b.v_cache, cap * kv * d * cache_dtype.size_of())?;
+    if let Some(sc) = b.kv_scale {
+        need(kernel, "kv_scale", sc, cap * kv * KV_SCALES * 4)?;
+    }
     let s = |i: usize| fits_u32(kernel, "mrope section", p.section[i]);
     let params = QkvRopeParams {
         qkv: b.qkv.addr(),
@@ -64,6 +69,8 @@ pub fn qkv_rope_append(l: &Launcher<'_>, cache_dtype: DType, b: &QkvBuffers<'_>,
         q_out: b.q_out.addr(),
         k_cache: b.k_cache.addr(),
         v_cache: b.v_cache.addr(),
+        kv_scale: b.kv_scale.map_or(0, |s| s.addr()),
+        kv_flag: l.kv_flag,
         t: fits_u32(kernel, "t", t)?,
         heads: fits_u32(kernel, "heads", h)?,
         kv_heads: fits_u32(kernel, "kv_heads", kv)?,
@@ -89,9 +96,10 @@ impl CudaBackend {
         Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
     }
 
-    pub(super) fn qkv_rope_append_op(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor) -> Result<Tensor> {
+    pub(super) fn qkv_rope_append_op(&self, qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k_cache: &mut Tensor, v_cache: &mut Tensor, scales: Option<&mut Tensor>) -> Result<Tensor> {
         const OP: &str = "qkv_rope_append";
         let t = ops::qkv_rope_dims(qkv, p, cursor, k_cache, v_cache)?;
+        ops::kv_scale_dims(OP, k_cache, scales.as_deref())?;
         let l = self.enter()?;
         let q_out = self.output(t * p.heads * p.head_dim)?;
         let bufs = QkvBuffers {
@@ -103,6 +111,7 @@ impl CudaBackend {
             q_out: &q_out,
             k_cache: self.buffer(OP, k_cache)?,
             v_cache: self.buffer(OP, v_cache)?,
+            kv_scale: scales.as_deref().map(|s| self.buffer(OP, s)).transpose()?,
         };
         qkv_rope_append(&l, k_cache.dtype(), &bufs, p, t, k_cache.shape()[0])?;
         Ok(Self::wrap(vec![t, p.heads, p.head_dim], DType::F32, q_out))

@@ -6,7 +6,7 @@
 use crate::backend::AttnParams;
 use crate::backend::QkvRope;
 use crate::model::config::TextConfig;
-use crate::model::kv_cache::cache_zeros;
+use crate::model::kv_cache::{cache_scales, cache_zeros};
 use crate::model::text::LayerKv;
 use crate::{Backend, DType, Error, Pages, Result, Tensor};
 
@@ -14,6 +14,8 @@ pub struct PagedKv {
     /// Per layer: `[blocks · block, kv_heads, head_dim]`.
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// Per layer, f16 pools: `[blocks · block, kv_heads, 2]` f32 row scales.
+    s: Vec<Option<Tensor>>,
     block: usize,
     blocks: usize,
     dtype: DType,
@@ -28,17 +30,19 @@ impl PagedKv {
         let rows = blocks.checked_mul(block).filter(|&r| r <= u32::MAX as usize).ok_or_else(|| Error::Limit { op: "paged KV cache", msg: format!("{} blocks of {} rows overflow", blocks, block) })?;
         let shape = [rows, cfg.num_key_value_heads, cfg.head_dim];
         let zeros = |b: &dyn Backend| cache_zeros(b, &shape, dtype, "paged KV cache");
-        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let (mut k, mut v, mut s) = (Vec::new(), Vec::new(), Vec::new());
         for &b in per_layer {
             k.push(zeros(b)?);
             v.push(zeros(b)?);
+            s.push(cache_scales(b, &shape, dtype)?);
         }
-        Ok(PagedKv { k, v, block, blocks, dtype })
+        Ok(PagedKv { k, v, s, block, blocks, dtype })
     }
 
-    /// Bytes one token takes over all layers (keys and values).
+    /// Bytes one token takes over all layers (keys and values, and an f16 cache's row scales).
     pub fn token_bytes(cfg: &TextConfig, dtype: DType) -> usize {
-        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.size_of()
+        let scales = if dtype == DType::F16 { crate::backend::KV_SCALES * 4 } else { 0 };
+        cfg.num_hidden_layers * cfg.num_key_value_heads * (2 * cfg.head_dim * dtype.size_of() + scales)
     }
 
     pub fn block(&self) -> usize {
@@ -102,19 +106,21 @@ impl<'a> PagedStep<'a> {
 impl LayerKv for PagedStep<'_> {
     fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
         let at = self.on(b)?;
-        let (k, v) = (&mut self.kv.k[layer], &mut self.kv.v[layer]);
+        let (k, v, sc) = (&mut self.kv.k[layer], &mut self.kv.v[layer], &mut self.kv.s[layer]);
         // 1. new keys and values into their cache rows (the cursor's), the queries out
-        let q = b.qkv_rope_append(qkv, shape, cursor, k, v)?; // [t, heads, d]
+        let q = b.qkv_rope_append(qkv, shape, cursor, k, v, sc.as_mut())?; // [t, heads, d]
+        let sc = sc.as_ref();
         let t = q.shape()[0];
         let nd = self.rows.decode.len();
         let (_, pages, ids) = &self.made[at];
         // 2. decode rows: each against its own blocks
         let dec = match pages {
-            Some(p) if nd == t => return b.attention_paged(&q, k, v, p, scale),
-            Some(p) => Some(b.attention_paged(&b.take_rows(&q, 0, nd)?, k, v, p, scale)?),
+            Some(p) if nd == t => return b.attention_paged(&q, k, v, sc, p, scale),
+            Some(p) => Some(b.attention_paged(&b.take_rows(&q, 0, nd)?, k, v, sc, p, scale)?),
             None => None,
         };
-        // 3. prefill chunks: the sequence's keys gathered, causal attention from the chunk's offset
+        // 3. prefill chunks: the sequence's keys (and row scales) gathered, causal attention from
+        //    the chunk's offset
         let mut out = if dec.is_none() && self.rows.prefill.len() == 1 { None } else { Some(b.zeros(&[t, shape.heads, shape.head_dim])?) };
         if let (Some(o), Some(d)) = (&mut out, &dec) {
             b.write_rows(o, 0, d)?;
@@ -124,10 +130,10 @@ impl LayerKv for PagedStep<'_> {
                 let s = c.shape();
                 b.embedding_gather(&c.reshape(&[s[0], s[1] * s[2]])?, idt)?.reshape(&[slots.len(), s[1], s[2]])
             };
-            let (kk, vv) = (gather(k)?, gather(v)?);
+            let (kk, vv, ss) = (gather(k)?, gather(v)?, sc.map(gather).transpose()?);
             let past = slots.len() - n;
             let qp = if *n == t { q.clone() } else { b.take_rows(&q, *r0, *n)? };
-            let o = b.attention(&qp, &kk, &vv, AttnParams { kv_len: slots.len(), q_pos0: past, causal: true, scale })?;
+            let o = b.attention_scaled(&qp, &kk, &vv, ss.as_ref(), AttnParams { kv_len: slots.len(), q_pos0: past, causal: true, scale })?;
             match &mut out {
                 Some(all) => b.write_rows(all, *r0, &o)?,
                 None => return Ok(o),

@@ -1,5 +1,7 @@
 //! The per-layer key/value cache of the text decoder, on the backend's device: f32, or f16
-//! (half the bytes attention reads per token; the kernels widen to f32 and accumulate in f32).
+//! (half the bytes attention reads per token; the kernels widen to f32 and accumulate in f32)
+//! with row scales beside it, so that values beyond f16's range are kept
+//! ([`crate::backend::KV_SCALES`]).
 
 use crate::model::config::TextConfig;
 use crate::{Backend, DType, Error, Result, Tensor};
@@ -9,6 +11,8 @@ pub struct KvCache {
     k: Vec<Tensor>,
     /// Per layer: `[capacity, kv_heads, head_dim]` of `dtype`.
     v: Vec<Tensor>,
+    /// Per layer, f16 caches: `[capacity, kv_heads, 2]` f32 row scales.
+    s: Vec<Option<Tensor>>,
     len: usize,
     capacity: usize,
     dtype: DType,
@@ -34,11 +38,13 @@ impl KvCache {
         let zeros = |backend: &dyn Backend| cache_zeros(backend, &shape, dtype, "KvCache::new");
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut s = Vec::with_capacity(cfg.num_hidden_layers);
         for &backend in per_layer {
             k.push(zeros(backend)?);
             v.push(zeros(backend)?);
+            s.push(cache_scales(backend, &shape, dtype)?);
         }
-        Ok(KvCache { k, v, len: 0, capacity, dtype })
+        Ok(KvCache { k, v, s, len: 0, capacity, dtype })
     }
 
     /// Tokens cached so far.
@@ -67,14 +73,15 @@ impl KvCache {
         Ok(())
     }
 
-    /// The key and value tensors of `layer` (valid rows: `len()` plus those written this step).
-    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
-        (&self.k[layer], &self.v[layer])
+    /// The key and value tensors of `layer` and their row scales (valid rows: `len()` plus
+    /// those written this step).
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor, Option<&Tensor>) {
+        (&self.k[layer], &self.v[layer], self.s[layer].as_ref())
     }
 
-    /// The key and value tensors of `layer`, for the ops that append to them.
-    pub fn layer_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor) {
-        (&mut self.k[layer], &mut self.v[layer])
+    /// [`KvCache::layer`], for the ops that append to them.
+    pub fn layer_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor, Option<&mut Tensor>) {
+        (&mut self.k[layer], &mut self.v[layer], self.s[layer].as_mut())
     }
 
     /// Marks `n` written tokens as cached (after every layer wrote them).
@@ -86,6 +93,16 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.len = 0;
     }
+}
+
+/// The row scales of an f16 cache of `shape` (`[rows, kv_heads, d]`) on `b`: `[rows, kv_heads,
+/// 2]` f32 ones (rows not yet written are never read); none for f32.
+pub fn cache_scales(b: &dyn Backend, shape: &[usize], dtype: DType) -> Result<Option<Tensor>> {
+    if dtype != DType::F16 {
+        return Ok(None);
+    }
+    let s = [shape[0], shape[1], crate::backend::KV_SCALES];
+    Ok(Some(b.upload_f32(&s, &vec![1.0; s.iter().product()])?))
 }
 
 /// A zeroed cache tensor of `shape` and `dtype` (f32 or f16) on `b`; `op` names the caller in

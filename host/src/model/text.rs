@@ -75,10 +75,10 @@ pub trait LayerKv {
 
 impl LayerKv for KvCache {
     fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
-        let (kc, vc) = self.layer_mut(layer);
-        let q = b.qkv_rope_append(qkv, shape, cursor, kc, vc)?; // [t, heads, head_dim]; k, v cached
-        let (kc, vc) = self.layer(layer);
-        b.attention_cached(&q, kc, vc, cursor, scale)
+        let (kc, vc, sc) = self.layer_mut(layer);
+        let q = b.qkv_rope_append(qkv, shape, cursor, kc, vc, sc)?; // [t, heads, head_dim]; k, v cached
+        let (kc, vc, sc) = self.layer(layer);
+        b.attention_cached(&q, kc, vc, sc, cursor, scale)
     }
 }
 

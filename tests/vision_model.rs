@@ -202,3 +202,98 @@ fn image_files_through_preprocessing_give_transformers_logits() {
         common::assert_close_to_std(&format!("{} logits from image files", name), &logits, &tensor(&c["last_logits"]), tol);
     }
 }
+
+/// A copy of the tiny model in a temporary folder, every tensor converted to f16 after `edit`
+/// (name, values as f32); the other files copied.
+fn f16_copy(tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let src = dir().join("tiny");
+    let out = std::env::temp_dir().join(format!("qwen3-vl-vision-{}-{}", tag, std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    for f in ["config.json", "preprocessor_config.json"] {
+        std::fs::copy(src.join(f), out.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let mut f: Vec<f32> = match v.dtype() {
+                Dtype::BF16 => v.data().chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+                Dtype::F32 => v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                other => panic!("{}: {:?}", name, other),
+            };
+            edit(&name, &mut f);
+            (name, v.shape().to_vec(), f.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect())
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, &None, &out.join("model.safetensors")).unwrap();
+    out
+}
+
+#[test]
+fn massive_vision_mlp_activations_give_the_f32_answer() {
+    // block 0 of the tower: its second LayerNorm's bias at 100 and its fc1 weights ×1500, so the
+    // fc1 output (the fc2 GEMM's input after GELU) passes 2·65504 in some channel at every patch
+    // (bounded below from the weights: |normalized · weight| <= sqrt(dim) · max |weight|), and
+    // the residual stream after it. f16 weights on every GPU module against the CPU (f32
+    // arithmetic) on the same weights: image embeds, DeepStack features and the image prompt's
+    // logits. (Attention values past f16's range in the tower: tests/gpu_attention.rs.)
+    const N2B: &str = "model.visual.blocks.0.norm2.bias";
+    const N2W: &str = "model.visual.blocks.0.norm2.weight";
+    const FC1: &str = "model.visual.blocks.0.mlp.linear_fc1.weight";
+    const FC1B: &str = "model.visual.blocks.0.mlp.linear_fc1.bias";
+    let model_dir = f16_copy("massive", &|name, v| match name {
+        N2B => v.iter_mut().for_each(|x| *x = 100.0),
+        FC1 => v.iter_mut().for_each(|x| *x *= 1500.0),
+        _ => {}
+    });
+    // the lower bound on some fc1 channel's output, from the stored (f16) weights
+    let bytes = std::fs::read(model_dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |n: &str| -> (Vec<usize>, Vec<f32>) {
+        let t = st.tensor(n).unwrap();
+        (t.shape().to_vec(), t.data().chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
+    };
+    let ((s1, w1), (_, b1), (_, g), (_, nb)) = (get(FC1), get(FC1B), get(N2W), get(N2B));
+    let (out_c, dim) = (s1[0], s1[1]);
+    let g_max = g.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let bound = (0..out_c)
+        .map(|c| {
+            let row = &w1[c * dim..(c + 1) * dim];
+            let shift: f32 = row.iter().zip(&nb).map(|(w, b)| w * b).sum();
+            let spread: f32 = row.iter().map(|w| w.abs()).sum::<f32>() * (dim as f32).sqrt() * g_max;
+            shift.abs() - spread - b1[c].abs()
+        })
+        .fold(0.0f32, f32::max);
+    assert!(bound > 2.0 * 65504.0, "the fixture's fc1 outputs ({} at least) stay inside f16's range", bound);
+    let cpu = common::cpu();
+    let want_model = Model::load(&model_dir, &*cpu, &mut |_, _| {}).unwrap();
+    let c = case("one_image_exact");
+    let (ids, px, g) = (u32s(&c["input_ids"]), tensor(&c["pixel_values"]), grids(&c));
+    let n = px.len() / 1536;
+    let images = Images { patches: &px, row_len: 1536, grids: &g };
+    let tower = |m: &Model, b: &dyn Backend| -> Vec<Vec<f32>> {
+        let out = m.vision.forward(b, &b.upload_f32(&[n, 1536], &px).unwrap(), &g).unwrap();
+        let mut v = vec![b.download_f32(&out.embeds).unwrap()];
+        v.extend(out.deepstack.iter().map(|d| b.download_f32(d).unwrap()));
+        v
+    };
+    let want_tower = tower(&want_model, &*cpu);
+    let want_logits = Session::with_kv_dtype(&want_model, &*cpu, ids.len(), qwen3_vl::DType::F32).unwrap().feed_with_images(&ids, Some(&images)).unwrap();
+    assert!(want_tower.iter().flatten().chain(&want_logits).all(|x| x.is_finite()));
+    for b in common::gpus("massive vision activations") {
+        let model = Model::load(&model_dir, &*b, &mut |_, _| {}).unwrap();
+        for (k, (got, want)) in tower(&model, &*b).iter().zip(&want_tower).enumerate() {
+            common::assert_close_to_std(&format!("massive tower output {} on {}", k, b.describe()), got, want, common::tower_tolerance(&*b));
+        }
+        for kv in common::KV_DTYPES {
+            let got = Session::with_kv_dtype(&model, &*b, ids.len(), kv).unwrap().feed_with_images(&ids, Some(&images)).unwrap();
+            common::assert_close_to_std(&format!("massive vision, logits on {}, {} cache", b.describe(), kv), &got, &want_logits, common::logits_tolerance(&*b, kv));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&model_dir);
+}

@@ -34,7 +34,10 @@ pub enum Gelu {
 /// f16; values are only ever scaled down), and a `[rows, kv_heads, 2]`
 /// f32 tensor beside the cache holds each row's key scale (`[.., 0]`) and value scale (`[.., 1]`).
 /// Readers multiply them back in f32. The KV caches in f16 carry one ([`crate::model::KvCache`],
-/// the engine's paged pool); `None` in the ops below means every row is stored as is.
+/// the engine's paged pool); `None` in the ops below means every row is stored as is. Scales
+/// come from the backend's own writers ([`Backend::write_kv_rows`],
+/// [`Backend::qkv_rope_append`]): a device backend notes when one is not 1 and until then its
+/// tensor-core flash kernels do not apply them, so scales uploaded any other way must all be 1.
 pub const KV_SCALES: usize = 2;
 
 /// How queries see keys in [`Backend::attention`].

@@ -111,10 +111,24 @@ fn eight_clients_many_requests_nothing_lost() {
     let failures: Vec<String> = handles.into_iter().flat_map(|h| h.join().expect("client thread")).collect();
     let secs = t0.elapsed().as_secs_f64();
     assert!(failures.is_empty(), "{} of {} requests failed:\n{}", failures.len(), CLIENTS * REQUESTS_PER_CLIENT, failures.join("\n"));
-    // 3. the server counted them all, and is still well
-    let metrics = server::get(port, "/metrics").text();
-    let ok: f64 = metrics.lines().find(|l| l.starts_with("qwen3vl_http_responses_total{path=\"/v1/chat/completions\",code=\"200\"}")).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    assert_eq!(ok as usize, CLIENTS * REQUESTS_PER_CLIENT + prompts.len());
+    // 3. the server counted them all, and is still well (a response is counted once its last
+    //    byte is written, which the client may read first: the count may lag by a moment)
+    let want = CLIENTS * REQUESTS_PER_CLIENT + prompts.len();
+    let counted = || -> (usize, String) {
+        let metrics = server::get(port, "/metrics").text();
+        let ok: f64 = metrics.lines().find(|l| l.starts_with("qwen3vl_http_responses_total{path=\"/v1/chat/completions\",code=\"200\"}")).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        (ok as usize, metrics)
+    };
+    let mut seen = counted();
+    for _ in 0..100 {
+        if seen.0 == want {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        seen = counted();
+    }
+    let (ok, metrics) = seen;
+    assert_eq!(ok, want);
     assert!(metrics.contains("qwen3vl_queue_depth 0"), "{}", metrics);
     assert_eq!(server::get(port, "/health").status, 200);
     eprintln!("{} requests from {} clients in {:.1} s", CLIENTS * REQUESTS_PER_CLIENT, CLIENTS, secs);

@@ -145,38 +145,11 @@ fn a_prompt_fed_in_pieces_gives_the_same_logits_as_in_one_go() {
     }
 }
 
-/// A copy of fixture `case` in f16 (in a scratch directory named after `tag`), each tensor's
-/// f32 values passed through `edit(name, values)` first.
-fn f16_copy(case: &str, tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
-    use safetensors::tensor::{Dtype, TensorView};
-    let src = case_dir(case);
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-{}-{}", tag, std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            assert_eq!(v.dtype(), Dtype::F32);
-            let mut f: Vec<f32> = v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            edit(&name, &mut f);
-            let data = f.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect();
-            (name, v.shape().to_vec(), data)
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
-    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
-    dir
-}
-
 #[test]
 fn an_f16_checkpoint_gives_the_reference_logits() {
     // the fixture's weights are bf16-representable, so converting them to f16 is exact for
     // all but vanishingly small values: the f16 path must reproduce the reference
-    let dir = f16_copy("tied_gqa", "f16", &|_, _| {});
+    let dir = common::f16_copy(&case_dir("tied_gqa"), "f16", &|_, _| {});
     let r = reference("tied_gqa");
     for b in common::backends("f16 checkpoint") {
         let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
@@ -205,15 +178,12 @@ fn massive_attention_values_give_the_f32_answer_through_f16_caches() {
         V => v.iter_mut().for_each(|x| *x *= 100.0),
         _ => {}
     };
-    let dir = f16_copy("tied_gqa", "massive-v", &edit);
+    let dir = common::f16_copy(&case_dir("tied_gqa"), "massive-v", &edit);
     let r = reference("tied_gqa");
     // the values do pass f16's range: layer 0's v of the prompts' tokens, from the weights
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let get = |n: &str| -> (Vec<usize>, Vec<f32>) {
-        let t = st.tensor(n).unwrap();
-        (t.shape().to_vec(), t.data().chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
-    };
+    let get = |n: &str| common::f16_tensor(&st, n);
     let ((es, emb), (_, g), (vs, wv)) = (get("model.language_model.embed_tokens.weight"), get(NORM), get(V));
     let hidden = es[1];
     let mut v_max = 0.0f32;
@@ -256,7 +226,7 @@ fn massive_mlp_activations_in_f16_and_q8_0_weights_give_the_f32_answer() {
     // 65504, which the f16 tensor-core GEMM's operand split and the dequantized-weight prefill
     // once overflowed. Both GPU modules against the CPU on the same weights: f16 as stored, and
     // Q8_0 quantized while loading (the GPU's prefill dequantizes it to f16 for its GEMM).
-    let dir = f16_copy("tied_gqa", "massive", &|name, v| {
+    let dir = common::f16_copy(&case_dir("tied_gqa"), "massive", &|name, v| {
         if name == "model.language_model.layers.0.post_attention_layernorm.weight" {
             v.iter_mut().for_each(|x| *x *= 300.0);
         }

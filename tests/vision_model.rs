@@ -203,37 +203,6 @@ fn image_files_through_preprocessing_give_transformers_logits() {
     }
 }
 
-/// A copy of the tiny model in a temporary folder, every tensor converted to f16 after `edit`
-/// (name, values as f32); the other files copied.
-fn f16_copy(tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
-    use safetensors::tensor::{Dtype, TensorView};
-    let src = dir().join("tiny");
-    let out = std::env::temp_dir().join(format!("qwen3-vl-vision-{}-{}", tag, std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    for f in ["config.json", "preprocessor_config.json"] {
-        std::fs::copy(src.join(f), out.join(f)).unwrap();
-    }
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            let mut f: Vec<f32> = match v.dtype() {
-                Dtype::BF16 => v.data().chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
-                Dtype::F32 => v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-                other => panic!("{}: {:?}", name, other),
-            };
-            edit(&name, &mut f);
-            (name, v.shape().to_vec(), f.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect())
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
-    safetensors::serialize_to_file(views, &None, &out.join("model.safetensors")).unwrap();
-    out
-}
-
 #[test]
 fn massive_vision_mlp_activations_give_the_f32_answer() {
     // block 0 of the tower: its second LayerNorm's bias at 100 and its fc1 weights ×1500, so the
@@ -246,7 +215,7 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
     const N2W: &str = "model.visual.blocks.0.norm2.weight";
     const FC1: &str = "model.visual.blocks.0.mlp.linear_fc1.weight";
     const FC1B: &str = "model.visual.blocks.0.mlp.linear_fc1.bias";
-    let model_dir = f16_copy("massive", &|name, v| match name {
+    let model_dir = common::f16_copy(&dir().join("tiny"), "vision-massive", &|name, v| match name {
         N2B => v.iter_mut().for_each(|x| *x = 100.0),
         FC1 => v.iter_mut().for_each(|x| *x *= 1500.0),
         _ => {}
@@ -254,10 +223,7 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
     // the lower bound on some fc1 channel's output, from the stored (f16) weights
     let bytes = std::fs::read(model_dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let get = |n: &str| -> (Vec<usize>, Vec<f32>) {
-        let t = st.tensor(n).unwrap();
-        (t.shape().to_vec(), t.data().chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
-    };
+    let get = |n: &str| common::f16_tensor(&st, n);
     let ((s1, w1), (_, b1), (_, g), (_, nb)) = (get(FC1), get(FC1B), get(N2W), get(N2B));
     let (out_c, dim) = (s1[0], s1[1]);
     let g_max = g.iter().fold(0.0f32, |m, x| m.max(x.abs()));

@@ -316,3 +316,42 @@ pub fn top_two_within(logits: &[f32], rel: f32) -> bool {
     let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
     sorted[0] - sorted[1] < rel * std
 }
+
+/// A copy of the model in `src` in a scratch directory named after `tag`: `model.safetensors`
+/// with every tensor (f32 or bf16) converted to f16 after `edit(name, values as f32)`, and the
+/// config files beside it (`config.json`, `preprocessor_config.json` where present).
+pub fn f16_copy(src: &std::path::Path, tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = std::env::temp_dir().join(format!("qwen3-vl-{}-{}", tag, std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "preprocessor_config.json"] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let mut f: Vec<f32> = match v.dtype() {
+                Dtype::F32 => v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                Dtype::BF16 => v.data().chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+                other => panic!("{}: {:?} is neither f32 nor bf16", name, other),
+            };
+            edit(&name, &mut f);
+            (name, v.shape().to_vec(), f.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect())
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
+    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+/// Shape and values (as f32) of the f16 tensor `name` of a [`f16_copy`].
+pub fn f16_tensor(st: &safetensors::SafeTensors<'_>, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let t = st.tensor(name).unwrap();
+    (t.shape().to_vec(), t.data().chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
+}

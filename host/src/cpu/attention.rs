@@ -1,16 +1,14 @@
 //! Scaled dot-product attention on the CPU with grouped KV heads and an optional causal mask.
 //!
-//! Two paths, both with `gpu::math::OnlineSoftmax` as the normaliser:
-//! - short query blocks (decode, small prompts): one rayon task per (query row, head), one pass
-//!   over the visible keys with the streaming update `push_weighted`, the arithmetic of the
-//!   `attention_f32` kernel;
+//! Two paths:
+//! - short query blocks (decode, small prompts): one rayon task per (query row, KV head) for the
+//!   query heads of its group: scores, softmax, then the weighted values;
 //! - long blocks (prefill, the vision tower's thousands of patches): per head, scores for
 //!   `QB` queries at a time as one matrix product against the head's keys, masked, softmaxed,
 //!   then one product with the head's values, all through the SIMD linear kernels.
 
 use super::linear::{dot, linear, Weights};
 use crate::backend::AttnParams;
-use gpu::math::OnlineSoftmax;
 use rayon::prelude::*;
 
 /// Sizes of one call: `t` query rows of `heads` heads, keys of `kv_heads` heads, width `d`.
@@ -83,6 +81,7 @@ fn blocked(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &mut
 
 /// `row = softmax(row · scale)` in branch-free passes the compiler vectorizes (max, exp,
 /// sum, normalise; reductions over 8 lanes); the exponential is [`exp_fast`].
+#[inline(always)]
 fn softmax_row(row: &mut [f32], scale: f32) {
     let mut lanes = [f32::NEG_INFINITY; 8];
     let mut chunks = row.chunks_exact(8);
@@ -128,29 +127,131 @@ fn exp_fast(x: f32) -> f32 {
     e * f32::from_bits(((ki + 127) as u32) << 23)
 }
 
-/// One task per (query row, head) with the streaming online-softmax update.
+/// Keys per task of the streaming path, at least (fewer keys run in one task).
+const KEYS_PER_TASK: usize = 32;
+
+/// Short query blocks: the keys split into chunks, one task each, that walk their cache rows
+/// in order (a row holds every KV head, so the reads are one forward stream; a walk over one
+/// head's keys jumped a whole cache row per key and waited on memory for each):
+/// 1. scores `S [t · heads, n]` (`n` the keys visible to the last query row), chunks in
+///    parallel;
+/// 2. a softmax per row over its visible keys (the rest zeroed);
+/// 3. partial outputs `S[:, chunk] · V[chunk]` per chunk, summed in chunk order.
 fn streaming(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &mut [f32]) {
+    let Dims { t, heads, d, .. } = dims;
+    let n = if p.causal { (p.q_pos0 + t).min(p.kv_len) } else { p.kv_len };
+    let rows = t * heads;
+    let out = &mut out[..rows * d];
+    if n == 0 {
+        out.iter_mut().for_each(|x| *x = 0.0);
+        return;
+    }
+    let tasks = ((n + KEYS_PER_TASK - 1) / KEYS_PER_TASK).min(2 * rayon::current_num_threads()).max(1);
+    let per = (n + tasks - 1) / tasks;
+    let chunks: Vec<(usize, usize)> = (0..n).step_by(per).map(|j0| (j0, (j0 + per).min(n))).collect();
+    // 1. scores, per chunk [rows, len]
+    let parts: Vec<Vec<f32>> = chunks
+        .par_iter()
+        .map(|&(j0, j1)| {
+            let mut sc = vec![0.0f32; rows * (j1 - j0)];
+            simd_dispatch!(scores_chunk(q, k, dims, j0, j1, &mut sc));
+            sc
+        })
+        .collect();
+    // 2. S [rows, n], softmax per row over its visible keys
+    let mut s = vec![0.0f32; rows * n];
+    for (&(j0, j1), part) in chunks.iter().zip(&parts) {
+        for (r, src) in part.chunks(j1 - j0).enumerate() {
+            s[r * n + j0..r * n + j1].copy_from_slice(src);
+        }
+    }
+    for (r, row) in s.chunks_mut(n).enumerate() {
+        let visible = if p.causal { (p.q_pos0 + r / heads + 1).min(n) } else { n };
+        softmax_row(&mut row[..visible], p.scale);
+        row[visible..].iter_mut().for_each(|x| *x = 0.0);
+    }
+    // 3. O = Σ_chunks S[:, chunk] · V[chunk], summed in chunk order
+    let s = &s;
+    let partial: Vec<Vec<f32>> = chunks
+        .par_iter()
+        .map(|&(j0, j1)| {
+            let mut o = vec![0.0f32; rows * d];
+            simd_dispatch!(values_chunk(s, n, v, dims, j0, j1, &mut o));
+            o
+        })
+        .collect();
+    out.copy_from_slice(&partial[0]);
+    for o in &partial[1..] {
+        out.iter_mut().zip(o).for_each(|(x, &y)| *x += y);
+    }
+}
+
+/// Calls `$f(args)`: its AVX2 instance (`avx2::$f`) when this CPU has AVX2, else the
+/// baseline one (both compiled from the same body).
+macro_rules! simd_dispatch {
+    ($f:ident($($a:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        let done = if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is detected on this CPU.
+            unsafe { avx2::$f($($a),*) };
+            true
+        } else {
+            false
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if !done {
+            $f($($a),*)
+        }
+    }};
+}
+use simd_dispatch;
+
+/// `sc [t · heads, j1 - j0]`: the scores `q · k` (unscaled) of every query row and head
+/// against keys `j0..j1`, walking the key rows in order.
+#[inline(always)]
+fn scores_chunk(q: &[f32], k: &[f32], dims: Dims, j0: usize, j1: usize, sc: &mut [f32]) {
+    let Dims { t, heads, kv_heads, d } = dims;
+    let (group, len) = (heads / kv_heads, j1 - j0);
+    for j in j0..j1 {
+        let krow = &k[j * kv_heads * d..(j + 1) * kv_heads * d];
+        for r in 0..t * heads {
+            let kvh = (r % heads) / group;
+            sc[r * len + j - j0] = dot(&q[r * d..(r + 1) * d], &krow[kvh * d..(kvh + 1) * d]);
+        }
+    }
+}
+
+/// `o [t · heads, d]` = `S[:, j0..j1] · V[j0..j1]` (`s [t · heads, n]`), walking the value
+/// rows in order.
+#[inline(always)]
+fn values_chunk(s: &[f32], n: usize, v: &[f32], dims: Dims, j0: usize, j1: usize, o: &mut [f32]) {
     let Dims { heads, kv_heads, d, .. } = dims;
     let group = heads / kv_heads;
-    let kv_stride = kv_heads * d;
-    out.par_chunks_mut(d).enumerate().for_each(|(idx, o)| {
-        let (i, h) = (idx / heads, idx % heads);
-        let kvh = h / group;
-        let visible = if p.causal { (p.q_pos0 + i + 1).min(p.kv_len) } else { p.kv_len };
-        let qv = &q[idx * d..(idx + 1) * d];
-        let mut norm = OnlineSoftmax::EMPTY;
-        o.iter_mut().for_each(|x| *x = 0.0);
-        for j in 0..visible {
-            let row = j * kv_stride + kvh * d;
-            let (next, rescale, w) = norm.push_weighted(dot(qv, &k[row..row + d]) * p.scale);
-            norm = next;
-            for (x, &vv) in o.iter_mut().zip(&v[row..row + d]) {
-                *x = *x * rescale + w * vv;
-            }
+    for j in j0..j1 {
+        let vrow = &v[j * kv_heads * d..(j + 1) * kv_heads * d];
+        for (r, orow) in o.chunks_mut(d).enumerate() {
+            let w = s[r * n + j];
+            let vh = &vrow[((r % heads) / group) * d..((r % heads) / group + 1) * d];
+            orow.iter_mut().zip(vh).for_each(|(x, &y)| *x += w * y);
         }
-        let inv = if norm.sum > 0.0 { 1.0 / norm.sum } else { 0.0 };
-        o.iter_mut().for_each(|x| *x *= inv);
-    });
+    }
+}
+
+/// The AVX2 instances of the streaming loops.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Dims;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scores_chunk(q: &[f32], k: &[f32], dims: Dims, j0: usize, j1: usize, sc: &mut [f32]) {
+        super::scores_chunk(q, k, dims, j0, j1, sc)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn values_chunk(s: &[f32], n: usize, v: &[f32], dims: Dims, j0: usize, j1: usize, o: &mut [f32]) {
+        super::values_chunk(s, n, v, dims, j0, j1, o)
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +307,25 @@ mod tests {
             attention(&q, &k, &v, dims, p, &mut out);
             for (o, w) in out.iter().zip(naive(&q, &k, &v, dims, p)) {
                 assert!((*o as f64 - w).abs() < 1e-5, "{} vs {}", o, w);
+            }
+        }
+    }
+
+    /// Decode-sized query blocks over enough keys for several key chunks (uneven last chunk),
+    /// causal with an offset or not, and a block whose rows see different numbers of keys.
+    #[test]
+    fn streaming_key_chunks_match_naive() {
+        let dims = Dims { t: 2, heads: 6, kv_heads: 2, d: 16 };
+        let cap = 260;
+        let gen = |n: usize, s: f32| (0..n).map(|i| ((i as f32 * s).sin()) * 2.0).collect::<Vec<f32>>();
+        let (q, k, v) = (gen(2 * 6 * 16, 0.71), gen(cap * 2 * 16, 1.37), gen(cap * 2 * 16, 0.29));
+        for &(causal, q_pos0, kv_len) in &[(true, 201, 203), (true, 0, 2), (false, 0, 257), (true, 40, 250)] {
+            assert!(kv_len <= cap && 2 < BLOCKED_FROM);
+            let p = AttnParams { kv_len, q_pos0, causal, scale: 0.3 };
+            let mut out = vec![f32::NAN; 2 * 6 * 16];
+            attention(&q, &k, &v, dims, p, &mut out);
+            for (o, w) in out.iter().zip(naive(&q, &k, &v, dims, p)) {
+                assert!((*o as f64 - w).abs() < 1e-5, "{:?}: {} vs {}", (causal, q_pos0, kv_len), o, w);
             }
         }
     }

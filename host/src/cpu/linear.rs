@@ -42,7 +42,7 @@ impl Weights<'_> {
 }
 
 /// Dot product with 8 independent accumulators (vectorizes; fixed summation order).
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);

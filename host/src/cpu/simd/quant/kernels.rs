@@ -30,23 +30,38 @@ macro_rules! kernels {
             /// machine: 512 → 13.3, 4096 → 14.8, 8192 → 14.9 tok/s Q4_K_M decode).
             const PF: usize = 8192;
 
-            /// See `super::super::dots`: tiles of `NR` weight rows; for each block the weights
-            /// are unpacked once and taken against all activation rows, `MR` at a time, with
-            /// integer sums in registers and f32 sums per (weight row, activation row).
+            /// See `super::super::dots`. One activation row (decode) takes the rows one after
+            /// another ([`gemv_q8_0`], [`gemv_q4_k`], [`gemv_q6_k`]): a single forward stream per
+            /// thread, which the hardware prefetchers follow at the full memory bandwidth
+            /// (interleaving 4 rows reached about 65% of it on the 2-core AMD machine). Several
+            /// rows take tiles of `NR` weight rows (one for `Q8_0` below 4 rows, where it
+            /// measured faster); for each block the weights are unpacked once and taken against
+            /// all activation rows, `MR` at a time, with integer sums in registers and f32 sums
+            /// per (weight row, activation row).
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn dots(wt: DType, rows: &[u8], row_bytes: usize, acts: &Q8Acts, res: &mut [f32]) {
                 let m = acts.rows;
                 let n = rows.len() / row_bytes;
+                if m == 1 {
+                    for (j, o) in res[..n].iter_mut().enumerate() {
+                        let w = rows.as_ptr().add(j * row_bytes);
+                        *o = match wt {
+                            DType::Q8_0 => gemv_q8_0(w, acts),
+                            DType::Q4K => gemv_q4_k(w, acts),
+                            _ => gemv_q6_k(w, acts),
+                        };
+                    }
+                    return;
+                }
+                let tile = if wt == DType::Q8_0 && m < 4 { 1 } else { NR };
                 let mut acc = vec![_mm256_setzero_ps(); NR * m];
                 let mut j0 = 0;
                 while j0 < n {
-                    let nr = NR.min(n - j0);
+                    let nr = tile.min(n - j0);
                     acc.iter_mut().for_each(|a| *a = _mm256_setzero_ps());
                     let w = rows.as_ptr().add(j0 * row_bytes);
                     match wt {
                         DType::Q8_0 => tile_q8_0(w, row_bytes, nr, acts, &mut acc),
-                        DType::Q4K if m == 1 => gemv_q4_k(w, row_bytes, nr, acts, &mut acc),
-                        DType::Q6K if m == 1 => gemv_q6_k(w, row_bytes, nr, acts, &mut acc),
                         DType::Q4K => tile_k::<false>(w, row_bytes, nr, acts, &mut acc),
                         _ => tile_k::<true>(w, row_bytes, nr, acts, &mut acc),
                     }
@@ -57,6 +72,23 @@ macro_rules! kernels {
                     }
                     j0 += nr;
                 }
+            }
+
+            /// `Q8_0` weight row at `w` against activation row 0: two f32 accumulators (even
+            /// and odd blocks), so consecutive blocks do not wait on one another's FMA.
+            #[target_feature(enable = $feat)]
+            unsafe fn gemv_q8_0(w: *const u8, acts: &Q8Acts) -> f32 {
+                let nb = acts.k / QK8_0;
+                let (qs, ds) = (acts.qs.as_ptr(), acts.d.as_ptr());
+                let mut f = [_mm256_setzero_ps(); 2];
+                for b in 0..nb {
+                    let blk = w.add(b * q8_0::BLOCK_BYTES);
+                    let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    let av = _mm256_loadu_si256(qs.add(b * QK8_0) as *const __m256i);
+                    let dot = dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+                    f[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(blk) * *ds.add(b)), f[b & 1]);
+                }
+                hsum(_mm256_add_ps(f[0], f[1]))
             }
 
             /// `Q8_0`: `nr ≤ NR` weight rows against every activation row, accumulators in
@@ -107,92 +139,83 @@ macro_rules! kernels {
                 _mm256_setr_epi8(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b)
             }
 
-            /// `Q4_K` against one activation row (decode): `nr` weight rows side by side, each
-            /// block unpacked in registers.
+            /// `Q4_K` weight row at `w` against activation row 0, each block unpacked in
+            /// registers; the 8 sub-block products go to 4 integer accumulators (a single chain
+            /// of 8 `dpwssd` per block bound the loop by their latency).
             #[target_feature(enable = $feat)]
-            unsafe fn gemv_q4_k(w: *const u8, row_bytes: usize, nr: usize, acts: &Q8Acts, acc: &mut [__m256]) {
+            unsafe fn gemv_q4_k(w: *const u8, acts: &Q8Acts) -> f32 {
                 let nb = acts.k / QK_K;
                 let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
                 let low = _mm256_set1_epi8(0x0F);
                 let masks = [word_mask(0), word_mask(1), word_mask(2), word_mask(3), word_mask(4), word_mask(5), word_mask(6), word_mask(7)];
-                let mut f = [_mm256_setzero_ps(); NR];
+                let mut f = _mm256_setzero_ps();
+                let mut fm = _mm_setzero_ps();
                 for b in 0..nb {
                     let ap = qs.add(b * QK_K);
-                    let bs = _mm256_loadu_si256(bsums.add(b * 16) as *const __m256i);
-                    let da = *ds.add(b);
-                    for i in 0..nr {
-                        let blk = w.add(i * row_bytes + b * q4_k::BLOCK_BYTES);
-                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF) as *const i8);
-                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 64) as *const i8);
-                        _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 128) as *const i8);
-                        let sm = super::super::q4_k_scale_words(blk);
-                        let sc = _mm256_permute2x128_si256::<0x00>(sm, sm); // [sc0..sc7 | sc0..sc7]
-                        let mins = _mm256_castsi256_si128(_mm256_permute2x128_si256::<0x11>(sm, sm));
-                        let mut isum = _mm256_setzero_si256();
-                        for c in 0..4 {
-                            let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
-                            let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
-                            let a0 = _mm256_loadu_si256(ap.add(64 * c) as *const __m256i);
-                            let a1 = _mm256_loadu_si256(ap.add(64 * c + 32) as *const __m256i);
-                            isum = dpwssd(isum, _mm256_maddubs_epi16(lo, a0), _mm256_shuffle_epi8(sc, masks[2 * c]));
-                            isum = dpwssd(isum, _mm256_maddubs_epi16(hi, a1), _mm256_shuffle_epi8(sc, masks[2 * c + 1]));
-                        }
-                        // Σ_j m_j (bsum_2j + bsum_2j+1)
-                        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
-                        let msum = _mm_madd_epi16(pairs, mins);
-                        let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
-                        f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * d), f[i]);
-                        let m128 = _mm_mul_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(da * dmin));
-                        f[i] = _mm256_sub_ps(f[i], _mm256_set_m128(_mm_setzero_ps(), m128));
+                    let blk = w.add(b * q4_k::BLOCK_BYTES);
+                    let sm = super::super::q4_k_scale_words(blk);
+                    let sc = _mm256_permute2x128_si256::<0x00>(sm, sm); // [sc0..sc7 | sc0..sc7]
+                    let mins = _mm256_castsi256_si128(_mm256_permute2x128_si256::<0x11>(sm, sm));
+                    let mut isum = [_mm256_setzero_si256(); 4];
+                    for c in 0..4 {
+                        let v = _mm256_loadu_si256(blk.add(16 + 32 * c) as *const __m256i);
+                        let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+                        let a0 = _mm256_loadu_si256(ap.add(64 * c) as *const __m256i);
+                        let a1 = _mm256_loadu_si256(ap.add(64 * c + 32) as *const __m256i);
+                        let (e, o) = (2 * (c & 1), 2 * (c & 1) + 1);
+                        isum[e] = dpwssd(isum[e], _mm256_maddubs_epi16(lo, a0), _mm256_shuffle_epi8(sc, masks[2 * c]));
+                        isum[o] = dpwssd(isum[o], _mm256_maddubs_epi16(hi, a1), _mm256_shuffle_epi8(sc, masks[2 * c + 1]));
                     }
+                    let isum = _mm256_add_epi32(_mm256_add_epi32(isum[0], isum[1]), _mm256_add_epi32(isum[2], isum[3]));
+                    // Σ_j m_j (bsum_2j + bsum_2j+1)
+                    let bs = _mm256_loadu_si256(bsums.add(b * 16) as *const __m256i);
+                    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+                    let msum = _mm_madd_epi16(pairs, mins);
+                    let da = *ds.add(b);
+                    f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * f16_at(blk)), f);
+                    fm = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(da * f16_at(blk.add(2))), fm);
                 }
-                acc[..nr].copy_from_slice(&f[..nr]);
+                hsum(_mm256_sub_ps(f, _mm256_set_m128(_mm_setzero_ps(), fm)))
             }
 
-            /// `Q6_K` against one activation row (decode), as [`gemv_q4_k`].
+            /// `Q6_K` weight row at `w` against activation row 0, as [`gemv_q4_k`].
             #[target_feature(enable = $feat)]
-            unsafe fn gemv_q6_k(w: *const u8, row_bytes: usize, nr: usize, acts: &Q8Acts, acc: &mut [__m256]) {
+            unsafe fn gemv_q6_k(w: *const u8, acts: &Q8Acts) -> f32 {
                 let nb = acts.k / QK_K;
                 let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
                 let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
                 // pair t: [s_2t × 8 | s_2t+1 × 8] from the 16 scale words: dword t everywhere,
                 // then word 0 in the low half and word 1 in the high half
                 let half = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-                let mut f = [_mm256_setzero_ps(); NR];
+                let mut f = _mm256_setzero_ps();
                 for b in 0..nb {
                     let ap = qs.add(b * QK_K);
-                    let bs = _mm256_loadu_si256(bsums.add(b * 16) as *const __m256i);
-                    let da = *ds.add(b);
-                    for i in 0..nr {
-                        let blk = w.add(i * row_bytes + b * q6_k::BLOCK_BYTES);
-                        for l in 0..4 {
-                            _mm_prefetch::<_MM_HINT_T0>(blk.add(PF + 64 * l) as *const i8);
+                    let blk = w.add(b * q6_k::BLOCK_BYTES);
+                    let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                    let mut isum = [_mm256_setzero_si256(); 4];
+                    for h in 0..2 {
+                        let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
+                        let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
+                        let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+                        let q = [
+                            _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two))),
+                            _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)))),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), _mm256_and_si256(qh, _mm256_set1_epi8(48))),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48))),
+                        ];
+                        for (t4, qv) in q.iter().enumerate() {
+                            let t = 4 * h + t4;
+                            let sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(t as i32)), half);
+                            let av = _mm256_loadu_si256(ap.add(32 * t) as *const __m256i);
+                            isum[t4] = dpwssd(isum[t4], _mm256_maddubs_epi16(*qv, av), sv);
                         }
-                        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
-                        let mut isum = _mm256_setzero_si256();
-                        for h in 0..2 {
-                            let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-                            let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-                            let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                            let q = [
-                                _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, two))),
-                                _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12)))),
-                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low), _mm256_and_si256(qh, _mm256_set1_epi8(48))),
-                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low), _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(48))),
-                            ];
-                            for (t4, qv) in q.iter().enumerate() {
-                                let t = 4 * h + t4;
-                                let sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(t as i32)), half);
-                                let av = _mm256_loadu_si256(ap.add(32 * t) as *const __m256i);
-                                isum = dpwssd(isum, _mm256_maddubs_epi16(*qv, av), sv);
-                            }
-                        }
-                        let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, s16));
-                        isum = _mm256_sub_epi32(isum, off);
-                        f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * f16_at(blk.add(208))), f[i]);
                     }
+                    let isum = _mm256_add_epi32(_mm256_add_epi32(isum[0], isum[1]), _mm256_add_epi32(isum[2], isum[3]));
+                    let bs = _mm256_loadu_si256(bsums.add(b * 16) as *const __m256i);
+                    let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, s16));
+                    f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum, off)), _mm256_set1_ps(*ds.add(b) * f16_at(blk.add(208))), f);
                 }
-                acc[..nr].copy_from_slice(&f[..nr]);
+                hsum(f)
             }
 
             /// One K-quant super-block of `nr` weight rows, unpacked: 8 vectors of 32 unsigned

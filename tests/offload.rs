@@ -48,6 +48,13 @@ fn placements(n: usize) -> Vec<Placement> {
     let mut vision = Placement::all_on_device(n);
     vision.vision_on_device = false;
     v.push(vision);
+    // host layers streamed through the device (every forward, so decode steps too)
+    for g in [0, n / 2] {
+        let mut p = Placement::all_on_device(n);
+        p.device_layers = g;
+        p.stream_rows = Some(1);
+        v.push(p);
+    }
     v
 }
 
@@ -91,6 +98,7 @@ fn split_on_two_cpu_backends_equals_the_whole_model() {
                 let split = load(&dir, &*device, &host, Some(&p));
                 assert!(split.is_split());
                 assert_eq!(run(&split, &*device, &prompt, None, kv, 6), want, "{} {} cache, {}", case, kv, p.describe());
+                assert_eq!(split.text.streamed_layers() > 0, p.stream_rows.is_some(), "{}", p.describe());
             }
         }
     }
@@ -102,6 +110,7 @@ fn split_on_two_cpu_backends_equals_the_whole_model() {
     for p in placements(whole.config.text.num_hidden_layers) {
         let split = load(&vision_dir().join("tiny"), &*device, &host, Some(&p));
         assert_eq!(run(&split, &*device, &ids, Some(&images), DType::F32, 4), want, "image prompt, {}", p.describe());
+        assert_eq!(split.text.streamed_layers() > 0, p.stream_rows.is_some(), "{}", p.describe());
     }
 }
 
@@ -147,9 +156,10 @@ fn budget_errors_name_the_bytes() {
     assert!(matches!(e, Error::Budget { .. }) && msg.contains(&s.text_work.to_string()) && msg.contains("smallest placement"), "{}", msg);
     let e = Placement::plan(&s, Some(s.text_work + s.layers[0] + s.kv_layer), Some(2), false).unwrap_err();
     assert!(e.to_string().contains("2 text layers"), "{}", e);
-    // exactly one layer's worth: one layer on the device, nothing else
+    // exactly one layer's worth: the layer gives way to the slot that streams every layer
+    // through the device for prefills; nothing else fits
     let p = Placement::plan(&s, Some(s.text_work + s.layers[0] + s.kv_layer), None, false).unwrap();
-    assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device), (1, false, false));
+    assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.stream_rows), (0, false, false, Some(qwen3_vl::model::STREAM_MIN_ROWS)));
 }
 
 /// The 2B's GPU checks on the vision fixture's model (text layers, tower, image prompt).
@@ -172,14 +182,18 @@ fn gpu_budget_split_matches_unsplit_and_stays_under_budget() {
     let whole = Model::load_opened(&opened, None, &*gpu, &mut |_, _| {}).unwrap();
     let want = run(&whole, &*gpu, &ids, Some(&images), DType::F32, 4);
     drop(whole);
-    let budget = s.text_work + s.layers[0] + s.kv_layer + s.layers[1] / 2;
-    let p = Placement::plan(&s, Some(budget), None, false).unwrap();
-    assert_eq!(p.device_layers, 1, "{}", p.describe());
+    // room for the first layer, the slot that streams the others, and half a layer more
+    let slot = s.layers[1..].iter().copied().max().unwrap();
+    let budget = s.text_work + s.layers[0] + s.kv_layer + slot + s.layers[1] / 2;
+    let mut p = Placement::plan(&s, Some(budget), None, false).unwrap();
+    assert_eq!((p.device_layers, p.stream_rows), (1, Some(qwen3_vl::model::STREAM_MIN_ROWS)), "{}", p.describe());
+    p.stream_rows = Some(ids.len().min(qwen3_vl::model::STREAM_MIN_ROWS)); // the fixture's prompt is short
     let gpu2 = common::gpu("gpu offload").unwrap(); // a fresh pool, so its peak is this run's
     gpu2.set_memory_cap(Some(budget)).unwrap();
     let opened = tiny_vision();
     let split = Model::load_placed(&opened, LoadQuant::default(), &*gpu2, Some(Offload { host: &host, placement: &p }), &mut |_, _| {}).unwrap();
     let got = run(&split, &*gpu2, &ids, Some(&images), DType::F32, 4);
+    assert!(split.text.streamed_layers() > 0, "the prompt streamed the host layers through the GPU");
     assert_eq!(got.1, want.1, "greedy tokens, split against whole");
     common::assert_close_to_std("split logits", &got.0, &want.0, common::logits_tolerance(&*gpu2, DType::F32));
     let peak = gpu2.memory_stats().peak;
@@ -245,19 +259,22 @@ fn gpu_image_prompts_get_the_vision_tower_first_under_a_budget() {
     let q8 = LoadQuant { mix: None, vision_q8: true };
     let s = Model::sizes(&opened, q8, &*gpu, ctx, image_tokens, DType::F32);
     // room for the workspace, the tower and one text layer, not two
-    let budget = s.text_work.max(s.vision_work) + s.vision + s.layers[0] + s.kv_layer + s.layers[1] / 2;
+    let slot = s.layers[1..].iter().copied().max().unwrap();
+    let budget = s.text_work.max(s.vision_work) + s.vision + s.layers[0] + s.kv_layer + slot + s.layers[1] / 2;
     let text_first = Placement::plan(&s, Some(budget), None, false).unwrap();
     assert!(!text_first.vision_on_device, "{}", text_first.describe());
     let mut p = Placement::plan(&s, Some(budget), None, true).unwrap();
-    assert!(p.vision_first && p.vision_on_device && p.device_layers == 1 && !p.head_on_device, "{}", p.describe());
+    assert!(p.vision_first && p.vision_on_device && p.device_layers == 1 && !p.head_on_device && p.stream_rows.is_some(), "{}", p.describe());
     assert!(p.better_than(&text_first));
     p.vision_q8 = true;
+    p.stream_rows = Some(ids.len().min(qwen3_vl::model::STREAM_MIN_ROWS));
     let want = run(&Model::load_placed(&opened, q8, &*host, None, &mut |_, _| {}).unwrap(), &*host, &ids, Some(&images), DType::F32, 4);
     let gpu2 = common::gpu("gpu image placement").unwrap(); // a fresh pool, so its peak is this run's
     gpu2.set_memory_cap(Some(budget)).unwrap();
     let split = Model::load_placed(&opened, q8, &*gpu2, Some(Offload { host: &host, placement: &p }), &mut |_, _| {}).unwrap();
     assert!(!split.vision.on_host());
     let got = run(&split, &*gpu2, &ids, Some(&images), DType::F32, 4);
+    assert!(split.text.streamed_layers() > 0, "the prompt streamed the host layers through the GPU");
     // the CPU's Q8_0 path rounds activations to 8 bits per block, the GPU's prefill does not:
     // the quantized bound of tests/gpu_quant.rs (0.15 of the std; measured 0.053 on the H100)
     common::assert_close_to_std("vision-first split logits", &got.0, &want.0, 0.15);

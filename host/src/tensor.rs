@@ -177,6 +177,21 @@ impl Tensor {
         }
     }
 
+    /// The blocks of a CPU tensor of a quantized type for another backend's `upload_blocks`:
+    /// the mapped file window itself when it is mapped (no copy), else a copy.
+    pub fn to_blocks(&self, op: &'static str) -> Result<Blocks> {
+        match &self.storage {
+            Storage::Cpu(b) if self.dtype.is_quantized() => match &**b {
+                CpuBuffer::Mapped(m) => Ok(Blocks::Mapped(m.clone())),
+                CpuBuffer::Bytes(v) => Ok(Blocks::Owned(v.clone())),
+                _ => Err(Error::DType { op, expected: "a block-quantized type", got: self.dtype }),
+            },
+            Storage::Cpu(_) => Err(Error::DType { op, expected: "a block-quantized type", got: self.dtype }),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Err(Error::Device { op, msg: "expected a CPU tensor, got a CUDA one".into() }),
+        }
+    }
+
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }

@@ -32,7 +32,7 @@ fn rows_cols(shape: &[usize]) -> (usize, usize) {
 
 /// GGUF blocks of `n` rows of `k` values of `dtype` regrouped into the device layout
 /// (`gpu::qmath`): `Q8_0` and `Q6_K` as aligned planes, `Q4_K` unchanged. Same size.
-pub fn device_layout(dtype: DType, n: usize, k: usize, raw: &[u8]) -> Vec<u8> {
+pub fn device_layout(dtype: DType, n: usize, k: usize, raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     use crate::quant::{q6_k, q8_0};
     match dtype {
         DType::Q8_0 => {
@@ -42,7 +42,7 @@ pub fn device_layout(dtype: DType, n: usize, k: usize, raw: &[u8]) -> Vec<u8> {
                 ds[2 * b..2 * b + 2].copy_from_slice(&blk[..2]);
                 qs[32 * b..32 * b + 32].copy_from_slice(&blk[2..]);
             }
-            out
+            out.into()
         }
         DType::Q6K => {
             let blocks = raw.len() / q6_k::BLOCK_BYTES;
@@ -54,9 +54,9 @@ pub fn device_layout(dtype: DType, n: usize, k: usize, raw: &[u8]) -> Vec<u8> {
                 out[sc_at + 16 * i..sc_at + 16 * i + 16].copy_from_slice(&blk[192..208]);
                 out[d_at + 2 * i..d_at + 2 * i + 2].copy_from_slice(&blk[208..210]);
             }
-            out
+            out.into()
         }
-        _ => raw.to_vec(),
+        _ => raw.into(),
     }
 }
 

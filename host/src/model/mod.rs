@@ -18,7 +18,7 @@ pub use config::{Config, TextConfig, VisionConfig};
 pub use files::{ModelFiles, Opened};
 pub use quantize::{LoadQuant, Mix};
 pub use kv_cache::KvCache;
-pub use placement::{Placement, Sizes};
+pub use placement::{Placement, Sizes, STREAM_MIN_ROWS};
 pub use rope::Pos3;
 pub use text::TextModel;
 pub use vision::{Images, VisionModel, VisionOutput};

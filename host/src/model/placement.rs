@@ -16,6 +16,14 @@
 //! - image prompts (`images`): the vision tower first, since on the CPU it takes seconds per
 //!   image where a text layer costs milliseconds, then the same order. When the tower does not
 //!   fit beside one text layer and the workspace it goes last, as for text.
+//!
+//! When some text layers stay on the host, a slot for the largest of their weights is kept on
+//! the device (a device layer gives way when nothing else makes room): forwards of at least
+//! [`STREAM_MIN_ROWS`] rows (prefill chunks) upload each host layer's weights into it and run
+//! the layer's linear parts on the device, as llama.cpp does for large batches; the layer's KV
+//! cache and attention stay on the host. A prompt of a thousand tokens then costs the upload
+//! (tens of milliseconds per layer at most) where the host's cores took seconds.
+//! `QWEN3_VL_STREAM_LAYERS=0` plans without the slot (an A/B aid).
 
 use super::config::Config;
 use super::source::TensorSource;
@@ -41,6 +49,12 @@ pub struct Sizes {
     /// Activations of the vision tower on images filling the context.
     pub vision_work: usize,
 }
+
+/// Rows from which a forward streams the host layers' weights through the device.
+pub const STREAM_MIN_ROWS: usize = 32;
+
+/// Whether plans keep a slot for streaming host layers (`QWEN3_VL_STREAM_LAYERS=0`: no).
+static STREAM: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_STREAM_LAYERS");
 
 /// Small buffers besides the activations: attention counters, cursors, recorded decode steps,
 /// rotary tables.
@@ -135,6 +149,9 @@ pub struct Placement {
     /// The vision tower's 16- and 32-bit weights load as Q8_0 (chosen by the caller when that
     /// is what lets more of the model on the device; see [`Placement::better_than`]).
     pub vision_q8: bool,
+    /// Forwards of at least this many rows run the host layers' linear parts on the device,
+    /// their weights uploaded for the forward (see the module docs); `None`: never.
+    pub stream_rows: Option<usize>,
     /// Estimated bytes on the device (weights, KV cache, workspace) and on the host (weights,
     /// KV cache), and the budget the plan was made for.
     pub device_bytes: usize,
@@ -145,7 +162,7 @@ pub struct Placement {
 impl Placement {
     /// Everything on the device (what a plain load does).
     pub fn all_on_device(layers: usize) -> Placement {
-        Placement { layers, device_layers: layers, head_on_device: true, embed_on_device: true, vision_on_device: true, vision_first: false, vision_q8: false, device_bytes: 0, host_bytes: 0, budget: None }
+        Placement { layers, device_layers: layers, head_on_device: true, embed_on_device: true, vision_on_device: true, vision_first: false, vision_q8: false, stream_rows: None, device_bytes: 0, host_bytes: 0, budget: None }
     }
 
     /// Whether any part runs on the host.
@@ -181,7 +198,7 @@ impl Placement {
             }
             used += tower;
         }
-        let g = match device_layers {
+        let mut g = match device_layers {
             Some(g) if g > n => return Err(Error::Budget { needed: 0, available: avail, msg: format!("--gpu-layers {} but the model has {} text layers", g, n) }),
             Some(g) => {
                 let need = used + (0..g).map(layer).sum::<usize>();
@@ -208,6 +225,19 @@ impl Placement {
                 g
             }
         };
+        // 1b. the slot for streaming host layers, a device layer giving way when it must
+        let mut stream_rows = None;
+        if g < n && STREAM.on() {
+            let slot = |g: usize| s.layers[g..].iter().copied().max().unwrap_or(0);
+            if device_layers.is_none() && g > 0 && !fits(used, slot(g)) {
+                g -= 1;
+                used -= layer(g);
+            }
+            if fits(used, slot(g)) {
+                used += slot(g);
+                stream_rows = Some(STREAM_MIN_ROWS);
+            }
+        }
         // 2. LM head, vision tower (unless placed), untied embedding, each while it fits
         let mut take = |bytes: usize| {
             let ok = fits(used, bytes);
@@ -220,9 +250,10 @@ impl Placement {
         let vision_on_device = vision_first || take(tower);
         let embed_on_device = if s.tied { head_on_device } else { take(s.embed) };
         let all: usize = s.layers.iter().sum::<usize>() + n * s.kv_layer + s.head + s.vision + if s.tied { 0 } else { s.embed };
-        let device_weights = used - s.text_work - if vision_on_device { s.vision_extra() } else { 0 };
+        let slot = if stream_rows.is_some() { s.layers[g..].iter().copied().max().unwrap_or(0) } else { 0 };
+        let device_weights = used - slot - s.text_work - if vision_on_device { s.vision_extra() } else { 0 };
         let host_bytes = all - device_weights;
-        Ok(Placement { layers: n, device_layers: g, head_on_device, embed_on_device, vision_on_device, vision_first, vision_q8: false, device_bytes: used, host_bytes, budget })
+        Ok(Placement { layers: n, device_layers: g, head_on_device, embed_on_device, vision_on_device, vision_first, vision_q8: false, stream_rows, device_bytes: used, host_bytes, budget })
     }
 
     /// Whether this plan keeps more on the device than `other`, in the order its prompts need:
@@ -242,12 +273,16 @@ impl Placement {
             g => format!("text layers 0-{} on the GPU, {}-{} on the CPU", g - 1, g, self.layers - 1),
         };
         format!(
-            "{}; LM head on the {}, vision tower on the {}{}, embedding on the {}",
+            "{}; LM head on the {}, vision tower on the {}{}, embedding on the {}{}",
             layers,
             side(self.head_on_device),
             side(self.vision_on_device),
             if self.vision_q8 { " (as Q8_0)" } else { "" },
-            side(self.embed_on_device)
+            side(self.embed_on_device),
+            match (self.stream_rows, self.device_layers < self.layers) {
+                (Some(r), true) => format!("; CPU layers stream their weights through the GPU for forwards of {}+ tokens", r),
+                _ => String::new(),
+            }
         )
     }
 }
@@ -321,15 +356,20 @@ mod tests {
     #[test]
     fn budget_fills_layers_then_head_then_vision() {
         let s = sizes();
-        // workspace 50 + 2 layers 220 = 270; a third (110) does not fit 300
+        // workspace 50 + 2 layers 220 = 270; a third (110) does not fit 300, nor does the
+        // streaming slot (100) beside two: the second layer gives way to it (50 + 110 + 100)
         let p = Placement::plan(&s, Some(300), None, false).unwrap();
-        assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.embed_on_device), (2, false, false, false));
-        assert_eq!(p.device_bytes, 270);
+        assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.embed_on_device), (1, false, false, false));
+        assert_eq!((p.device_bytes, p.stream_rows), (260, Some(STREAM_MIN_ROWS)));
+        assert_eq!(p.host_bytes, 3 * 110 + 301 + 200);
+        // room for two layers and the slot: no layer gives way
+        let p = Placement::plan(&s, Some(370), None, false).unwrap();
+        assert_eq!((p.device_layers, p.device_bytes, p.stream_rows), (2, 370, Some(STREAM_MIN_ROWS)));
         // all layers (440) + head (301) = 791; the vision tower (200, its work shared with the
         // text's) does not fit 900
         let p = Placement::plan(&s, Some(900), None, false).unwrap();
         assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.embed_on_device), (4, true, false, true));
-        assert_eq!(p.host_bytes, 200);
+        assert_eq!((p.host_bytes, p.stream_rows), (200, None));
         assert!(Placement::plan(&s, Some(991), None, false).unwrap().vision_on_device);
     }
 
@@ -339,15 +379,16 @@ mod tests {
         // text order: 4 layers (440 + 50) fill 500; the tower (200 + 30 more workspace) is left out
         let p = Placement::plan(&s, Some(500), None, false).unwrap();
         assert_eq!((p.device_layers, p.vision_on_device, p.vision_first), (4, false, false));
-        // image order: workspace 50, tower 230, then 2 layers (220) = 500
+        // image order: workspace 50, tower 230, then 2 layers (220) = 500; the second layer
+        // gives way to the streaming slot (100)
         let p = Placement::plan(&s, Some(500), None, true).unwrap();
-        assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.vision_first), (2, false, true, true));
-        assert_eq!(p.device_bytes, 500);
-        assert_eq!(p.host_bytes, 2 * 110 + 301);
+        assert_eq!((p.device_layers, p.head_on_device, p.vision_on_device, p.vision_first), (1, false, true, true));
+        assert_eq!((p.device_bytes, p.stream_rows), (490, Some(STREAM_MIN_ROWS)));
+        assert_eq!(p.host_bytes, 3 * 110 + 301);
         assert!(p.better_than(&Placement::plan(&s, Some(500), None, false).unwrap()));
         // the tower and one layer do not fit: text order, the tower on the CPU
         let p = Placement::plan(&s, Some(300), None, true).unwrap();
-        assert_eq!((p.device_layers, p.vision_on_device, p.vision_first), (2, false, false));
+        assert_eq!((p.device_layers, p.vision_on_device, p.vision_first), (1, false, false));
         // everything fits: the same plan either way, the workspace counted once
         let p = Placement::plan(&s, None, None, true).unwrap();
         assert_eq!(p.device_bytes, s.total());

@@ -45,6 +45,28 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
+impl DecoderLayer {
+    /// This layer's weights (host tensors) uploaded to `to` in their own types: the streamed
+    /// copy a large forward runs on the device (see [`Placement::stream_rows`]).
+    fn upload_to(&self, to: &dyn Backend) -> Result<DecoderLayer> {
+        let up = |t: &Tensor| -> Result<Tensor> {
+            match t.dtype() {
+                DType::F32 => to.upload_f32(t.shape(), t.as_cpu_f32("stream a layer")?),
+                d @ (DType::F16 | DType::BF16) => to.upload_half(t.shape(), d, t.as_cpu_half("stream a layer")?),
+                d => to.upload_blocks(t.shape(), d, t.to_blocks("stream a layer")?),
+            }
+        };
+        let opt = |t: &Option<Tensor>| t.as_ref().map(&up).transpose();
+        let a = &self.attn;
+        Ok(DecoderLayer {
+            input_layernorm: up(&self.input_layernorm)?,
+            attn: Attention { qkv_proj: up(&a.qkv_proj)?, o_proj: up(&a.o_proj)?, qkv_bias: opt(&a.qkv_bias)?, o_bias: opt(&a.o_bias)?, q_norm: up(&a.q_norm)?, k_norm: up(&a.k_norm)? },
+            post_attention_layernorm: up(&self.post_attention_layernorm)?,
+            mlp: Mlp { gate_proj: up(&self.mlp.gate_proj)?, up_proj: up(&self.mlp.up_proj)?, down_proj: up(&self.mlp.down_proj)? },
+        })
+    }
+}
+
 pub struct TextModel {
     pub cfg: TextConfig,
     embed_tokens: Tensor, // [vocab, hidden]
@@ -55,6 +77,8 @@ pub struct TextModel {
     /// Which parts live on the host backend (all on the device unless split).
     place: Placement,
     host: Option<HostSide>,
+    /// Host layers streamed through the device so far.
+    streamed: std::sync::atomic::AtomicUsize,
 }
 
 /// The host side of a decoder split over two backends (see [`super::placement`]): the backend
@@ -71,6 +95,17 @@ pub trait LayerKv {
     /// normed and rotated queries against the keys before them and their own (causal), the
     /// new keys and values stored at the cursor's cache rows. Returns `[t, heads, d]`.
     fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor>;
+
+    /// [`LayerKv::attend`] for a streamed host layer (see [`Placement::stream_rows`]): `qkv`
+    /// and the result on the device `at.0`, with the layer's shape (q/k norms, frequencies) and
+    /// the cursor there; the layer's cache on the host `host_at.0`, with the same there. This
+    /// default sends `qkv` to the host and attends there; a cache that can lend its rows to the
+    /// device for the forward overrides it.
+    fn attend_streamed(&mut self, layer: usize, at: (&dyn Backend, &QkvRope<'_>, &Tensor), host_at: (&dyn Backend, &QkvRope<'_>, &Tensor), qkv: &Tensor, scale: f32) -> Result<Tensor> {
+        let ((dev, _, _), (host, shape, cursor)) = (at, host_at);
+        let o = self.attend(layer, host, &transfer(dev, host, qkv)?, shape, cursor, scale)?;
+        transfer(host, dev, &o)
+    }
 }
 
 impl LayerKv for KvCache {
@@ -80,6 +115,61 @@ impl LayerKv for KvCache {
         let (kc, vc, sc) = self.layer(layer);
         b.attention_cached(&q, kc, vc, sc, cursor, scale)
     }
+
+    /// The attention on the device: the cached rows before this forward's (`[0, row0)`) are
+    /// lent to it in a cache of `row0 + t` rows, where this forward's keys and values are
+    /// appended and attended; those `t` rows then come back to the host's cache.
+    fn attend_streamed(&mut self, layer: usize, at: (&dyn Backend, &QkvRope<'_>, &Tensor), host_at: (&dyn Backend, &QkvRope<'_>, &Tensor), qkv: &Tensor, scale: f32) -> Result<Tensor> {
+        let ((dev, shape, cursor), (host, _, host_cursor)) = (at, host_at);
+        let cur = host.download_u32(host_cursor)?;
+        let t = cur.len() / CURSOR_FIELDS;
+        let row0 = if t == 0 { 0 } else { cur[gpu::params::CURSOR_ROW] as usize };
+        if row0 + t > self.capacity() {
+            return Err(Error::Context { tokens: row0 + t, limit: self.capacity(), msg: "the KV cache is full".into() });
+        }
+        // 1. the device's copy of rows [0, row0 + t) (the last t not yet written)
+        let (kc, vc, sc) = self.layer(layer);
+        let (mut k, mut v) = (lend_rows(host, dev, kc, row0 + t)?, lend_rows(host, dev, vc, row0 + t)?);
+        let mut s = sc.map(|s| lend_rows(host, dev, s, row0 + t)).transpose()?;
+        // 2. append and attend there (the ops check that the cursor's rows run on from row0)
+        let q = dev.qkv_rope_append(qkv, shape, cursor, &mut k, &mut v, s.as_mut())?;
+        let o = dev.attention_cached(&q, &k, &v, s.as_ref(), cursor, scale)?;
+        // 3. this forward's rows back into the host's cache
+        let (kc, vc, sc) = self.layer_mut(layer);
+        return_rows(dev, host, &k, kc, row0, t)?;
+        return_rows(dev, host, &v, vc, row0, t)?;
+        if let (Some(d), Some(c)) = (s.as_ref(), sc) {
+            return_rows(dev, host, d, c, row0, t)?;
+        }
+        Ok(o)
+    }
+}
+
+/// Rows `[0, rows)` of the host tensor `c [cap, ..]` (f32 or f16) as a tensor on `dev`.
+fn lend_rows(host: &dyn Backend, dev: &dyn Backend, c: &Tensor, rows: usize) -> Result<Tensor> {
+    let mut shape = c.shape().to_vec();
+    shape[0] = rows;
+    let n: usize = shape.iter().product();
+    match c.dtype() {
+        DType::F32 => dev.upload_f32(&shape, &host.download_f32(c)?[..n]),
+        DType::F16 => dev.upload_half(&shape, DType::F16, &host.download_half(c)?[..n]),
+        d => Err(Error::DType { op: "lend KV rows", expected: "f32 or f16", got: d }),
+    }
+}
+
+/// Rows `[row0, row0 + t)` of `d` (on `dev`) written into the same rows of the host tensor `c`
+/// of the same type (f16 values pass through f32 exactly).
+fn return_rows(dev: &dyn Backend, host: &dyn Backend, d: &Tensor, c: &mut Tensor, row0: usize, t: usize) -> Result<()> {
+    let row_len: usize = d.shape()[1..].iter().product();
+    let (a, b) = (row0 * row_len, (row0 + t) * row_len);
+    let vals: Vec<f32> = match d.dtype() {
+        DType::F32 => dev.download_f32(d)?[a..b].to_vec(),
+        DType::F16 => dev.download_half(d)?[a..b].iter().map(|&h| gpu::math::f16_to_f32(h)).collect(),
+        other => return Err(Error::DType { op: "return KV rows", expected: "f32 or f16", got: other }),
+    };
+    let mut shape = d.shape().to_vec();
+    shape[0] = t;
+    host.write_rows(c, row0, &host.upload_f32(&shape, &vals)?)
 }
 
 /// Whether two tensors share their storage (a tied LM head).
@@ -184,7 +274,7 @@ impl TextModel {
             _ => None,
         };
         let inv_freq = device.upload_f32(&[d / 2], &freqs)?;
-        Ok(TextModel { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq, place: place.clone(), host })
+        Ok(TextModel { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq, place: place.clone(), host, streamed: Default::default() })
     }
 
     /// The backend of a part: `b` (the device) when it is there, else the host's.
@@ -295,53 +385,101 @@ impl TextModel {
         if cursor.shape() != [t, CURSOR_FIELDS] {
             return Err(Error::shape("text forward", &[x.shape(), cursor.shape()], format!("the cursor must be [{}, {}]", t, CURSOR_FIELDS)));
         }
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let device = b;
+        // host layers stream their weights through the device for large forwards (prefill)
+        let stream = match (&self.host, self.place.stream_rows) {
+            (Some(h), Some(rows)) => t >= rows && !same_backend(&*h.backend, device),
+            _ => false,
+        };
+        if stream && self.place.device_layers < self.layers.len() {
+            log::debug!("forward of {} rows: the {} host layers' weights stream through the device", t, self.layers.len() - self.place.device_layers);
+        }
+        let mut host_cursor: Option<Tensor> = None;
         let (mut x, mut cursor, mut at) = (x, cursor.clone(), b);
         for (l, layer) in self.layers.iter().enumerate() {
-            // 0. the layer's backend: the hidden state [t, hidden] and the cursor move there
-            let lb = self.side(b, l < self.place.device_layers);
+            let on_device = l < self.place.device_layers;
+            // 0. the backend that runs the layer's linear parts (`lb`), where the hidden state
+            //    [t, hidden] and the cursor move; a streamed host layer runs on the device with
+            //    its weights uploaded for this forward, its cache staying on the host
+            let lb = if stream { device } else { self.side(b, on_device) };
             if !same_backend(lb, at) {
                 x = transfer(at, lb, &x)?;
                 cursor = transfer(at, lb, &cursor)?;
                 at = lb;
             }
-            let b = lb;
-            let cursor = &cursor;
-            let inv_freq = match &self.host {
-                Some(h) if same_backend(lb, &*h.backend) => &h.inv_freq,
-                _ => &self.inv_freq,
-            };
-            // 1. attention block: x [t, hidden] += o_proj(attn(rope(norm(q)), rope(norm(k)), v))
-            let a = &layer.attn;
-            let qkv = b.rms_norm_linear(&x, &layer.input_layernorm, c.rms_norm_eps, &a.qkv_proj, a.qkv_bias.as_ref())?; // [t, (heads + 2 kv_heads) * head_dim]
-            let shape = QkvRope {
-                heads: c.num_attention_heads,
-                kv_heads: c.num_key_value_heads,
-                head_dim: c.head_dim,
-                q_norm: &a.q_norm,
-                k_norm: &a.k_norm,
-                eps: c.rms_norm_eps,
-                inv_freq,
-                section: c.mrope_section,
-            };
-            let o = kv.attend(l, b, &qkv, &shape, cursor, scale)?.reshape(&[t, c.num_attention_heads * c.head_dim])?; // [t, heads * head_dim]
-            x = b.linear_residual(&o, &a.o_proj, a.o_bias.as_ref(), &x)?;
-            // 2. MLP block: x [t, hidden] += down(silu(gate(norm(x))) * up(norm(x)))
-            let m = &layer.mlp;
-            let act = b.rms_norm_gate_up_silu(&x, &layer.post_attention_layernorm, c.rms_norm_eps, &m.gate_proj, &m.up_proj)?; // [t, intermediate]
-            x = b.linear_residual(&act, &m.down_proj, None, &x)?;
-            // 3. DeepStack: visual features join the image-token rows after the first layers
-            if let Some(ds) = deepstack {
-                if let Some(f) = ds.features.get(l) {
-                    x = b.scatter_rows(&x, ds.rows, &transfer(device, b, f)?, true)?;
+            let hb = self.side(b, on_device);
+            x = if same_backend(hb, lb) {
+                self.layer_forward(l, lb, layer, None, &cursor, kv, x, deepstack.map(|ds| (device, ds)))?
+            } else {
+                let w = layer.upload_to(lb)?;
+                self.streamed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if host_cursor.is_none() {
+                    host_cursor = Some(transfer(lb, hb, &cursor)?);
                 }
-            }
+                let host = (hb, layer, host_cursor.as_ref().expect("set above"));
+                self.layer_forward(l, lb, &w, Some(host), &cursor, kv, x, deepstack.map(|ds| (device, ds)))?
+            };
         }
         // 4. final norm, with the LM head; the result back on `b`
         let hb = self.side(b, self.place.head_on_device);
         let x = transfer(at, hb, &x)?;
         transfer(hb, b, &hb.rms_norm(&x, &self.norm, c.rms_norm_eps)?)
+    }
+
+    /// The attention shape of layer weights `w` on `b`: their q/k norms, and the rotary
+    /// frequencies there (the device's or the host's copy).
+    fn qkv_shape<'s>(&'s self, b: &dyn Backend, w: &'s DecoderLayer) -> QkvRope<'s> {
+        let c = &self.cfg;
+        QkvRope {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            q_norm: &w.attn.q_norm,
+            k_norm: &w.attn.k_norm,
+            eps: c.rms_norm_eps,
+            inv_freq: match &self.host {
+                Some(h) if same_backend(b, &*h.backend) => &h.inv_freq,
+                _ => &self.inv_freq,
+            },
+            section: c.mrope_section,
+        }
+    }
+
+    /// Decoder layer `l` over `x [t, hidden]` on `lb` with weights `w` and the cursor `cursor`
+    /// there; `host`: for a streamed layer, the backend its cache is on, with the layer's own
+    /// weights and the cursor there (see [`LayerKv::attend_streamed`]). DeepStack features
+    /// live on `ds.0`.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(&self, l: usize, lb: &dyn Backend, w: &DecoderLayer, host: Option<(&dyn Backend, &DecoderLayer, &Tensor)>, cursor: &Tensor, kv: &mut dyn LayerKv, x: Tensor, deepstack: Option<(&dyn Backend, &Deepstack<'_>)>) -> Result<Tensor> {
+        let c = &self.cfg;
+        let t = x.shape()[0];
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        // 1. attention block: x [t, hidden] += o_proj(attn(rope(norm(q)), rope(norm(k)), v))
+        let a = &w.attn;
+        let qkv = lb.rms_norm_linear(&x, &w.input_layernorm, c.rms_norm_eps, &a.qkv_proj, a.qkv_bias.as_ref())?; // [t, (heads + 2 kv_heads) * head_dim]
+        let o = match host {
+            None => kv.attend(l, lb, &qkv, &self.qkv_shape(lb, w), cursor, scale)?,
+            Some((hb, own, hc)) => kv.attend_streamed(l, (lb, &self.qkv_shape(lb, w), cursor), (hb, &self.qkv_shape(hb, own), hc), &qkv, scale)?,
+        };
+        let o = o.reshape(&[t, c.num_attention_heads * c.head_dim])?; // [t, heads * head_dim]
+        let x = lb.linear_residual(&o, &a.o_proj, a.o_bias.as_ref(), &x)?;
+        // 2. MLP block: x [t, hidden] += down(silu(gate(norm(x))) * up(norm(x)))
+        let m = &w.mlp;
+        let act = lb.rms_norm_gate_up_silu(&x, &w.post_attention_layernorm, c.rms_norm_eps, &m.gate_proj, &m.up_proj)?; // [t, intermediate]
+        let mut x = lb.linear_residual(&act, &m.down_proj, None, &x)?;
+        // 3. DeepStack: visual features join the image-token rows after the first layers
+        if let Some((fb, ds)) = deepstack {
+            if let Some(f) = ds.features.get(l) {
+                x = lb.scatter_rows(&x, ds.rows, &transfer(fb, lb, f)?, true)?;
+            }
+        }
+        Ok(x)
+    }
+
+    /// Host layers streamed through the device so far (see [`Placement::stream_rows`]): a
+    /// count for tests and logs.
+    pub fn streamed_layers(&self) -> usize {
+        self.streamed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `[rows, vocab]` logits of final-normed hidden states `[rows, hidden]` (on `b`, as the

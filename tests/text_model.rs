@@ -13,7 +13,7 @@ use qwen3_vl::generate::chat::{render, Message};
 use qwen3_vl::generate::{Sampler, SamplingParams, Session};
 use qwen3_vl::model::rope::text_positions;
 use qwen3_vl::model::text::cursor;
-use qwen3_vl::model::{KvCache, Model};
+use qwen3_vl::model::{KvCache, Mix, Model};
 use qwen3_vl::{Backend, DType, Tokenizer};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -170,7 +170,7 @@ fn massive_attention_values_give_the_f32_answer_through_f16_caches() {
     // f16's 65504 (q and k are RMS-normed per head after their projections, so the scores are
     // those of the fixture). An f16 KV cache keeps them with row scales; the reference is the
     // CPU with an f32 cache. Prefill and a decode step (the last token fed alone), every
-    // backend and module, both cache types.
+    // backend and module, both cache types, f16 weights and Q8_0 / Q4_K_M ones.
     const NORM: &str = "model.language_model.layers.0.input_layernorm.weight";
     const V: &str = "model.language_model.layers.0.self_attn.v_proj.weight";
     let edit = |name: &str, v: &mut [f32]| match name {
@@ -199,33 +199,44 @@ fn massive_attention_values_give_the_f32_answer_through_f16_caches() {
     }
     assert!(v_max > 65504.0 * 2.0, "the fixture's values ({}) stay inside f16's range", v_max);
     let cpu = common::cpu();
-    let want_model = Model::load(&dir, &*cpu, &mut |_, _| {}).unwrap();
-    for b in common::backends("massive attention values") {
-        let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
-        for p in r["prompts"].as_array().unwrap() {
-            let prompt = ids(&p["ids"]);
-            let n = prompt.len();
-            let want = Session::with_kv_dtype(&want_model, &*cpu, n, DType::F32).unwrap().feed(&prompt).unwrap();
-            for kv in common::KV_DTYPES {
-                let mut s = Session::with_kv_dtype(&model, &*b, n, kv).unwrap();
-                if n > 1 {
-                    s.feed(&prompt[..n - 1]).unwrap();
+    let files = qwen3_vl::model::ModelFiles::Safetensors(dir.clone()).open().unwrap();
+    // the weights as stored (f16), and quantized while loading: each against the CPU on the
+    // same weights (quantized: within the quantized prefill bound of tests/gpu_quant.rs, 0.15
+    // of the std)
+    for mix in [None, Some(Mix::Q8_0), Some(Mix::Q4KM)] {
+        let want_model = Model::load_opened(&files, mix, &*cpu, &mut |_, _| {}).unwrap();
+        for b in common::backends("massive attention values") {
+            let model = Model::load_opened(&files, mix, &*b, &mut |_, _| {}).unwrap();
+            for p in r["prompts"].as_array().unwrap() {
+                let prompt = ids(&p["ids"]);
+                let n = prompt.len();
+                let want = Session::with_kv_dtype(&want_model, &*cpu, n, DType::F32).unwrap().feed(&prompt).unwrap();
+                assert!(want.iter().all(|v| v.is_finite()));
+                for kv in common::KV_DTYPES {
+                    let mut s = Session::with_kv_dtype(&model, &*b, n, kv).unwrap();
+                    if n > 1 {
+                        s.feed(&prompt[..n - 1]).unwrap();
+                    }
+                    let got = s.feed(&prompt[n - 1..]).unwrap();
+                    let what = format!("massive values, {:?} weights on {}, {} cache, {} tokens", mix, b.describe(), kv, n);
+                    // (quantized: the 8-bit activation grid of the CPU's path turns an f16
+                    // cache's rounding into steps of max / 127, on the CPU too)
+                    let tol = if mix.is_some() { 0.15 } else { common::logits_tolerance(&*b, kv) };
+                    common::assert_close_to_std(&what, &got, &want, tol);
                 }
-                let got = s.feed(&prompt[n - 1..]).unwrap();
-                let what = format!("massive values on {}, {} cache, {} tokens", b.describe(), kv, n);
-                common::assert_close_to_std(&what, &got, &want, common::logits_tolerance(&*b, kv));
             }
         }
     }
 }
 
 #[test]
-fn massive_mlp_activations_in_f16_and_q8_0_weights_give_the_f32_answer() {
+fn massive_mlp_activations_in_f16_and_quantized_weights_give_the_f32_answer() {
     // layer 0's post-attention norm scaled by 300: its MLP's down-projection input reaches
     // 2·10^5 to 5·10^5 at every token (as "massive activations" do in real LLMs), past f16's
     // 65504, which the f16 tensor-core GEMM's operand split and the dequantized-weight prefill
     // once overflowed. Both GPU modules against the CPU on the same weights: f16 as stored, and
-    // Q8_0 quantized while loading (the GPU's prefill dequantizes it to f16 for its GEMM).
+    // Q8_0 and Q4_K_M quantized while loading (the GPU's prefill dequantizes them to f16 for its
+    // GEMM).
     let dir = common::f16_copy(&case_dir("tied_gqa"), "massive", &|name, v| {
         if name == "model.language_model.layers.0.post_attention_layernorm.weight" {
             v.iter_mut().for_each(|x| *x *= 300.0);
@@ -235,11 +246,11 @@ fn massive_mlp_activations_in_f16_and_q8_0_weights_give_the_f32_answer() {
     let cpu = common::cpu();
     let files = qwen3_vl::model::ModelFiles::Safetensors(dir.clone()).open().unwrap();
     let want_model = Model::load(&dir, &*cpu, &mut |_, _| {}).unwrap();
-    let want_q8 = Model::load_opened(&files, Some(qwen3_vl::model::Mix::Q8_0), &*cpu, &mut |_, _| {}).unwrap();
+    let quant = [Mix::Q8_0, Mix::Q4KM];
+    let want_q: Vec<Model> = quant.iter().map(|&m| Model::load_opened(&files, Some(m), &*cpu, &mut |_, _| {}).unwrap()).collect();
     let mut compared = 0;
     for b in common::gpus("massive activations, model") {
         let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
-        let q8 = Model::load_opened(&files, Some(qwen3_vl::model::Mix::Q8_0), &*b, &mut |_, _| {}).unwrap();
         for p in r["prompts"].as_array().unwrap() {
             let prompt = ids(&p["ids"]);
             if prompt.len() <= 8 {
@@ -249,11 +260,15 @@ fn massive_mlp_activations_in_f16_and_q8_0_weights_give_the_f32_answer() {
             assert!(want.iter().all(|v| v.is_finite()));
             let got = Session::with_kv_dtype(&model, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
             common::assert_close_to_std(&format!("massive f16 on {}", b.describe()), &got, &want, common::logits_tolerance(&*b, DType::F32));
-            // the CPU's Q8_0 path rounds activations to 8 bits per block: the quantized
+            // the CPU's quantized path rounds activations to 8 bits per block: the quantized
             // prefill bound of tests/gpu_quant.rs (0.15 of the std; an overflow was 4.9)
-            let want = Session::with_kv_dtype(&want_q8, &*cpu, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
-            let got = Session::with_kv_dtype(&q8, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
-            common::assert_close_to_std(&format!("massive q8_0 on {}", b.describe()), &got, &want, 0.15);
+            for (&mix, want_model) in quant.iter().zip(&want_q) {
+                let q = Model::load_opened(&files, Some(mix), &*b, &mut |_, _| {}).unwrap();
+                let want = Session::with_kv_dtype(want_model, &*cpu, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+                assert!(want.iter().all(|v| v.is_finite()));
+                let got = Session::with_kv_dtype(&q, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+                common::assert_close_to_std(&format!("massive {:?} on {}", mix, b.describe()), &got, &want, 0.15);
+            }
             compared += 1;
         }
     }

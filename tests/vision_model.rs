@@ -210,7 +210,7 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
     // (bounded below from the weights: |normalized · weight| <= sqrt(dim) · max |weight|), and
     // the residual stream after it. f16 weights on every GPU module against the CPU (f32
     // arithmetic) on the same weights: image embeds, DeepStack features and the image prompt's
-    // logits. (Attention values past f16's range in the tower: tests/gpu_attention.rs.)
+    // logits; the tower as Q8_0 too. (Attention values past f16's range in the tower: tests/gpu_attention.rs.)
     const N2B: &str = "model.visual.blocks.0.norm2.bias";
     const N2W: &str = "model.visual.blocks.0.norm2.weight";
     const FC1: &str = "model.visual.blocks.0.mlp.linear_fc1.weight";
@@ -251,6 +251,14 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
     let want_tower = tower(&want_model, &*cpu);
     let want_logits = Session::with_kv_dtype(&want_model, &*cpu, ids.len(), qwen3_vl::DType::F32).unwrap().feed_with_images(&ids, Some(&images)).unwrap();
     assert!(want_tower.iter().flatten().chain(&want_logits).all(|x| x.is_finite()));
+    // the tower quantized to Q8_0 while loading (what a 2 GiB budget does to an F16 mmproj), on
+    // the CPU and the GPUs alike: within the quantized bound of tests/gpu_quant.rs (0.15 of the
+    // std), the CPU's activations being 8-bit where the GPU's are not
+    let files = qwen3_vl::model::ModelFiles::Safetensors(model_dir.clone()).open().unwrap();
+    let q8 = qwen3_vl::model::LoadQuant { mix: None, vision_q8: true };
+    let want_q8_model = Model::load_placed(&files, q8, &*cpu, None, &mut |_, _| {}).unwrap();
+    let want_q8 = tower(&want_q8_model, &*cpu);
+    assert!(want_q8.iter().flatten().all(|x| x.is_finite()));
     for b in common::gpus("massive vision activations") {
         let model = Model::load(&model_dir, &*b, &mut |_, _| {}).unwrap();
         for (k, (got, want)) in tower(&model, &*b).iter().zip(&want_tower).enumerate() {
@@ -259,6 +267,10 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
         for kv in common::KV_DTYPES {
             let got = Session::with_kv_dtype(&model, &*b, ids.len(), kv).unwrap().feed_with_images(&ids, Some(&images)).unwrap();
             common::assert_close_to_std(&format!("massive vision, logits on {}, {} cache", b.describe(), kv), &got, &want_logits, common::logits_tolerance(&*b, kv));
+        }
+        let model = Model::load_placed(&files, q8, &*b, None, &mut |_, _| {}).unwrap();
+        for (k, (got, want)) in tower(&model, &*b).iter().zip(&want_q8).enumerate() {
+            common::assert_close_to_std(&format!("massive Q8_0 tower output {} on {}", k, b.describe()), got, want, 0.15);
         }
     }
     let _ = std::fs::remove_dir_all(&model_dir);

@@ -230,27 +230,31 @@ fn massive_attention_values_give_the_f32_answer_through_f16_caches() {
 }
 
 #[test]
-fn massive_mlp_activations_in_f16_and_quantized_weights_give_the_f32_answer() {
+fn massive_mlp_activations_in_every_weight_type_give_the_f32_answer() {
     // layer 0's post-attention norm scaled by 300: its MLP's down-projection input reaches
     // 2·10^5 to 5·10^5 at every token (as "massive activations" do in real LLMs), past f16's
     // 65504, which the f16 tensor-core GEMM's operand split and the dequantized-weight prefill
-    // once overflowed. Both GPU modules against the CPU on the same weights: f16 as stored, and
-    // Q8_0 and Q4_K_M quantized while loading (the GPU's prefill dequantizes them to f16 for its
-    // GEMM).
-    let dir = common::f16_copy(&case_dir("tied_gqa"), "massive", &|name, v| {
+    // once overflowed. Both GPU modules against the CPU on the same weights: f16 and bf16 as
+    // stored, and Q8_0 and Q4_K_M quantized while loading (the GPU's prefill dequantizes them to
+    // f16 for its GEMM).
+    let edit = |name: &str, v: &mut [f32]| {
         if name == "model.language_model.layers.0.post_attention_layernorm.weight" {
             v.iter_mut().for_each(|x| *x *= 300.0);
         }
-    });
+    };
+    let dir = common::f16_copy(&case_dir("tied_gqa"), "massive", &edit);
     let r = reference("tied_gqa");
     let cpu = common::cpu();
     let files = qwen3_vl::model::ModelFiles::Safetensors(dir.clone()).open().unwrap();
     let want_model = Model::load(&dir, &*cpu, &mut |_, _| {}).unwrap();
+    let bf16_dir = common::half_copy(&case_dir("tied_gqa"), "massive-bf16", safetensors::Dtype::BF16, &edit);
+    let want_bf16 = Model::load(&bf16_dir, &*cpu, &mut |_, _| {}).unwrap();
     let quant = [Mix::Q8_0, Mix::Q4KM];
     let want_q: Vec<Model> = quant.iter().map(|&m| Model::load_opened(&files, Some(m), &*cpu, &mut |_, _| {}).unwrap()).collect();
     let mut compared = 0;
     for b in common::gpus("massive activations, model") {
         let model = Model::load(&dir, &*b, &mut |_, _| {}).unwrap();
+        let bf16 = Model::load(&bf16_dir, &*b, &mut |_, _| {}).unwrap();
         for p in r["prompts"].as_array().unwrap() {
             let prompt = ids(&p["ids"]);
             if prompt.len() <= 8 {
@@ -260,6 +264,9 @@ fn massive_mlp_activations_in_f16_and_quantized_weights_give_the_f32_answer() {
             assert!(want.iter().all(|v| v.is_finite()));
             let got = Session::with_kv_dtype(&model, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
             common::assert_close_to_std(&format!("massive f16 on {}", b.describe()), &got, &want, common::logits_tolerance(&*b, DType::F32));
+            let want = Session::with_kv_dtype(&want_bf16, &*cpu, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+            let got = Session::with_kv_dtype(&bf16, &*b, prompt.len(), DType::F32).unwrap().feed(&prompt).unwrap();
+            common::assert_close_to_std(&format!("massive bf16 on {}", b.describe()), &got, &want, common::logits_tolerance(&*b, DType::F32));
             // the CPU's quantized path rounds activations to 8 bits per block: the quantized
             // prefill bound of tests/gpu_quant.rs (0.15 of the std; an overflow was 4.9)
             for (&mix, want_model) in quant.iter().zip(&want_q) {
@@ -275,4 +282,5 @@ fn massive_mlp_activations_in_f16_and_quantized_weights_give_the_f32_answer() {
     if common::gpu("massive activations, count").is_some() {
         assert!(compared > 0, "no prompt was long enough for the GEMM path");
     }
+    let _ = (std::fs::remove_dir_all(&dir), std::fs::remove_dir_all(&bf16_dir));
 }

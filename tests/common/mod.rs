@@ -321,6 +321,11 @@ pub fn top_two_within(logits: &[f32], rel: f32) -> bool {
 /// with every tensor (f32 or bf16) converted to f16 after `edit(name, values as f32)`, and the
 /// config files beside it (`config.json`, `preprocessor_config.json` where present).
 pub fn f16_copy(src: &std::path::Path, tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
+    half_copy(src, tag, safetensors::Dtype::F16, edit)
+}
+
+/// [`f16_copy`] into `dtype` (f16 or bf16).
+pub fn half_copy(src: &std::path::Path, tag: &str, dtype: safetensors::Dtype, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
     use safetensors::tensor::{Dtype, TensorView};
     let dir = std::env::temp_dir().join(format!("qwen3-vl-{}-{}", tag, std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -332,6 +337,11 @@ pub fn f16_copy(src: &std::path::Path, tag: &str, edit: &dyn Fn(&str, &mut [f32]
     }
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let bits = |x: f32| match dtype {
+        Dtype::F16 => half::f16::from_f32(x).to_bits(),
+        Dtype::BF16 => half::bf16::from_f32(x).to_bits(),
+        other => panic!("half_copy into {:?}", other),
+    };
     let converted: Vec<(String, Vec<usize>, Vec<u8>)> = st
         .tensors()
         .into_iter()
@@ -342,10 +352,10 @@ pub fn f16_copy(src: &std::path::Path, tag: &str, edit: &dyn Fn(&str, &mut [f32]
                 other => panic!("{}: {:?} is neither f32 nor bf16", name, other),
             };
             edit(&name, &mut f);
-            (name, v.shape().to_vec(), f.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect())
+            (name, v.shape().to_vec(), f.iter().flat_map(|&x| bits(x).to_le_bytes()).collect())
         })
         .collect();
-    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).unwrap())).collect();
+    let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(dtype, s.clone(), d).unwrap())).collect();
     safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
     dir
 }

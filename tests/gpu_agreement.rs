@@ -224,6 +224,16 @@ fn kv_rows_round_trip() {
         b.take_rows(&cache, 5, 5)
     };
     agree("write_rows + take_rows", &*g, &op, 0.0, 0.0);
+    // an f16 cache: the rows taken keep their type (widened here to compare)
+    let op = |b: &dyn Backend| -> Result<Tensor> {
+        let mut cache = b.upload_half(&[10, 2, 4], DType::F16, &[0u16; 80])?;
+        b.write_rows(&mut cache, 6, &b.upload_f32(&[3, 2, 4], &src)?)?;
+        let rows = b.take_rows(&cache, 5, 5)?;
+        assert_eq!((rows.dtype(), rows.shape()), (DType::F16, &[5usize, 2, 4][..]));
+        let wide: Vec<f32> = b.download_half(&rows)?.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect();
+        b.upload_f32(&[5, 2, 4], &wide)
+    };
+    agree("write_rows + take_rows, f16", &*g, &op, 0.0, 0.0);
 }
 
 #[test]

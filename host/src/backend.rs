@@ -422,7 +422,7 @@ pub trait Backend: Send + Sync {
     /// `src [rows.len(), width]`: image embeddings into the prompt, DeepStack features.
     fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor>;
 
-    /// Rows `row0 .. row0 + count` of `x [rows, ..]` as a new tensor.
+    /// Rows `row0 .. row0 + count` of `x [rows, ..]` (f32 or f16) as a new tensor of its type.
     fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor>;
 
     /// Waits for all queued work.

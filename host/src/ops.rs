@@ -314,7 +314,9 @@ pub fn write_rows_dims(dst: &Tensor, row0: usize, src: &Tensor) -> Result<(usize
 
 /// `(row_len, out_shape)` of [`crate::Backend::take_rows`], after checking the range.
 pub fn take_rows_dims(x: &Tensor, row0: usize, count: usize) -> Result<(usize, Vec<usize>)> {
-    expect_f32("take_rows", x)?;
+    if x.dtype() != DType::F32 && x.dtype() != DType::F16 {
+        return Err(Error::DType { op: "take_rows", expected: "f32 or f16", got: x.dtype() });
+    }
     if x.shape().is_empty() || row0 + count > x.shape()[0] {
         return Err(Error::shape("take_rows", &[x.shape()], format!("rows {}..{} out of range", row0, row0 + count)));
     }

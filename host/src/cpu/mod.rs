@@ -327,8 +327,11 @@ impl Backend for CpuBackend {
 
     fn take_rows(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {
         let (row_len, shape) = ops::take_rows_dims(x, row0, count)?;
-        let xv = x.as_cpu_f32("take_rows")?;
-        Tensor::cpu_f32(&shape, xv[row0 * row_len..(row0 + count) * row_len].to_vec())
+        let range = row0 * row_len..(row0 + count) * row_len;
+        match x.dtype() {
+            DType::F16 => Tensor::cpu_half(&shape, DType::F16, x.as_cpu_half("take_rows")?[range].to_vec()),
+            _ => Tensor::cpu_f32(&shape, x.as_cpu_f32("take_rows")?[range].to_vec()),
+        }
     }
 
     fn synchronize(&self) -> Result<()> {

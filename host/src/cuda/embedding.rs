@@ -137,13 +137,14 @@ impl CudaBackend {
 
     pub(super) fn take_rows_op(&self, x: &Tensor, row0: usize, count: usize) -> Result<Tensor> {
         let (row_len, shape) = ops::take_rows_dims(x, row0, count)?;
+        let elem = x.dtype().size_of();
         let src = self.buffer("take_rows", x)?;
         let l = self.enter()?;
-        let out = self.pool.alloc(count * row_len * 4)?;
+        let out = self.pool.alloc(count * row_len * elem)?;
         if count * row_len > 0 {
-            let offset = (row0 * row_len * 4) as u64;
-            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(out.addr(), src.addr() + offset, count * row_len * 4, l.stream) }.ok_or_cuda("cuMemcpyDtoDAsync (take_rows)")?;
+            let offset = (row0 * row_len * elem) as u64;
+            unsafe { cust::sys::cuMemcpyDtoDAsync_v2(out.addr(), src.addr() + offset, count * row_len * elem, l.stream) }.ok_or_cuda("cuMemcpyDtoDAsync (take_rows)")?;
         }
-        Ok(Self::wrap(shape, DType::F32, out))
+        Ok(Self::wrap(shape, x.dtype(), out))
     }
 }

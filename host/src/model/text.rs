@@ -147,29 +147,18 @@ impl LayerKv for KvCache {
 
 /// Rows `[0, rows)` of the host tensor `c [cap, ..]` (f32 or f16) as a tensor on `dev`.
 fn lend_rows(host: &dyn Backend, dev: &dyn Backend, c: &Tensor, rows: usize) -> Result<Tensor> {
-    let mut shape = c.shape().to_vec();
-    shape[0] = rows;
-    let n: usize = shape.iter().product();
-    match c.dtype() {
-        DType::F32 => dev.upload_f32(&shape, &host.download_f32(c)?[..n]),
-        DType::F16 => dev.upload_half(&shape, DType::F16, &host.download_half(c)?[..n]),
-        d => Err(Error::DType { op: "lend KV rows", expected: "f32 or f16", got: d }),
-    }
+    transfer(host, dev, &host.take_rows(c, 0, rows)?)
 }
 
 /// Rows `[row0, row0 + t)` of `d` (on `dev`) written into the same rows of the host tensor `c`
 /// of the same type (f16 values pass through f32 exactly).
 fn return_rows(dev: &dyn Backend, host: &dyn Backend, d: &Tensor, c: &mut Tensor, row0: usize, t: usize) -> Result<()> {
-    let row_len: usize = d.shape()[1..].iter().product();
-    let (a, b) = (row0 * row_len, (row0 + t) * row_len);
-    let vals: Vec<f32> = match d.dtype() {
-        DType::F32 => dev.download_f32(d)?[a..b].to_vec(),
-        DType::F16 => dev.download_half(d)?[a..b].iter().map(|&h| gpu::math::f16_to_f32(h)).collect(),
-        other => return Err(Error::DType { op: "return KV rows", expected: "f32 or f16", got: other }),
+    let rows = transfer(dev, host, &dev.take_rows(d, row0, t)?)?;
+    let vals: Vec<f32> = match rows.dtype() {
+        DType::F16 => host.download_half(&rows)?.iter().map(|&h| gpu::math::f16_to_f32(h)).collect(),
+        _ => host.download_f32(&rows)?,
     };
-    let mut shape = d.shape().to_vec();
-    shape[0] = t;
-    host.write_rows(c, row0, &host.upload_f32(&shape, &vals)?)
+    host.write_rows(c, row0, &host.upload_f32(rows.shape(), &vals)?)
 }
 
 /// Whether two tensors share their storage (a tied LM head).

@@ -20,9 +20,10 @@
 //! When some text layers stay on the host, a slot for the largest of their weights is kept on
 //! the device (a device layer gives way when nothing else makes room): forwards of at least
 //! [`STREAM_MIN_ROWS`] rows (prefill chunks) upload each host layer's weights into it and run
-//! the layer's linear parts on the device, as llama.cpp does for large batches; the layer's KV
-//! cache and attention stay on the host. A prompt of a thousand tokens then costs the upload
-//! (tens of milliseconds per layer at most) where the host's cores took seconds.
+//! the layer on the device, as llama.cpp does for large batches; the layer's KV cache stays on
+//! the host (a contiguous cache lends its rows to the device for the forward, the engine's
+//! paged one attends on the host: `LayerKv::attend_streamed`). A prompt of a thousand tokens
+//! then costs the uploads where the host's cores took seconds.
 //! `QWEN3_VL_STREAM_LAYERS=0` plans without the slot (an A/B aid).
 
 use super::config::Config;
@@ -149,8 +150,8 @@ pub struct Placement {
     /// The vision tower's 16- and 32-bit weights load as Q8_0 (chosen by the caller when that
     /// is what lets more of the model on the device; see [`Placement::better_than`]).
     pub vision_q8: bool,
-    /// Forwards of at least this many rows run the host layers' linear parts on the device,
-    /// their weights uploaded for the forward (see the module docs); `None`: never.
+    /// Forwards of at least this many rows run the host layers on the device, their weights
+    /// uploaded for the forward (see the module docs); `None`: never.
     pub stream_rows: Option<usize>,
     /// Estimated bytes on the device (weights, KV cache, workspace) and on the host (weights,
     /// KV cache), and the budget the plan was made for.
@@ -226,15 +227,16 @@ impl Placement {
             }
         };
         // 1b. the slot for streaming host layers, a device layer giving way when it must
-        let mut stream_rows = None;
+        let (mut stream_rows, mut slot) = (None, 0);
         if g < n && STREAM.on() {
-            let slot = |g: usize| s.layers[g..].iter().copied().max().unwrap_or(0);
-            if device_layers.is_none() && g > 0 && !fits(used, slot(g)) {
+            let largest = |g: usize| s.layers[g..].iter().copied().max().unwrap_or(0);
+            if device_layers.is_none() && g > 0 && !fits(used, largest(g)) {
                 g -= 1;
                 used -= layer(g);
             }
-            if fits(used, slot(g)) {
-                used += slot(g);
+            if fits(used, largest(g)) {
+                slot = largest(g);
+                used += slot;
                 stream_rows = Some(STREAM_MIN_ROWS);
             }
         }
@@ -250,7 +252,6 @@ impl Placement {
         let vision_on_device = vision_first || take(tower);
         let embed_on_device = if s.tied { head_on_device } else { take(s.embed) };
         let all: usize = s.layers.iter().sum::<usize>() + n * s.kv_layer + s.head + s.vision + if s.tied { 0 } else { s.embed };
-        let slot = if stream_rows.is_some() { s.layers[g..].iter().copied().max().unwrap_or(0) } else { 0 };
         let device_weights = used - slot - s.text_work - if vision_on_device { s.vision_extra() } else { 0 };
         let host_bytes = all - device_weights;
         Ok(Placement { layers: n, device_layers: g, head_on_device, embed_on_device, vision_on_device, vision_first, vision_q8: false, stream_rows, device_bytes: used, host_bytes, budget })

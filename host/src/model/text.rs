@@ -153,10 +153,10 @@ fn lend_rows(host: &dyn Backend, dev: &dyn Backend, c: &Tensor, rows: usize) -> 
 /// Rows `[row0, row0 + t)` of `d` (on `dev`) written into the same rows of the host tensor `c`
 /// of the same type (f16 values pass through f32 exactly).
 fn return_rows(dev: &dyn Backend, host: &dyn Backend, d: &Tensor, c: &mut Tensor, row0: usize, t: usize) -> Result<()> {
-    let rows = transfer(dev, host, &dev.take_rows(d, row0, t)?)?;
+    let rows = dev.take_rows(d, row0, t)?;
     let vals: Vec<f32> = match rows.dtype() {
-        DType::F16 => host.download_half(&rows)?.iter().map(|&h| gpu::math::f16_to_f32(h)).collect(),
-        _ => host.download_f32(&rows)?,
+        DType::F16 => dev.download_half(&rows)?.iter().map(|&h| gpu::math::f16_to_f32(h)).collect(),
+        _ => dev.download_f32(&rows)?,
     };
     host.write_rows(c, row0, &host.upload_f32(rows.shape(), &vals)?)
 }

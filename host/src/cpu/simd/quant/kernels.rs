@@ -26,8 +26,9 @@ macro_rules! kernels {
             /// Weight rows per tile, activation rows per tile.
             const NR: usize = 4;
             const MR: usize = 2;
-            /// Software prefetch distance along each weight row, in bytes (measured on the 2-core
-            /// machine: 512 → 13.3, 4096 → 14.8, 8192 → 14.9 tok/s Q4_K_M decode).
+            /// Software prefetch distance along each weight row of a tile, in bytes (measured on
+            /// the 2-core machine when decode still took the tiles: 512 → 13.3, 4096 → 14.8,
+            /// 8192 → 14.9 tok/s Q4_K_M decode; the one-row GEMVs leave it to the hardware).
             const PF: usize = 8192;
 
             /// See `super::super::dots`. One activation row (decode) takes the rows one after
@@ -53,7 +54,7 @@ macro_rules! kernels {
                     }
                     return;
                 }
-                let tile = if wt == DType::Q8_0 && m < 4 { 1 } else { NR };
+                let tile = if wt == DType::Q8_0 && m < super::super::PANEL_MIN_ROWS { 1 } else { NR };
                 let mut acc = vec![_mm256_setzero_ps(); NR * m];
                 let mut j0 = 0;
                 while j0 < n {

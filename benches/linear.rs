@@ -33,8 +33,12 @@ const SHAPES: [(&str, usize, usize); 6] =
 
 fn main() {
     let threads: usize = env("LINEAR_BENCH_THREADS").and_then(|s| s.parse().ok()).unwrap_or(2);
-    // `linear_on` runs in rayon's global pool when called outside one; size it before first use
-    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    // `linear_on` splits its work over the pool installed on the calling thread
+    let pool = qwen3_vl::cpu::Pool::new(threads).expect("worker threads");
+    pool.install(|| run(threads));
+}
+
+fn run(threads: usize) {
     let secs: f64 = env("LINEAR_BENCH_SECS").and_then(|s| s.parse().ok()).unwrap_or(1.0);
     let paths: Vec<Isa> = match env("LINEAR_BENCH_PATHS") {
         Some(s) => Isa::available().into_iter().filter(|i| s.split(',').any(|p| p == i.name())).collect(),

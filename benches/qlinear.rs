@@ -35,7 +35,12 @@ fn list<T>(name: &str, all: Vec<T>, key: impl Fn(&T) -> String) -> Vec<T> {
 
 fn main() {
     let threads: usize = env("QLINEAR_BENCH_THREADS").and_then(|s| s.parse().ok()).unwrap_or(2);
-    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    // `linear_on` splits its work over the pool installed on the calling thread
+    let pool = qwen3_vl::cpu::Pool::new(threads).expect("worker threads");
+    pool.install(|| run(threads));
+}
+
+fn run(threads: usize) {
     let secs: f64 = env("QLINEAR_BENCH_SECS").and_then(|s| s.parse().ok()).unwrap_or(0.5);
     let paths = list("QLINEAR_BENCH_PATHS", QIsa::available(), |i| i.name().to_string());
     let types = list("QLINEAR_BENCH_TYPES", TYPES.to_vec(), |t| t.name().to_string());

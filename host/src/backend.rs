@@ -608,10 +608,11 @@ pub trait Backend: Send + Sync {
 
     // ---- recorded work and timing
 
-    /// Runs `f`, a whole step of ops on this backend, where the backend's ops run best: the CPU
-    /// runs it on one of its worker threads, so each op inside starts its parallel work there
-    /// instead of handing it from the caller's thread to a worker and back (two thread wake-ups
-    /// per op, a few hundred per decoded token). Devices run `f` as it is.
+    /// Runs `f`, a whole step of ops on this backend, where the backend's ops run best. Every
+    /// backend now runs it on the calling thread (the CPU with its pool installed for the whole
+    /// step: the calling thread takes part in each op's parallel work, and the pool's workers
+    /// keep polling between ops instead of sleeping); the hook stays for backends that need a
+    /// thread or context of their own.
     fn within(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         f()
     }

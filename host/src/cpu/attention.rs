@@ -1,7 +1,7 @@
 //! Scaled dot-product attention on the CPU with grouped KV heads and an optional causal mask.
 //!
 //! Two paths:
-//! - short query blocks (decode, small prompts): one rayon task per (query row, KV head) for the
+//! - short query blocks (decode, small prompts): one pool task per (query row, KV head) for the
 //!   query heads of its group: scores, softmax, then the weighted values;
 //! - long blocks (prefill, the vision tower's thousands of patches): per head, scores for
 //!   `QB` queries at a time as one matrix product against the head's keys, masked, softmaxed,
@@ -9,7 +9,7 @@
 
 use super::linear::{dot, linear, Weights};
 use crate::backend::AttnParams;
-use rayon::prelude::*;
+use super::pool;
 
 /// Sizes of one call: `t` query rows of `heads` heads, keys of `kv_heads` heads, width `d`.
 #[derive(Clone, Copy)]
@@ -64,7 +64,7 @@ fn blocked(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &mut
                 }
                 let s = &mut scores[..rows * n];
                 linear(&qh[..rows * d], Weights::F32(&kh), None, rows, n, d, s);
-                s.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
+                pool::chunks_mut(&mut *s, n, |r, row| {
                     let visible = if p.causal { (p.q_pos0 + i0 + r + 1).min(n) } else { n };
                     softmax_row(&mut row[..visible], p.scale);
                     row[visible..].iter_mut().for_each(|x| *x = 0.0);
@@ -146,18 +146,16 @@ fn streaming(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &m
         out.iter_mut().for_each(|x| *x = 0.0);
         return;
     }
-    let tasks = ((n + KEYS_PER_TASK - 1) / KEYS_PER_TASK).min(2 * rayon::current_num_threads()).max(1);
+    let tasks = ((n + KEYS_PER_TASK - 1) / KEYS_PER_TASK).min(2 * pool::threads()).max(1);
     let per = (n + tasks - 1) / tasks;
     let chunks: Vec<(usize, usize)> = (0..n).step_by(per).map(|j0| (j0, (j0 + per).min(n))).collect();
     // 1. scores, per chunk [rows, len]
-    let parts: Vec<Vec<f32>> = chunks
-        .par_iter()
-        .map(|&(j0, j1)| {
-            let mut sc = vec![0.0f32; rows * (j1 - j0)];
-            simd_dispatch!(scores_chunk(q, k, dims, j0, j1, &mut sc));
-            sc
-        })
-        .collect();
+    let parts: Vec<Vec<f32>> = pool::map(chunks.len(), |c| {
+        let (j0, j1) = chunks[c];
+        let mut sc = vec![0.0f32; rows * (j1 - j0)];
+        simd_dispatch!(scores_chunk(q, k, dims, j0, j1, &mut sc));
+        sc
+    });
     // 2. S [rows, n], softmax per row over its visible keys
     let mut s = vec![0.0f32; rows * n];
     for (&(j0, j1), part) in chunks.iter().zip(&parts) {
@@ -172,14 +170,12 @@ fn streaming(q: &[f32], k: &[f32], v: &[f32], dims: Dims, p: AttnParams, out: &m
     }
     // 3. O = Σ_chunks S[:, chunk] · V[chunk], summed in chunk order
     let s = &s;
-    let partial: Vec<Vec<f32>> = chunks
-        .par_iter()
-        .map(|&(j0, j1)| {
-            let mut o = vec![0.0f32; rows * d];
-            simd_dispatch!(values_chunk(s, n, v, dims, j0, j1, &mut o));
-            o
-        })
-        .collect();
+    let partial: Vec<Vec<f32>> = pool::map(chunks.len(), |c| {
+        let (j0, j1) = chunks[c];
+        let mut o = vec![0.0f32; rows * d];
+        simd_dispatch!(values_chunk(s, n, v, dims, j0, j1, &mut o));
+        o
+    });
     out.copy_from_slice(&partial[0]);
     for o in &partial[1..] {
         out.iter_mut().zip(o).for_each(|(x, &y)| *x += y);
@@ -304,7 +300,7 @@ mod tests {
         for &(causal, q_pos0, kv_len) in &[(true, 0, 300), (true, 30, 330), (false, 0, 330)] {
             let p = AttnParams { kv_len, q_pos0, causal, scale: 0.35 };
             let mut out = vec![f32::NAN; 300 * 4 * 8];
-            attention(&q, &k, &v, dims, p, &mut out);
+            super::super::pool::in_test_pool(|| attention(&q, &k, &v, dims, p, &mut out));
             for (o, w) in out.iter().zip(naive(&q, &k, &v, dims, p)) {
                 assert!((*o as f64 - w).abs() < 1e-5, "{} vs {}", o, w);
             }
@@ -323,7 +319,7 @@ mod tests {
             assert!(kv_len <= cap && 2 < BLOCKED_FROM);
             let p = AttnParams { kv_len, q_pos0, causal, scale: 0.3 };
             let mut out = vec![f32::NAN; 2 * 6 * 16];
-            attention(&q, &k, &v, dims, p, &mut out);
+            super::super::pool::in_test_pool(|| attention(&q, &k, &v, dims, p, &mut out));
             for (o, w) in out.iter().zip(naive(&q, &k, &v, dims, p)) {
                 assert!((*o as f64 - w).abs() < 1e-5, "{:?}: {} vs {}", (causal, q_pos0, kv_len), o, w);
             }
@@ -339,7 +335,7 @@ mod tests {
         for &(causal, q_pos0, kv_len) in &[(true, 0, 3), (true, 4, 7), (false, 0, 9)] {
             let p = AttnParams { kv_len, q_pos0, causal, scale: 0.45 };
             let mut out = vec![f32::NAN; 3 * 4 * 5];
-            attention(&q, &k, &v, dims, p, &mut out);
+            super::super::pool::in_test_pool(|| attention(&q, &k, &v, dims, p, &mut out));
             for (o, w) in out.iter().zip(naive(&q, &k, &v, dims, p)) {
                 assert!((*o as f64 - w).abs() < 1e-5, "{} vs {}", o, w);
             }

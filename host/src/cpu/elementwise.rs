@@ -1,12 +1,13 @@
 //! Elementwise CPU ops, in parallel chunks; the scalar math is `gpu::math`'s.
 
-use rayon::prelude::*;
+use super::pool;
 
 const CHUNK: usize = 16_384;
 
 /// `out = silu(gate) * up`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK))).for_each(|(o, (g, u))| {
+    pool::chunks_mut(out, CHUNK, |i, o| {
+        let (g, u) = (&gate[i * CHUNK..], &up[i * CHUNK..]);
         for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
             *o = gpu::math::silu_mul(g, u);
         }
@@ -35,8 +36,8 @@ pub fn gelu(x: &[f32], kind: crate::Gelu, out: &mut [f32]) {
         crate::Gelu::Tanh => gpu::math::gelu_tanh,
         crate::Gelu::Erf => gpu::math::gelu_erf,
     };
-    out.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, x)| {
-        for (o, &v) in o.iter_mut().zip(x) {
+    pool::chunks_mut(out, CHUNK, |i, o| {
+        for (o, &v) in o.iter_mut().zip(&x[i * CHUNK..]) {
             *o = f(v);
         }
     });
@@ -44,8 +45,8 @@ pub fn gelu(x: &[f32], kind: crate::Gelu, out: &mut [f32]) {
 
 /// `out = a + b`.
 pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
-    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
-        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+    pool::chunks_mut(out, CHUNK, |i, o| {
+        for ((o, &x), &y) in o.iter_mut().zip(&a[i * CHUNK..]).zip(&b[i * CHUNK..]) {
             *o = x + y;
         }
     });

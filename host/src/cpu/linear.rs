@@ -7,14 +7,14 @@
 //! AVX-512F or AVX2+FMA kernels on x86-64 (`cpu/simd`, which documents their blocking), else
 //! the portable scalar path below. [`linear_on`] forces a path (tests, benchmarks).
 //!
-//! Scalar path: work is split over blocks of `NB` weight rows (output columns), one rayon task
+//! Scalar path: work is split over blocks of `NB` weight rows (output columns), one pool task
 //! each; a task widens its weight rows to f32 once and then takes the dot products with every
 //! row of `a`.
 
 #[cfg(target_arch = "x86_64")]
 use super::simd;
 use gpu::math::{bf16_to_f32, f16_to_f32};
-use rayon::prelude::*;
+use super::pool;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Weight rows per task.
@@ -118,7 +118,7 @@ impl Isa {
 }
 
 /// `out = a · wᵀ + bias`; `a` is `[m, k]`, `w` holds `[n, k]`, `out` is `[m, n]`. Runs on
-/// [`Isa::detect`]'s path, in the current rayon pool.
+/// [`Isa::detect`]'s path, in the current [`pool`].
 pub fn linear(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
     linear_on(Isa::detect(), a, w, bias, m, n, k, out)
 }
@@ -165,7 +165,7 @@ fn scalar(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k
     // Column-major scratch result [n, m], so that each task owns a contiguous chunk.
     let mut t = vec![0.0f32; n * m];
     columns(a, w, bias, m, k, &mut t);
-    out[..m * n].par_chunks_mut(n).enumerate().for_each(|(r, row)| {
+    pool::chunks_mut(&mut out[..m * n], n, |r, row| {
         for (c, o) in row.iter_mut().enumerate() {
             *o = t[c * m + r];
         }
@@ -174,9 +174,11 @@ fn scalar(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, n: usize, k
 
 /// Fills `t [n, m]` (column-major result) in parallel blocks of `NB` weight rows.
 fn columns(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, k: usize, t: &mut [f32]) {
-    t.par_chunks_mut(NB * m).enumerate().for_each_init(
+    pool::chunks_mut_init(
+        t,
+        NB * m,
         || vec![0.0f32; NB * k],
-        |scratch, (blk, chunk)| {
+        |scratch, blk, chunk| {
             let r0 = blk * NB;
             let rows = chunk.len() / m;
             w.widen_rows(r0, rows, k, scratch);
@@ -258,7 +260,7 @@ mod tests {
                     let want = naive(&a, wf, bias, m, n, k);
                     for &isa in &paths {
                         let mut out = vec![f32::NAN; m * n];
-                        linear_on(isa, &a, *wt, bias, m, n, k, &mut out);
+                        super::super::pool::in_test_pool(|| linear_on(isa, &a, *wt, bias, m, n, k, &mut out));
                         for (i, (o, e)) in out.iter().zip(&want).enumerate() {
                             let ok = (*o as f64 - e).abs() <= 1e-4 * (1.0 + e.abs());
                             assert!(ok, "{}: {} vs {} at [{}, {}] of {:?}", isa.name(), o, e, i / n, i % n, (m, n, k));
@@ -300,7 +302,7 @@ mod tests {
         for isa in Isa::available() {
             for (wt, widen) in [(Weights::F16(&bits), f16_to_f32 as fn(u16) -> f32), (Weights::Bf16(&bits), bf16_to_f32)] {
                 let mut out = vec![0.0f32; n];
-                linear_on(isa, &a, wt, None, 1, n, k, &mut out);
+                super::super::pool::in_test_pool(|| linear_on(isa, &a, wt, None, 1, n, k, &mut out));
                 for (j, o) in out.iter().enumerate() {
                     let want = widen(j as u16);
                     assert!(*o == want || (o.is_nan() && want.is_nan()), "{}: pattern {:#06x}: {} vs {}", isa.name(), j, o, want);

@@ -1,10 +1,11 @@
-//! The pure-Rust CPU backend: multithreaded (its own rayon pool), f32 activations, weights read
+//! The pure-Rust CPU backend: multithreaded (its own spinning fork-join [`Pool`]), f32 activations, weights read
 //! in their stored dtype. It is also the reference the CUDA backend is tested against.
 
 mod attention;
 mod elementwise;
 mod gather;
 mod linear;
+pub mod pool;
 pub mod qlinear;
 mod rope;
 mod rowwise;
@@ -12,6 +13,7 @@ mod rowwise;
 mod simd;
 
 pub use linear::{dot, linear_on, Isa, Weights};
+pub use pool::Pool;
 
 use crate::backend::{AttnParams, Backend, Gelu};
 use crate::ops;
@@ -19,23 +21,22 @@ use crate::{Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: Pool,
     poison: AtomicBool,
 }
 
 impl CpuBackend {
-    /// A CPU backend with `threads` worker threads (all cores when `None`).
+    /// A CPU backend of `threads` threads: the one calling its ops and `threads - 1` workers
+    /// (when `None`, as many as rayon's global pool has: `RAYON_NUM_THREADS`, else every
+    /// logical core).
     pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
-        let mut b = rayon::ThreadPoolBuilder::new();
-        if let Some(t) = threads {
-            b = b.num_threads(t.max(1));
-        }
-        let pool = b.build().map_err(|e| Error::Limit { op: "cpu backend", msg: format!("cannot start worker threads: {}", e) })?;
+        let t = threads.unwrap_or_else(rayon::current_num_threads).max(1);
+        let pool = Pool::new(t).map_err(|e| Error::Limit { op: "cpu backend", msg: format!("cannot start worker threads: {}", e) })?;
         Ok(CpuBackend { pool, poison: AtomicBool::new(false) })
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.threads()
     }
 
     fn output(&self, len: usize) -> Vec<f32> {
@@ -98,22 +99,8 @@ impl Backend for CpuBackend {
     }
 
     fn within(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        /// `f` moved to a worker while its caller waits.
-        struct Job<'a>(&'a mut dyn FnMut() -> Result<()>);
-        // SAFETY: `install` blocks the calling thread until the job has run, so what `f`
-        // captures is used by one thread at a time, as on the caller's own thread; the CPU
-        // backend's ops keep no per-thread state that the move could split, and a device
-        // backend called inside (a split model's transfers) makes its context current on
-        // every call.
-        unsafe impl Send for Job<'_> {}
-        impl Job<'_> {
-            fn run(self) -> Result<()> {
-                (self.0)()
-            }
-        }
-        let job = Job(f);
-        // on a worker, every `install` inside runs inline and parallel loops start there
-        self.pool.install(move || job.run())
+        // the ops inside find the pool installed already; this thread submits their jobs
+        self.pool.install(f)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -14,10 +14,10 @@
 
 use crate::quant::act::{self, Q8Acts};
 use crate::DType;
-use rayon::prelude::*;
+use super::pool;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Tasks per thread (some slack for work stealing).
+/// Tasks per thread (slack for threads slowed by a busy machine).
 const TASKS_PER_THREAD: usize = 8;
 
 /// An implementation of the quantized kernels: the instruction set they use.
@@ -91,7 +91,7 @@ fn has_avx_vnni() -> bool {
     }
 }
 
-/// `out = a · wᵀ + bias` on [`QIsa::detect`]'s path, in the current rayon pool: `a` is
+/// `out = a · wᵀ + bias` on [`QIsa::detect`]'s path, in the current [`pool`]: `a` is
 /// `[m, k]`, `w` the `n` rows of `k` values of block type `wt` (`n · row_bytes(k)` bytes).
 #[allow(clippy::too_many_arguments)]
 pub fn linear(a: &[f32], wt: DType, w: &[u8], bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
@@ -133,13 +133,13 @@ pub fn linear_on(isa: QIsa, a: &[f32], wt: DType, w: &[u8], bias: Option<&[f32]>
     let mut acts = Q8Acts::zeroed(m, k, block);
     {
         let nb = k / block;
-        let rows: Vec<_> = acts.qs.chunks_mut(k.max(1)).zip(acts.d.chunks_mut(nb.max(1))).zip(acts.bsums.chunks_mut((k / 16).max(1))).collect();
-        let one = |(r, ((qs, d), bs)): (usize, ((&mut [i8], &mut [f32]), &mut [i16]))| quantize_row_on(isa, &a[r * k..(r + 1) * k], block, qs, d, bs);
+        let mut rows: Vec<_> = acts.qs.chunks_mut(k.max(1)).zip(acts.d.chunks_mut(nb.max(1))).zip(acts.bsums.chunks_mut((k / 16).max(1))).collect();
+        let one = |r: usize, ((qs, d), bs): &mut ((&mut [i8], &mut [f32]), &mut [i16])| quantize_row_on(isa, &a[r * k..(r + 1) * k], block, qs, d, bs);
         if m <= 4 {
-            // a few rows (decode): not worth waking the pool
-            rows.into_iter().enumerate().for_each(one);
+            // a few rows (decode): not worth a job
+            rows.iter_mut().enumerate().for_each(|(r, row)| one(r, row));
         } else {
-            rows.into_par_iter().enumerate().for_each(one);
+            pool::chunks_mut(&mut rows, 1, |r, row| one(r, &mut row[0]));
         }
     }
     if k == 0 {
@@ -149,11 +149,12 @@ pub fn linear_on(isa: QIsa, a: &[f32], wt: DType, w: &[u8], bias: Option<&[f32]>
         return;
     }
     // 2. tasks of consecutive weight rows
-    let tasks = rayon::current_num_threads() * TASKS_PER_THREAD;
+    let tasks = pool::threads() * TASKS_PER_THREAD;
     let chunk = ((n + tasks - 1) / tasks).max(4);
     let optr = OutPtr(out.as_mut_ptr());
     let acts = &acts;
-    (0..(n + chunk - 1) / chunk).into_par_iter().for_each_init(
+    pool::for_each_init(
+        (n + chunk - 1) / chunk,
         || vec![0.0f32; chunk * m],
         |scratch, t| {
             let c0 = t * chunk;
@@ -232,7 +233,7 @@ mod tests {
         let block = Q8Acts::block_for(wt).unwrap();
         let qa = Q8Acts::quantize(&a, m, k, block);
         let mut out = vec![f32::NAN; m * n];
-        linear_on(isa, &a, wt, &w, Some(&bias), m, n, k, &mut out);
+        super::super::pool::in_test_pool(|| linear_on(isa, &a, wt, &w, Some(&bias), m, n, k, &mut out));
         for r in 0..m {
             let (qs, d, _) = qa.row(r);
             for c in 0..n {

@@ -2,7 +2,7 @@
 //! `gpu::math::rope_pair`, shared with the kernel.
 
 use gpu::math::rope_pair;
-use rayon::prelude::*;
+use super::pool;
 
 /// `x [rows, heads, d]` rotated with per-row `cos`, `sin` `[rows, d / 2]` into `out`.
 pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize, out: &mut [f32]) {
@@ -11,7 +11,9 @@ pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize, out: &m
     if row_len == 0 {
         return;
     }
-    out.par_chunks_mut(row_len).zip(x.par_chunks(row_len)).enumerate().for_each(|(r, (o, xr))| {
+    let rows = (x.len() / row_len).min(out.len() / row_len);
+    pool::chunks_mut(&mut out[..rows * row_len], row_len, |r, o| {
+        let xr = &x[r * row_len..(r + 1) * row_len];
         let (c, s) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
         for (oh, xh) in o.chunks_mut(d).zip(xr.chunks(d)) {
             for i in 0..half {

@@ -1,10 +1,10 @@
-//! Row-wise CPU ops (one rayon task per block of rows): RMSNorm and softmax. The scalar math
+//! Row-wise CPU ops (one pool task per block of rows): RMSNorm and softmax. The scalar math
 //! (`rms_scale`, the online-softmax step) is `gpu::math`'s, shared with the kernels.
 
 use gpu::math::{layer_norm_elem, rms_scale, OnlineSoftmax};
-use rayon::prelude::*;
+use super::pool;
 
-/// Rows per rayon task, so small rows do not drown in scheduling.
+/// Rows per pool task, so small rows do not drown in scheduling.
 fn rows_per_task(cols: usize) -> usize {
     (16_384 / cols.max(1)).max(1)
 }
@@ -15,7 +15,8 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, cols: usize, y: &mut [f32]) {
         return;
     }
     let per = rows_per_task(cols) * cols;
-    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(yb, xb)| {
+    pool::chunks_mut(y, per, |i, yb| {
+        let xb = &x[i * per..];
         for (yr, xr) in yb.chunks_mut(cols).zip(xb.chunks(cols)) {
             let ss: f32 = xr.iter().map(|v| v * v).sum();
             let scale = rms_scale(ss / cols as f32, eps);
@@ -33,7 +34,8 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, cols: usize, y: &mu
         return;
     }
     let per = rows_per_task(cols) * cols;
-    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(yb, xb)| {
+    pool::chunks_mut(y, per, |i, yb| {
+        let xb = &x[i * per..];
         for (yr, xr) in yb.chunks_mut(cols).zip(xb.chunks(cols)) {
             let mean = xr.iter().sum::<f32>() / cols as f32;
             let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
@@ -51,7 +53,8 @@ pub fn softmax(x: &[f32], cols: usize, y: &mut [f32]) {
         return;
     }
     let per = rows_per_task(cols) * cols;
-    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(yb, xb)| {
+    pool::chunks_mut(y, per, |i, yb| {
+        let xb = &x[i * per..];
         for (yr, xr) in yb.chunks_mut(cols).zip(xb.chunks(cols)) {
             let st = xr.iter().fold(OnlineSoftmax::EMPTY, |s, &v| s.push(v));
             for (o, &v) in yr.iter_mut().zip(xr) {

@@ -29,7 +29,7 @@ pub(crate) mod quant;
 use super::linear::Weights;
 use core::arch::x86_64::_MM_HINT_T1;
 use gpu::math::{bf16_to_f32, f16_to_f32};
-use rayon::prelude::*;
+use super::pool;
 
 /// Weight dtype tags, used as const generic parameters by the kernels.
 pub(crate) const DT_F32: u8 = 0;
@@ -38,7 +38,7 @@ pub(crate) const DT_BF16: u8 = 2;
 
 /// Register tiles per GEMM task (a task owns `nr * TILES` weight rows).
 const TILES: usize = 8;
-/// Chunks per thread in the dot path (some slack for work stealing on a busy machine).
+/// Chunks per thread in the dot path (slack for threads slowed by a busy machine).
 const DOT_CHUNKS_PER_THREAD: usize = 8;
 
 /// `out` shared by tasks that each write a disjoint set of its elements.
@@ -55,7 +55,7 @@ impl OutPtr {
         *self.0.add(i) = v;
     }
 }
-// SAFETY: only used to hand disjoint output columns to rayon tasks (see `dot_path` and
+// SAFETY: only used to hand disjoint output columns to pool tasks (see `dot_path` and
 // `gemm_path`); no two tasks ever write the same element, and nobody reads `out` meanwhile.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
@@ -190,10 +190,10 @@ pub(crate) fn linear(kern: &Kernels, a: &[f32], w: Weights<'_>, bias: Option<&[f
 }
 
 fn dot_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize, n: usize, k: usize, out: &mut [f32]) {
-    let chunks = rayon::current_num_threads() * DOT_CHUNKS_PER_THREAD;
+    let chunks = pool::threads() * DOT_CHUNKS_PER_THREAD;
     let chunk = round_up(n.div_ceil_(chunks).max(8), 8);
     let out = OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil_(chunk)).into_par_iter().for_each(|t| {
+    pool::for_each(n.div_ceil_(chunk), |t| {
         let c0 = t * chunk;
         let cols = chunk.min(n - c0);
         // SAFETY: the kernels were chosen for this CPU; `a` holds `m * k` floats, the weights
@@ -222,7 +222,8 @@ fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize,
     let ap = pack_a(a, d, kern.lanes);
     let nc = kern.nr * TILES;
     let out = OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil_(nc)).into_par_iter().for_each_init(
+    pool::for_each_init(
+        n.div_ceil_(nc),
         || (vec![0.0f32; nc * d.kc], vec![0.0f32; nc * d.m_pad]),
         |(wf, ct), t| gemm_task(kern, &ap, w, bias, d, t * nc, wf, ct, out),
     );
@@ -232,7 +233,7 @@ fn gemm_path(kern: &Kernels, a: &[f32], w: RawW, bias: Option<&[f32]>, m: usize,
 /// past row `m`.
 fn pack_a(a: &[f32], d: Dims, lanes: usize) -> Vec<f32> {
     let mut ap = vec![0.0f32; d.m_pad * d.k];
-    ap.par_chunks_mut(d.k * lanes).enumerate().for_each(|(g, blk)| {
+    pool::chunks_mut(&mut ap, d.k * lanes, |g, blk| {
         let rows = lanes.min(d.m - g * lanes);
         // 64 columns at a time, so the 64 destination lines stay in L1 across the rows
         for kb in (0..d.k).step_by(64) {

@@ -365,7 +365,8 @@ fn activations_past_the_f16_range_give_the_f32_product() {
             if tensor_cores {
                 algos.extend(qwen3_vl::gpu::params::mma_tile::TILES.iter().map(|&(tm, tn)| Some(LinearAlgo::Mma(tm, tn, 1))));
                 algos.push(Some(LinearAlgo::Mma(64, 64, 3)));
-                algos.extend([16u32, 32].iter().filter(|&&r| m <= r as usize).map(|&r| Some(LinearAlgo::Skinny(r))));
+                // the few-row kernel whole and in 3 k slices (the last one shorter)
+                algos.extend([16u32, 32].iter().filter(|&&r| m <= r as usize).flat_map(|&r| [Some(LinearAlgo::Skinny(r, 1)), Some(LinearAlgo::Skinny(r, 3))]));
             }
             let want = cpu.download_f32(&cpu.linear(&cpu.upload_f32(&[m, k], &a).unwrap(), &upload(&*cpu, &[n, k], &w, DType::F16).unwrap(), None).unwrap()).unwrap();
             for algo in algos {

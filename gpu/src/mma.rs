@@ -44,7 +44,7 @@ use crate::matmul::{k_slice, store_out};
 use crate::mem::{ld_f32x4, shared_addr, st_shared_v4};
 use crate::params::mma_tile::{BK, BM, BN, WARPS_N};
 use crate::params::row_scale_tile::THREADS as ROW_SCALE_THREADS;
-use crate::params::{GateUpParams, LinearParams, RowScaleParams};
+use crate::params::{GateUpParams, LinearParams, RowScaleParams, SkinnyParams};
 use crate::reduce::block_max;
 use cuda_std::{kernel, shared_array, thread};
 
@@ -444,12 +444,15 @@ pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
 // ---------------------------------------------------------------------------------------------
 // `matmul_skinny_*`: the same product for few rows (a batched decode step, a short prompt).
 //
-// Parameters: as `matmul_mma_*` ([`LinearParams`], `k % 8 == 0`, no split-K; f16 weights take
-// the row scales), `m <= 16 · MT` (MT 1 or 2: a 64-row variant measured slower than the
+// Parameters: [`SkinnyParams`]: its `lin` as for `matmul_mma_*` (`k % 8 == 0`; f16 weights
+// take the row scales; split-K by `k_split`, a multiple of 32, slices over grid z, the sums
+// merged by the last slice of each column block, no separate reduce), `m <= 16 · MT` (MT 1 or 2: a 64-row variant measured slower than the
 // 64 × 64 `matmul_mma` tile on the H100, its A fragments reloaded four times per weight load).
 //
-// Tiling: a block owns `8 · SKINNY_NT` output columns and all `m` rows (`MT` m16 tiles); its
-// `SKINNY_WARPS` warps split `k` in blocks of 32 (warp `w` takes blocks `w, w + W, ...`,
+// Tiling: a block owns `8 · SKINNY_NT` output columns and all `m` rows (`MT` m16 tiles) over
+// its z-slice of `k` (all of it without split-K: the launcher splits only when the columns
+// alone leave multiprocessors idle, e.g. 64 blocks for 2048 columns on 132); its
+// `SKINNY_WARPS` warps split the slice in blocks of 32 (warp `w` takes blocks `w, w + W, ...`,
 // `SKINNY_UNROLL` at a time, their weight loads issued before any math), and add their partial
 // tiles through shared memory at the end, where the epilogue is applied. Nothing is staged in
 // shared memory on the way: every weight is read once, straight into mma B fragments.
@@ -467,24 +470,72 @@ pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
 // each tile.
 //
 // Safety: the launcher checks sizes, `k % 8 == 0`, `m <= 16 · MT` and the row scales of f16.
-// Every thread reaches the one barrier; loads past `m`, `n` or `k` are zero-filled, stores past
-// them skipped.
+// Every thread reaches every barrier (split-K is uniform over the grid); loads past `m`, `n` or
+// `k` are zero-filled, stores past them skipped. Split-K needs a column block's counter at zero
+// on entry (the launcher's arrival counters; the merging block resets it).
 // ---------------------------------------------------------------------------------------------
 
-use crate::mem::ld_nc_v4;
+use crate::mem::{atomic_inc, fence_device, ld_cg, ld_nc_v4};
 use crate::params::skinny_tile::{NT as SKINNY_NT, UNROLL as SKINNY_UNROLL, WARPS as SKINNY_WARPS};
 
 #[inline(always)]
-unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(p: LinearParams) {
-    let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.w as *const u16, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, row_scale: p.row_scale as *const f32 };
-    skinny_core::<W, _, MT, NT, U, false>(&x, |r, col, v, _| *(p.c as *mut f32).add(r * p.ldc as usize + col) = crate::matmul::finish(&p, v, r, col))
+unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(sp: SkinnyParams) {
+    let p = sp.lin;
+    let (kb, ke) = crate::matmul::k_slice::<true>(&p);
+    let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.w as *const u16, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke, row_scale: p.row_scale as *const f32 };
+    let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+    let c = p.c as *mut f32;
+    let split = p.k_split != 0; // uniform over the grid
+    let (part, z) = (sp.part as *mut f32, thread::block_idx_z() as usize);
+    // through the epilogue, or under split-K the slice's raw sums into the workspace
+    skinny_core::<W, _, MT, NT, U, false>(&x, |r, col, v, _| {
+        if split {
+            *part.add((z * m + r) * n + col) = v;
+        } else {
+            *c.add(r * ldc + col) = crate::matmul::finish(&p, v, r, col);
+        }
+    });
+    if !split {
+        return;
+    }
+    // the last slice of this column block to arrive adds every slice's sums, in slice order
+    let tid = thread::thread_idx_x() as usize;
+    let last = shared_array![u32; 1];
+    let counter = (sp.counters as *mut u32).add(thread::block_idx_x() as usize);
+    let slices = thread::grid_dim_z() as usize;
+    fence_device();
+    thread::sync_threads();
+    if tid == 0 {
+        *last = (atomic_inc(counter) as usize == slices - 1) as u32;
+    }
+    thread::sync_threads();
+    if *last != 0 {
+        fence_device();
+        let cols = 8 * NT;
+        let col0 = thread::block_idx_x() as usize * cols;
+        let mut i = tid;
+        while i < m.min(16 * MT) * cols {
+            let (r, col) = (i / cols, col0 + i % cols);
+            if col < n {
+                let mut v = 0.0f32;
+                for s in 0..slices {
+                    v += ld_cg(part.add((s * m + r) * n + col));
+                }
+                *c.add(r * ldc + col) = crate::matmul::finish(&p, v, r, col);
+            }
+            i += thread::block_dim_x() as usize;
+        }
+        if tid == 0 {
+            *counter = 0;
+        }
+    }
 }
 
 /// `silu(a · gateᵀ) ⊙ (a · upᵀ)` for few rows: [`skinny_core`] with the gate's and the up
 /// projection's tiles side by side in each block ([`GateUpParams`], with the f16 row scales).
 #[inline(always)]
 unsafe fn skinny_gate_up<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(p: GateUpParams) {
-    let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.gate as *const u16, w2: p.up as *const u16, m: p.m as usize, n: p.n as usize, k: p.k as usize, row_scale: p.row_scale as *const f32 };
+    let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.gate as *const u16, w2: p.up as *const u16, m: p.m as usize, n: p.n as usize, k: p.k as usize, kb: 0, ke: p.k as usize, row_scale: p.row_scale as *const f32 };
     skinny_core::<W, _, MT, NT, U, true>(&x, |r, col, gv, uv| *(p.c as *mut f32).add(r * p.n as usize + col) = crate::math::silu_mul(gv, uv))
 }
 
@@ -498,6 +549,9 @@ struct SkinnyArgs {
     m: usize,
     n: usize,
     k: usize,
+    /// The block's `k` range `[kb, ke)`: `kb` a multiple of 32, `ke` ≤ `k`.
+    kb: usize,
+    ke: usize,
     row_scale: *const f32,
 }
 
@@ -528,7 +582,8 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
         }
     }
     let mut acc = [[[0.0f32; 4]; NT]; MT];
-    let blocks = (k + 31) / 32;
+    let (kbase, ke) = (args.kb, args.ke);
+    let blocks = (ke - kbase + 31) / 32;
     let mut kb = warp;
     while kb < blocks {
         // 2. U blocks of weights and activations in flight before any math: [u][j] = 8 weights
@@ -536,18 +591,18 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
         let mut wv = [[[0u32; 4]; NT]; U];
         let mut xa = [[[[0.0f32; 8]; 2]; MT]; U];
         for u in 0..U {
-            let kk = (kb + u * WARPS) * 32 + 8 * t;
+            let kk = kbase + (kb + u * WARPS) * 32 + 8 * t;
             for j in 0..NT {
                 let (w, jj) = if PAIR && j >= NT / 2 { (args.w2, j - NT / 2) } else { (args.w, j) };
                 let col = col0 + 8 * jj + g;
-                if col < n && kk < k {
+                if col < n && kk < ke {
                     wv[u][j] = ld_nc_v4(w.add(col * k + kk) as *const u32);
                 }
             }
             for mi in 0..MT {
                 for h in 0..2 {
                     let r = 16 * mi + g + 8 * h;
-                    if r < m && kk < k {
+                    if r < m && kk < ke {
                         let (v0, v1) = (ld_f32x4(a.add(r * lda + kk)), ld_f32x4(a.add(r * lda + kk + 4)));
                         xa[u][mi][h] = [v0[0], v0[1], v0[2], v0[3], v1[0], v1[1], v1[2], v1[3]];
                     }
@@ -556,8 +611,8 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
         }
         // 3. per block and step: A fragments of every m tile (high, low), two mmas per tile
         for u in 0..U {
-            let k0 = (kb + u * WARPS) * 32;
-            if k0 >= k {
+            let k0 = kbase + (kb + u * WARPS) * 32;
+            if k0 >= ke {
                 break; // uniform per warp
             }
             for s in 0..2 {
@@ -627,25 +682,25 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
 
 /// Tensor-core linear layer for at most 16 rows, bf16 weights. See `skinny_linear`.
 #[kernel]
-pub unsafe fn matmul_skinny_m16_bf16(p: LinearParams) {
+pub unsafe fn matmul_skinny_m16_bf16(p: SkinnyParams) {
     skinny_linear::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
 }
 
 /// Tensor-core linear layer for at most 16 rows, f16 weights (row scales). See `skinny_linear`.
 #[kernel]
-pub unsafe fn matmul_skinny_m16_f16(p: LinearParams) {
+pub unsafe fn matmul_skinny_m16_f16(p: SkinnyParams) {
     skinny_linear::<F16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
 }
 
 /// Tensor-core linear layer for at most 32 rows, bf16 weights. See `skinny_linear`.
 #[kernel]
-pub unsafe fn matmul_skinny_m32_bf16(p: LinearParams) {
+pub unsafe fn matmul_skinny_m32_bf16(p: SkinnyParams) {
     skinny_linear::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
 }
 
 /// Tensor-core linear layer for at most 32 rows, f16 weights (row scales). See `skinny_linear`.
 #[kernel]
-pub unsafe fn matmul_skinny_m32_f16(p: LinearParams) {
+pub unsafe fn matmul_skinny_m32_f16(p: SkinnyParams) {
     skinny_linear::<F16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
 }
 

@@ -75,6 +75,19 @@ pub struct SplitReduceParams {
     pub lin: LinearParams,
 }
 
+/// `matmul_skinny_*`: the linear layer `lin` (output `c` at row stride `ldc`, epilogue) and,
+/// under split-K (`lin.k_split` > 0, the slices over grid z), the `[slices, m, n]` f32
+/// workspace `part` for the slices' raw sums and the arrival `counters` (one u32 per column
+/// block, zero between launches): the last slice of a column block to finish adds the slices
+/// through the epilogue into `c` and puts its counter back to zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SkinnyParams {
+    pub lin: LinearParams,
+    pub part: u64,
+    pub counters: u64,
+}
+
 /// Launch shape of `linear_split_reduce_f32`: one thread per output element.
 pub mod split_reduce_tile {
     pub const THREADS: u32 = 256;

@@ -431,7 +431,7 @@ impl CudaBackend {
         ops::kv_scale_dims(OP, k, scales)?;
         let shape = AttnShape { t, heads, kv_heads, d, cap: k.shape()[0] };
         let zblocks = t * ceil_div(heads / kv_heads, attn_split_tile::MAX_QV);
-        if !split_paged_fits(&shape) || kv_heads * zblocks > super::ATTENTION_COUNTERS || zblocks > 65_535 {
+        if !split_paged_fits(&shape) || kv_heads * zblocks > super::ARRIVAL_COUNTERS || zblocks > 65_535 {
             log_unpaged(&shape);
             return attention_paged_composite(self, q, k, v, scales, pages, scale);
         }

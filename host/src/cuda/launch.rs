@@ -17,6 +17,8 @@ pub struct Launcher<'a> {
     pub stream: cust::sys::CUstream,
     /// The backend's KV scale flag (a u32 on the device; see `CudaBackend::kv_flag`).
     pub kv_flag: u64,
+    /// The backend's arrival counters ([`super::ARRIVAL_COUNTERS`] u32, zero between launches).
+    pub counters: u64,
 }
 
 impl Launcher<'_> {

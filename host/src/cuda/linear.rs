@@ -12,7 +12,10 @@
 //! (64 × 64) below. When the tiles of `matmul_mma_*` / `matmul_big_*` give fewer blocks than
 //! multiprocessors (few rows: a 64-token prefill), `k` is split ([`SplitPolicy`]) into
 //! slices summed by separate blocks into a workspace, and `linear_split_reduce_f32` adds the
-//! slices and applies the epilogue (split-K; deterministic, no atomics). The f16 tensor-core
+//! slices and applies the epilogue (split-K; deterministic, no atomics). The few-row kernel
+//! splits `k` too when its column blocks leave multiprocessors idle ([`skinny_slices`]), and
+//! merges the slices inside the launch (the last slice of a column block to finish adds them
+//! in slice order: deterministic, one arrival counter per column block). The f16 tensor-core
 //! kernels scale each activation row by an exact power of two first ([`row_scales`]), so no
 //! activation overflows f16 whatever its size.
 //! Block-quantized weights go to `qlinear.rs`.
@@ -22,7 +25,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use crate::kernels::Arch;
-use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
+use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SkinnyParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
@@ -87,8 +90,9 @@ pub enum LinearAlgo {
     /// slices (1: no split).
     Mma(u32, u32, u32),
     /// `matmul_skinny_*`: tensor cores for at most this many rows (16 or 32; compute_80,
-    /// f16/bf16 weights, `k % 8 == 0`), every weight read once (batched decode).
-    Skinny(u32),
+    /// f16/bf16 weights, `k % 8 == 0`), every weight read once (batched decode), and `k` split
+    /// into this many slices (1: no split; see [`skinny_slices`]).
+    Skinny(u32, u32),
 }
 
 impl LinearAlgo {
@@ -100,7 +104,7 @@ impl LinearAlgo {
             LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
             LinearAlgo::Big(s) => Kernel::matmul_big(dtype, s > 1),
             LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1),
-            LinearAlgo::Skinny(rows) => Kernel::matmul_skinny(dtype, rows),
+            LinearAlgo::Skinny(rows, _) => Kernel::matmul_skinny(dtype, rows),
         }
     }
 
@@ -115,7 +119,7 @@ impl LinearAlgo {
     /// tensor-core tile is the largest that still gives every multiprocessor a block.
     pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
         if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
-            return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16));
+            return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16), skinny_slices(n, k, sms));
         }
         if m > GEMV_MAX_ROWS {
             if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
@@ -156,6 +160,25 @@ pub fn split_slices(blocks: usize, k: usize, bk: usize, sms: u32, policy: SplitP
     let by_depth = (k / policy.min_k.max(bk)).max(1);
     ceil_div(want, blocks).min(by_depth).min(split_reduce_tile::MAX_SLICES as usize).max(1) as u32
 }
+
+/// Split-K slices for `matmul_skinny_*` over `n` columns and `k` inputs: as many as fit beside
+/// the column blocks in one wave (the kernel holds one block per multiprocessor), each slice
+/// at least [`SKINNY_MIN_K`] deep. 2048 columns are 64 blocks: 2 slices on 132
+/// multiprocessors; 4096 and more take none.
+pub fn skinny_slices(n: usize, k: usize, sms: u32) -> u32 {
+    // `QWEN3_VL_SKINNY_SPLIT=0`: never split (an A/B aid for benchmarks; read once)
+    static SPLIT: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_SKINNY_SPLIT");
+    if !SPLIT.on() {
+        return 1;
+    }
+    let blocks = ceil_div(n, 8 * skinny_tile::NT).max(1);
+    let fit = sms as usize / blocks;
+    fit.min(k / SKINNY_MIN_K).min(split_reduce_tile::MAX_SLICES as usize).max(1) as u32
+}
+
+/// The shallowest `k` slice [`skinny_slices`] cuts: every warp of the block still gets a
+/// 32-wide block of each of its `UNROLL` loads.
+pub const SKINNY_MIN_K: usize = 32 * skinny_tile::WARPS as usize * skinny_tile::UNROLL;
 
 /// The `k` elements per slice when `k` is cut into `slices` (a multiple of the stage depth
 /// `bk`), and the number of non-empty slices that gives.
@@ -239,16 +262,16 @@ pub fn linear(
     if norm.is_some() && algo != LinearAlgo::GemvVec {
         return Err(Error::Limit { op: kernel.name(), msg: "only the vector GEMV fuses an RMSNorm".into() });
     }
-    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..) | LinearAlgo::Skinny(_));
+    let tiled = matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..) | LinearAlgo::Skinny(..));
     if act != ACT_NONE && !tiled {
         return Err(Error::Limit { op: kernel.name(), msg: "only the tiled kernels fuse an activation".into() });
     }
-    if let LinearAlgo::Skinny(rows) = algo {
+    if let LinearAlgo::Skinny(rows, _) = algo {
         if m > rows as usize {
             return Err(Error::Limit { op: kernel.name(), msg: format!("{} rows, at most {}", m, rows) });
         }
     }
-    if matches!(algo, LinearAlgo::Mma(..) | LinearAlgo::Skinny(_)) && !LinearAlgo::vector_rows(k, wdtype) {
+    if matches!(algo, LinearAlgo::Mma(..) | LinearAlgo::Skinny(..)) && !LinearAlgo::vector_rows(k, wdtype) {
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte weight rows (k = {} of {})", k, wdtype) });
     }
     let (norm_addr, eps, shared) = norm_fields(kernel, norm, m, k)?;
@@ -276,7 +299,7 @@ pub fn linear(
 /// (`LinearParams::row_scale`): the f16 tensor-core kernels, whose operands cannot hold
 /// activations past 65504.
 fn needs_row_scale(algo: LinearAlgo, dtype: DType) -> bool {
-    matches!(algo, LinearAlgo::Mma(..) | LinearAlgo::Skinny(_)) && dtype == DType::F16
+    matches!(algo, LinearAlgo::Mma(..) | LinearAlgo::Skinny(..)) && dtype == DType::F16
 }
 
 /// `out[r]` = the exact power of two that brings row `r` of `a` `[m, k]` (row stride `k`) into
@@ -307,7 +330,8 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
     let (depth, slices) = match algo {
         LinearAlgo::Big(s) if s > 1 => slice_depth(k, s, matmul_big_tile::BK as usize),
         LinearAlgo::Mma(_, _, s) if s > 1 => slice_depth(k, s, mma_tile::BK as usize),
-        LinearAlgo::Big(0) | LinearAlgo::Mma(_, _, 0) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs at least one slice".into() }),
+        LinearAlgo::Skinny(_, s) if s > 1 => slice_depth(k, s, 32),
+        LinearAlgo::Big(0) | LinearAlgo::Mma(_, _, 0) | LinearAlgo::Skinny(_, 0) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs at least one slice".into() }),
         _ => (0, 1),
     };
     if slices > split_reduce_tile::MAX_SLICES {
@@ -323,6 +347,19 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
     };
     if m == 0 || n == 0 {
         return Ok(());
+    }
+    if let LinearAlgo::Skinny(..) = algo {
+        // split-K merges inside the launch: the last slice of each column block adds them
+        let blocks = ceil_div(n, 8 * skinny_tile::NT);
+        if part.is_some() && blocks > super::ARRIVAL_COUNTERS {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("{} column blocks split, at most {}", blocks, super::ARRIVAL_COUNTERS) });
+        }
+        let sp = match part {
+            Some(ws) => SkinnyParams { lin: LinearParams { k_split: fits_u32(kernel, "k", depth)?, ..*p }, part: ws.addr(), counters: l.counters },
+            None => SkinnyParams { lin: *p, part: 0, counters: 0 },
+        };
+        let grid = [grid_dim(kernel, "x", blocks, MAX_GRID_X)?, 1, slices];
+        return l.launch_shared(kernel, grid, skinny_tile::THREADS, shared, &sp);
     }
     // the slices write raw sums into the workspace; the reduce adds them through the epilogue
     let main = match part {
@@ -350,7 +387,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
             [grid_dim(kernel, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, slices],
             mma_tile::THREADS,
         ),
-        LinearAlgo::Skinny(_) => ([grid_dim(kernel, "x", ceil_div(n, 8 * skinny_tile::NT), MAX_GRID_X)?, 1, 1], skinny_tile::THREADS),
+        LinearAlgo::Skinny(..) => unreachable!("launched above"),
     };
     l.launch_shared(kernel, grid, block, shared, &main)?;
     if let Some(ws) = part {
@@ -479,7 +516,7 @@ impl CudaBackend {
         };
         let out = self.output(m * n)?;
         let slices = match algo {
-            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) if s > 1 => s as usize,
+            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) | LinearAlgo::Skinny(_, s) if s > 1 => s as usize,
             _ => 0,
         };
         let ws = if slices > 0 { Some(self.output(slices * m * n)?) } else { None };
@@ -518,7 +555,7 @@ impl CudaBackend {
         }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let algo = self.pick_linear(m, n, k, w.dtype());
-        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..) | LinearAlgo::Skinny(_)) {
+        if !matches!(algo, LinearAlgo::Tiled | LinearAlgo::Big(_) | LinearAlgo::Mma(..) | LinearAlgo::Skinny(..)) {
             // decode-sized inputs: the product, then the activation
             return self.gelu_op(&self.linear_op(a, w, bias, None)?, kind);
         }
@@ -543,7 +580,7 @@ impl CudaBackend {
         let fused = algo == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
             let x = &self.rms_normed(x, norm)?;
-            if let LinearAlgo::Skinny(rows) = algo {
+            if let LinearAlgo::Skinny(rows, _) = algo {
                 // a batched decode step: one few-row kernel for both products
                 let l = self.enter()?;
                 let xb = self.buffer(OP, x)?;
@@ -596,5 +633,19 @@ mod tests {
                 assert!(depth * n as usize >= k && depth * (n as usize - 1) < k, "k {} s {}: depth {} × {}", k, s, depth, n);
             }
         }
+    }
+
+    #[test]
+    fn the_few_row_kernel_splits_narrow_layers_only() {
+        // o_proj and down_proj of the 2B (2048 columns: 64 blocks): two slices on an H100
+        assert_eq!(skinny_slices(2048, 2048, 132), 2);
+        assert_eq!(skinny_slices(2048, 6144, 132), 2);
+        // qkv (4096 columns) and wider fill the device alone
+        assert_eq!(skinny_slices(4096, 2048, 132), 1);
+        assert_eq!(skinny_slices(151_936, 2048, 132), 1);
+        // slices stay at least SKINNY_MIN_K deep; a small device splits less
+        assert_eq!(skinny_slices(130, 256, 132), 1);
+        assert_eq!(skinny_slices(130, 1024, 132), 1024 / SKINNY_MIN_K as u32);
+        assert_eq!(skinny_slices(2048, 2048, 28), 1);
     }
 }

@@ -38,8 +38,9 @@ pub struct CudaBackend {
     // Field order is drop order: stream and kernels go before the context.
     stream: Stream,
     kernels: Kernels,
-    /// Arrival counters of split-KV attention: zero between launches (each launch resets the
-    /// ones it uses), so recorded steps can replay them. Dropped before the pool.
+    /// Arrival counters of split-KV attention and split-K few-row linears: zero between launches
+    /// (each launch resets the ones it uses), so recorded steps can replay them. Dropped before
+    /// the pool.
     counters: DeviceBuffer,
     /// One u32, zero until a kernel writes an f16 K/V row scale other than 1 (sticky): the
     /// tensor-core flash kernels take their scaled path only after that (see
@@ -57,8 +58,9 @@ pub struct CudaBackend {
     poison: AtomicBool,
 }
 
-/// Arrival counters kept for split-KV attention (one per KV head and query block).
-pub(crate) const ATTENTION_COUNTERS: usize = 1 << 16;
+/// Arrival counters kept for split-KV attention (one per KV head and query block) and split-K
+/// few-row linears (one per column block).
+pub(crate) const ARRIVAL_COUNTERS: usize = 1 << 16;
 
 // SAFETY: the driver API is thread-safe; every entry point makes the (primary) context current
 // on the calling thread before using the module or stream.
@@ -82,8 +84,8 @@ impl CudaBackend {
         let (kernels, kernels_reason) = Kernels::load(ptx, kernels, cc, &name)?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| Error::Unavailable(format!("cannot create a stream: {}", e)))?;
         let pool = Pool::new(ctx.clone());
-        let counters = pool.alloc(ATTENTION_COUNTERS * 4)?;
-        unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ATTENTION_COUNTERS) }.ok_or_cuda("cuMemsetD32 (attention counters)")?;
+        let counters = pool.alloc(ARRIVAL_COUNTERS * 4)?;
+        unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ARRIVAL_COUNTERS) }.ok_or_cuda("cuMemsetD32 (arrival counters)")?;
         let kv_flag = pool.alloc(4)?;
         unsafe { cust::sys::cuMemsetD32_v2(kv_flag.addr(), 0, 1) }.ok_or_cuda("cuMemsetD32 (KV scale flag)")?;
         Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false) })
@@ -111,7 +113,7 @@ impl CudaBackend {
 
     fn enter(&self) -> Result<Launcher<'_>> {
         CurrentContext::set_current(&self.ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner(), kv_flag: self.kv_flag.addr() })
+        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner(), kv_flag: self.kv_flag.addr(), counters: self.counters.addr() })
     }
 
     fn buffer<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t DeviceBuffer> {

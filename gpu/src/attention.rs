@@ -45,7 +45,7 @@
 //! every thread reaches both block barriers.
 
 use crate::math::{OnlineSoftmax, F16};
-use crate::mem::{atomic_inc, fence_device, ld_cg, ld_f32x4, F32x4, KvElem, KvVec8};
+use crate::mem::{last_to_arrive, ld_cg, ld_f32x4, F32x4, KvElem, KvVec8};
 use crate::params::attention_tile::{MAX_PER_LANE, WARPS};
 use crate::params::attn_split_tile::{MAX_D, MAX_QV, MAX_SPLITS, MIN_KEYS, WARPS as SPLIT_WARPS};
 use crate::params::{AttentionParams, SplitAttnParams, CURSOR_FIELDS, CURSOR_ROW};
@@ -412,16 +412,8 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize,
         return;
     }
     // 4. the last active block of this group to arrive merges every chunk's state into the output
-    let last = shared_array![u32; 1];
     let counter = (p.counters as *mut u32).add(g * thread::grid_dim_z() as usize + thread::block_idx_z() as usize);
-    fence_device();
-    thread::sync_threads();
-    if tid == 0 {
-        *last = (atomic_inc(counter) as usize == active - 1) as u32;
-    }
-    thread::sync_threads();
-    if *last != 0 {
-        fence_device();
+    if last_to_arrive(counter, active) {
         merge_chunks(p, g, v0, qvs, active, tid);
         if tid == 0 {
             *counter = 0;

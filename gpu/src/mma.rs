@@ -475,7 +475,7 @@ pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
 // on entry (the launcher's arrival counters; the merging block resets it).
 // ---------------------------------------------------------------------------------------------
 
-use crate::mem::{atomic_inc, fence_device, ld_cg, ld_nc_v4};
+use crate::mem::{last_to_arrive, ld_cg, ld_nc_v4};
 use crate::params::skinny_tile::{NT as SKINNY_NT, UNROLL as SKINNY_UNROLL, WARPS as SKINNY_WARPS};
 
 #[inline(always)]
@@ -500,17 +500,9 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
     }
     // the last slice of this column block to arrive adds every slice's sums, in slice order
     let tid = thread::thread_idx_x() as usize;
-    let last = shared_array![u32; 1];
     let counter = (sp.counters as *mut u32).add(thread::block_idx_x() as usize);
     let slices = thread::grid_dim_z() as usize;
-    fence_device();
-    thread::sync_threads();
-    if tid == 0 {
-        *last = (atomic_inc(counter) as usize == slices - 1) as u32;
-    }
-    thread::sync_threads();
-    if *last != 0 {
-        fence_device();
+    if last_to_arrive(counter, slices) {
         let cols = 8 * NT;
         let col0 = thread::block_idx_x() as usize * cols;
         let mut i = tid;

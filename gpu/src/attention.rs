@@ -415,9 +415,6 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize,
     let counter = (p.counters as *mut u32).add(g * thread::grid_dim_z() as usize + thread::block_idx_z() as usize);
     if last_to_arrive(counter, active) {
         merge_chunks(p, g, v0, qvs, active, tid);
-        if tid == 0 {
-            *counter = 0;
-        }
     }
 }
 

@@ -67,16 +67,20 @@ pub unsafe fn fence_device() {
 
 /// Whether this block is the last of `blocks` blocks to arrive at `counter` (a u32 in global
 /// memory, zero before the first of them arrives). Every thread's earlier global writes are
-/// fenced first, so the last block sees them all (through L2: [`ld_cg`]); the last block puts
-/// the counter back to zero when it is done. Every thread of the block must call it (it has
-/// barriers).
+/// fenced first, so the last block sees them all (through L2: [`ld_cg`]). The last block puts
+/// the counter back to zero at once (every block has arrived, and the next launch that uses it
+/// starts after this one ends). Every thread of the block must call it (it has barriers).
 #[inline(always)]
 pub unsafe fn last_to_arrive(counter: *mut u32, blocks: usize) -> bool {
     let last = cuda_std::shared_array![u32; 1];
     fence_device();
     cuda_std::thread::sync_threads();
     if cuda_std::thread::thread_idx_x() == 0 {
-        *last = (atomic_inc(counter) as usize == blocks - 1) as u32;
+        let is_last = atomic_inc(counter) as usize == blocks - 1;
+        if is_last {
+            *counter = 0;
+        }
+        *last = is_last as u32;
     }
     cuda_std::thread::sync_threads();
     let is_last = *last != 0;

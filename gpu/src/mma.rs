@@ -446,8 +446,9 @@ pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
 //
 // Parameters: [`SkinnyParams`]: its `lin` as for `matmul_mma_*` (`k % 8 == 0`; f16 weights
 // take the row scales; split-K by `k_split`, a multiple of 32, slices over grid z, the sums
-// merged by the last slice of each column block, no separate reduce), `m <= 16 · MT` (MT 1 or 2: a 64-row variant measured slower than the
-// 64 × 64 `matmul_mma` tile on the H100, its A fragments reloaded four times per weight load).
+// merged by the last slice of each column block, no separate reduce), `m <= 16 · MT` (MT 1
+// or 2: a 64-row variant measured slower than the 64 × 64 `matmul_mma` tile on the H100, its
+// A fragments reloaded four times per weight load).
 //
 // Tiling: a block owns `8 · SKINNY_NT` output columns and all `m` rows (`MT` m16 tiles) over
 // its z-slice of `k` (all of it without split-K: the launcher splits only when the columns
@@ -516,9 +517,6 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
                 *c.add(r * ldc + col) = crate::matmul::finish(&p, v, r, col);
             }
             i += thread::block_dim_x() as usize;
-        }
-        if tid == 0 {
-            *counter = 0;
         }
     }
 }

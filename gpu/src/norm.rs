@@ -7,8 +7,9 @@
 //! # Thread mapping
 //! One block of `ROW_THREADS` (256) per row, grid = `rows`. Threads stride over the row
 //! (RMSNorm: in 16-byte vectors when the row length is a multiple of 4 and the rows and weight
-//! are 16-byte aligned, `UNROLL` loads in flight per thread) accumulating sums (LayerNorm: two passes, mean then centred squares), reduce with warp
-//! shuffles and a 32-float shared scratch, then scale.
+//! are 16-byte aligned, `UNROLL` loads in flight per thread) accumulating sums (LayerNorm: two
+//! passes, mean then centred squares), reduce with warp shuffles and a 32-float shared
+//! scratch, then scale.
 //!
 //! # Safety
 //! The launcher validates sizes. All threads reach the barriers inside `block_sum`.

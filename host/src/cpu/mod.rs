@@ -1,5 +1,5 @@
-//! The pure-Rust CPU backend: multithreaded (its own spinning fork-join [`Pool`]), f32 activations, weights read
-//! in their stored dtype. It is also the reference the CUDA backend is tested against.
+//! The pure-Rust CPU backend: multithreaded (its own fork-join [`Pool`]), f32 activations,
+//! weights read in their stored dtype. It is also the reference the CUDA backend is tested against.
 
 mod attention;
 mod elementwise;

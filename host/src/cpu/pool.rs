@@ -152,28 +152,27 @@ impl Shared {
     /// Runs `tasks` tasks of `body` on this thread and the workers; returns when all are done.
     /// A panic in any task is resumed here once no worker touches the job any more.
     fn run(&self, tasks: usize, body: &Body<'_>) {
-        let sh = self;
-        let _one = sh.submit.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.submit.lock().unwrap_or_else(|e| e.into_inner());
         let job = JobRef { body };
         // SAFETY (lifetime erasure): workers dereference the pointer only while they hold an
         // unfinished task of this job, and this function returns only after every task is
         // claimed and `active` is 0, so no worker uses `job` after it is dropped.
-        sh.job.store(&job as *const JobRef<'_> as *mut JobRef<'static>, Ordering::Release);
-        let gen = (gen_of(sh.state.load(Ordering::Relaxed)) + 1) & ((1 << (64 - 2 * IDX_BITS)) - 1);
-        sh.state.store(gen << (2 * IDX_BITS) | (tasks as u64) << IDX_BITS, Ordering::SeqCst);
-        if sh.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = sh.sleep.lock().unwrap_or_else(|e| e.into_inner());
-            sh.wake.notify_all();
+        self.job.store(&job as *const JobRef<'_> as *mut JobRef<'static>, Ordering::Release);
+        let gen = (gen_of(self.state.load(Ordering::Relaxed)) + 1) & ((1 << (64 - 2 * IDX_BITS)) - 1);
+        self.state.store(gen << (2 * IDX_BITS) | (tasks as u64) << IDX_BITS, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_all();
         }
-        let claims = Claims { first: Cell::new(None), source: Source::Pool { shared: sh, gen } };
+        let claims = Claims { first: Cell::new(None), source: Source::Pool { shared: self, gen } };
         let mine = in_task(|| catch_unwind(AssertUnwindSafe(|| body(&claims))));
         // every task is claimed once this thread's last claim failed; after a panic here the
         // rest are dropped. Then wait until no worker runs one.
         if mine.is_err() {
-            while sh.claim(gen).is_some() {}
+            while self.claim(gen).is_some() {}
         }
         let mut polls = 0u32;
-        while sh.active.load(Ordering::SeqCst) != 0 {
+        while self.active.load(Ordering::SeqCst) != 0 {
             polls = polls.wrapping_add(1);
             if polls < PAUSES {
                 std::hint::spin_loop();
@@ -181,7 +180,7 @@ impl Shared {
                 std::thread::yield_now();
             }
         }
-        let theirs = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let theirs = self.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Err(p) = mine {
             resume_unwind(p);
         }
@@ -226,11 +225,16 @@ thread_local! {
     static IN_TASK: Cell<bool> = Cell::new(false);
 }
 
+/// Runs `f` with [`IN_TASK`] set, restoring it afterwards (also when `f` panics).
 fn in_task<R>(f: impl FnOnce() -> R) -> R {
-    let was = IN_TASK.with(|c| c.replace(true));
-    let r = f();
-    IN_TASK.with(|c| c.set(was));
-    r
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_TASK.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_TASK.with(|c| c.replace(true)));
+    f()
 }
 
 impl Pool {
@@ -293,23 +297,20 @@ impl Drop for Pool {
 /// (outside a pool, inside a task, one task or one thread).
 fn dispatch(tasks: usize, body: &Body<'_>) {
     assert!(tasks <= MAX_TASKS, "cpu pool: {} tasks in one job (at most {})", tasks, MAX_TASKS);
-    let cur = CURRENT.with(|c| c.get());
-    let nested = IN_TASK.with(|c| c.get());
     if tasks == 0 {
         return;
     }
-    if cur.is_null() || nested || tasks == 1 {
-        let claims = Claims { first: Cell::new(None), source: Source::Serial { next: Cell::new(0), tasks } };
-        return in_task(|| body(&claims));
-    }
+    let cur = CURRENT.with(|c| c.get());
     // SAFETY: `CURRENT` is set only by `Pool::install`, which keeps its pool alive (it
     // borrows it) and restores the previous value before returning.
-    let shared = unsafe { &*cur };
-    if shared.threads == 1 {
-        let claims = Claims { first: Cell::new(None), source: Source::Serial { next: Cell::new(0), tasks } };
-        return in_task(|| body(&claims));
+    let shared = if cur.is_null() { None } else { Some(unsafe { &*cur }) };
+    match shared {
+        Some(sh) if sh.threads > 1 && tasks > 1 && !IN_TASK.with(|c| c.get()) => sh.run(tasks, body),
+        _ => {
+            let claims = Claims { first: Cell::new(None), source: Source::Serial { next: Cell::new(0), tasks } };
+            in_task(|| body(&claims))
+        }
     }
-    shared.run(tasks, body);
 }
 
 /// Threads of the pool this thread runs in (1 outside any pool).
@@ -325,11 +326,7 @@ pub fn threads() -> usize {
 
 /// `f(i)` for every `i` in `0..tasks`, in parallel.
 pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
-    dispatch(tasks, &|c: &Claims<'_>| {
-        while let Some(i) = c.next() {
-            f(i)
-        }
-    });
+    for_each_init(tasks, || (), |_, i| f(i));
 }
 
 /// `f(&mut state, i)` for every `i` in `0..tasks`, in parallel; each thread that takes part
@@ -449,6 +446,9 @@ mod tests {
             let r = catch_unwind(AssertUnwindSafe(|| pool.install(|| for_each(16, |i| assert!(i != 11, "task 11")))));
             assert!(r.is_err());
         }
+        // a panic on the serial path (one task) leaves the thread able to submit again
+        let r = catch_unwind(AssertUnwindSafe(|| pool.install(|| for_each(1, |_| panic!("alone")))));
+        assert!(r.is_err() && !IN_TASK.with(|c| c.get()));
         let n = AtomicUsize::new(0);
         pool.install(|| for_each(100, |_| {
             n.fetch_add(1, Ordering::Relaxed);

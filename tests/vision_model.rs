@@ -52,7 +52,7 @@ fn multimodal_positions_match_get_rope_index() {
     let model = load(&*common::cpu());
     for name in CASES {
         let c = case(name);
-        let (pos, next) = multimodal_positions(&u32s(&c["input_ids"]), model.config.image_token_id, &grids(&c), 2, 0).unwrap();
+        let (pos, next) = multimodal_positions(&u32s(&c["input_ids"]), model.config.vision_tokens(), &grids(&c), 2, 0).unwrap();
         let want: Vec<Vec<u32>> = c["position_ids"].as_array().unwrap().iter().map(u32s).collect();
         for (i, p) in pos.iter().enumerate() {
             assert_eq!(*p, [want[0][i], want[1][i], want[2][i]], "{} token {}", name, i);

@@ -32,6 +32,8 @@ pub enum Error {
     Tokenizer { msg: String },
     /// An image that cannot be read or decoded.
     Image { file: String, msg: String },
+    /// A video that cannot be read, decoded or sampled (or the tool that decodes it is missing).
+    Video { file: String, msg: String },
     /// A prompt (plus the tokens to generate) longer than the model's context.
     Context { tokens: usize, limit: usize, msg: String },
 }
@@ -77,6 +79,7 @@ impl fmt::Display for Error {
             Error::Checkpoint { file, tensor, msg } => write!(f, "{}: tensor '{}': {}", file, tensor, msg),
             Error::Tokenizer { msg } => write!(f, "tokenizer: {}", msg),
             Error::Image { file, msg } => write!(f, "{}: {}", file, msg),
+            Error::Video { file, msg } => write!(f, "{}: {}", file, msg),
             Error::Context { tokens, limit, msg } => write!(f, "{} tokens exceed the context limit of {} ({})", tokens, limit, msg),
         }
     }

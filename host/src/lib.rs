@@ -15,6 +15,7 @@ pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod image;
+pub mod video;
 mod dtype;
 mod error;
 pub mod kernels;

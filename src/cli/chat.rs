@@ -2,18 +2,20 @@
 //!
 //! Turns are fed onto the KV cache of the previous ones. When a new turn (plus room for the
 //! reply) does not fit the context, the oldest turns are dropped, with a note, and the rest of
-//! the conversation is fed again. Images come with `-i` (first message) or `/image PATH`
+//! the conversation is fed again. Images come with `-i` (first message) or `/image PATH`,
+//! videos with `--video` or `/video PATH`
 //! (next message). Ctrl-C stops the reply being written; the conversation goes on.
 
 use super::generate::{stream_reply, summary};
-use super::load::{prepare_images, stop_ids, CliResult, Loaded, ModelArgs, Prepared, SamplingArgs};
+use super::load::{prepare_images, prepare_video, stop_ids, CliResult, ImageArgs, Loaded, ModelArgs, Prepared, SamplingArgs, VideoOpts};
+use qwen3_vl::video::{VideoConfig, VideoLimits};
 use super::logger::quiet;
 use super::ranges;
 use qwen3_vl::generate::chat::{render_turn, Message, GENERATION_PROMPT};
 use qwen3_vl::generate::{Sampler, Session, Stop};
 use qwen3_vl::signals;
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct ChatArgs {
@@ -28,6 +30,15 @@ pub struct ChatArgs {
     /// Resize images above this many pixels down (default from preprocessor_config.json).
     #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     max_pixels: Option<usize>,
+    /// A video (animated GIF; MP4, WebM, MOV and the rest through ffmpeg) for the first
+    /// message; repeat for several. Images and videos go in the order given.
+    #[clap(long = "video")]
+    pub videos: Vec<PathBuf>,
+    #[clap(flatten)]
+    video: VideoOpts,
+    /// Whether each attachment, in command-line order, is a video (set after parsing).
+    #[clap(skip)]
+    pub order: Vec<bool>,
     /// Most tokens per reply (1 to 16777216).
     #[clap(long, default_value = "512", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_tokens: usize,
@@ -40,6 +51,7 @@ pub struct ChatArgs {
 
 const HELP: &str = "commands:
   /image PATH   attach an image (JPEG, PNG, WebP) to your next message
+  /video PATH   attach a video (GIF; MP4, WebM, MOV, ... through ffmpeg) to your next message
   /reset        start a new conversation
   /help         this list
   /exit, /quit  leave (Ctrl-D too)
@@ -88,13 +100,13 @@ impl<'a> Chat<'a> {
         let mut all = Prepared::default();
         for t in &self.turns[first..] {
             let mut m = Message::user(&t.user);
-            m.image_tokens = t.images.tokens.clone();
+            m.media = t.images.media.clone();
             text.push_str(&render_turn(&m));
             text.push_str(&render_turn(&Message::assistant(&t.reply)));
             all.extend(&t.images);
         }
         let mut m = Message::user(user);
-        m.image_tokens = images.tokens.clone();
+        m.media = images.media.clone();
         text.push_str(&render_turn(&m));
         text.push_str(GENERATION_PROMPT);
         all.extend(images);
@@ -105,7 +117,7 @@ impl<'a> Chat<'a> {
     fn turn(&mut self, user: &str) -> CliResult<()> {
         let images = std::mem::take(&mut self.attached);
         let mut m = Message::user(user);
-        m.image_tokens = images.tokens.clone();
+        m.media = images.media.clone();
         // 1. on top of the conversation so far, if the reply has room
         let mut prompt = self.l.tokenizer.encode(&format!("{}{}{}", self.pending, render_turn(&m), GENERATION_PROMPT));
         let mut rebuilt_images: Option<Prepared> = None;
@@ -172,7 +184,18 @@ impl<'a> Chat<'a> {
     fn attach(&mut self, path: &str, base: &qwen3_vl::image::PreprocessConfig, max_pixels: Option<usize>) {
         match prepare_images(&[PathBuf::from(path)], base, max_pixels) {
             Ok(p) => {
-                eprintln!("(attached {}: {} image tokens; it goes with your next message)", path, p.tokens[0]);
+                eprintln!("(attached {}: {} image tokens; it goes with your next message)", path, p.tokens());
+                self.attached.extend(&p);
+            }
+            Err(e) => eprintln!("(not attached: {})", e),
+        }
+    }
+
+    /// `/video PATH`: decode and sample now, send with the next message.
+    fn attach_video(&mut self, path: &str, cfg: &VideoConfig, limits: &VideoLimits) {
+        match prepare_video(Path::new(path), cfg, limits) {
+            Ok(p) => {
+                eprintln!("(attached {}: {} video tokens; it goes with your next message)", path, p.tokens());
                 self.attached.extend(&p);
             }
             Err(e) => eprintln!("(not attached: {})", e),
@@ -186,9 +209,12 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     let checked = a.model.check()?;
     let capacity = a.context.min(checked.config.text.max_position_embeddings);
     let preprocess = checked.preprocess.clone();
-    let first_images = prepare_images(&a.images, &preprocess, a.max_pixels)?;
+    let video_cfg = a.video.config(&checked.video)?;
+    let video_limits = a.video.limits();
+    let first = ImageArgs { images: a.images.clone(), max_pixels: a.max_pixels, videos: a.videos.clone(), video: a.video.clone(), order: a.order.clone() };
+    let first_images = first.prepare(&preprocess, &checked.video)?;
     let system_tokens = a.system.as_deref().map_or(0, |s| checked.tokenizer.encode(&render_turn(&Message::system(s))).len());
-    let needed = system_tokens + first_images.tokens.iter().sum::<usize>() + 8;
+    let needed = system_tokens + first_images.tokens() + 8;
     if needed > capacity {
         return Err(format!("the system message and images need about {} tokens, more than the context of {} (raise --context)", needed, capacity).into());
     }
@@ -241,6 +267,8 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
             }
             "/image" if arg.is_empty() => eprintln!("(usage: /image PATH)"),
             "/image" => chat.attach(arg, &preprocess, a.max_pixels),
+            "/video" if arg.is_empty() => eprintln!("(usage: /video PATH)"),
+            "/video" => chat.attach_video(arg, &video_cfg, &video_limits),
             c if c.starts_with('/') && !c.starts_with("//") => eprintln!("(unknown command {}; /help lists the commands)", c),
             _ => {
                 let text = line.strip_prefix("//").map(|rest| format!("/{}", rest)).unwrap_or_else(|| line.to_string());

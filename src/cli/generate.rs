@@ -16,7 +16,7 @@ pub struct GenerateArgs {
     #[clap(flatten)]
     prompt: PromptArgs,
     #[clap(flatten)]
-    images: ImageArgs,
+    pub images: ImageArgs,
     /// An optional system message.
     #[clap(long)]
     system: Option<String>,
@@ -98,9 +98,9 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     let text = a.prompt.read()?;
     let checked = a.model.check()?;
     let t_checked = Instant::now();
-    let prepared = a.images.prepare(&checked.preprocess)?;
+    let prepared = a.images.prepare(&checked.preprocess, &checked.video)?;
     if a.raw && !prepared.grids.is_empty() {
-        return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
+        return Err("--raw takes no --image or --video: write the placeholders yourself without --raw".into());
     }
     let text = if a.raw {
         text
@@ -110,7 +110,7 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
             msgs.push(Message::system(s));
         }
         let mut user = Message::user(&text);
-        user.image_tokens = prepared.tokens.clone();
+        user.media = prepared.media.clone();
         msgs.push(user);
         render(&msgs, true)
     };
@@ -121,7 +121,7 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     }
     let t_inputs = Instant::now();
     // 2. the weights
-    let image_tokens: usize = prepared.tokens.iter().sum();
+    let image_tokens = prepared.tokens();
     let l = a.model.load(checked, prompt.len() + a.max_tokens, Some(image_tokens).filter(|&n| n > 0))?;
     let t_loaded = Instant::now();
     // 3. the reply

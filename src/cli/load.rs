@@ -6,12 +6,14 @@ use super::logger::quiet;
 use super::{ranges, DeviceArgs};
 use qwen3_vl::generate::SamplingParams;
 use qwen3_vl::generation_config::GenerationDefaults;
+use qwen3_vl::generate::chat::{Media, VideoPrompt};
 use qwen3_vl::image::PreprocessConfig;
+use qwen3_vl::video::{VideoConfig, VideoLimits};
 use qwen3_vl::model::placement::human;
 use qwen3_vl::model::{Config, LoadQuant, Mix, Model, ModelFiles, Offload, Opened, Placement};
 use qwen3_vl::{Backend, DeviceKind, Tokenizer};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,6 +59,9 @@ pub struct Checked {
     /// Image preprocessing before `--max-pixels`: the directory's preprocessor_config.json,
     /// else a GGUF mmproj's metadata, else Qwen3-VL's defaults.
     pub preprocess: PreprocessConfig,
+    /// Video processing: the directory's video_preprocessor_config.json, else Qwen3-VL's
+    /// defaults.
+    pub video: VideoConfig,
     /// The directory of the model's side files.
     pub dir: PathBuf,
 }
@@ -172,6 +177,8 @@ impl ModelArgs {
             }
         }
         let preprocess = qwen3_vl::server::images::preprocess_config_or(&dir, opened.preprocess.as_ref(), None)?;
+        let video_path = dir.join("video_preprocessor_config.json");
+        let video = if video_path.exists() { VideoConfig::from_file(&video_path)? } else { VideoConfig::qwen3_vl_default() };
         let defaults = GenerationDefaults::from_dir(&dir)?;
         for w in &defaults.warnings {
             log::warn!("{}", w);
@@ -187,7 +194,7 @@ impl ModelArgs {
             tokenizer.vocab_size(),
             if defaults.found { "read" } else { "absent (greedy defaults)" }
         );
-        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, dir })
+        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, video, dir })
     }
 
     /// Step 2: the backend and the weights, placed for sessions of up to `context` tokens.
@@ -278,7 +285,7 @@ impl PromptArgs {
     }
 }
 
-/// Images attached to the user's message.
+/// Images and videos attached to the user's message.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ImageArgs {
     /// An image (JPEG, PNG or WebP) to ask about; repeat for several, they come before the text.
@@ -288,15 +295,71 @@ pub struct ImageArgs {
     /// preprocessor_config.json).
     #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     pub max_pixels: Option<usize>,
+    /// A video to ask about (animated GIF natively; MP4, WebM, MOV and the rest through
+    /// ffmpeg); repeat for several. Images and videos go in the order given.
+    #[clap(long = "video")]
+    pub videos: Vec<PathBuf>,
+    #[clap(flatten)]
+    pub video: VideoOpts,
+    /// Whether each attachment, in command-line order, is a video (set after parsing from the
+    /// positions of -i and --video; empty: images first).
+    #[clap(skip)]
+    pub order: Vec<bool>,
 }
 
-/// Preprocessed images: concatenated patch rows, per-image grids and placeholder counts.
+/// Video sampling and decoding options (defaults from video_preprocessor_config.json).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct VideoOpts {
+    /// Frames sampled per second of video.
+    #[clap(long, value_parser = ranges::video_fps, allow_hyphen_values = true)]
+    pub video_fps: Option<f64>,
+    /// Most frames sampled from a video.
+    #[clap(long, value_parser = ranges::video_max_frames, allow_hyphen_values = true)]
+    pub video_max_frames: Option<usize>,
+    /// Most pixels over all sampled frames of a video (its frames are resized to share them).
+    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
+    pub video_max_pixels: Option<usize>,
+    /// The ffmpeg executable for videos other than GIF (default: $QWEN3_VL_FFMPEG, else PATH).
+    #[clap(long)]
+    pub ffmpeg: Option<PathBuf>,
+}
+
+impl VideoOpts {
+    /// The model's video processing with these overrides.
+    pub fn config(&self, base: &VideoConfig) -> CliResult<VideoConfig> {
+        let mut c = base.clone();
+        if let Some(f) = self.video_fps {
+            c.fps = f;
+        }
+        if let Some(n) = self.video_max_frames {
+            c.max_frames = n;
+            c.min_frames = c.min_frames.min(n);
+        }
+        if let Some(p) = self.video_max_pixels {
+            let side = c.patch_size * c.merge_size;
+            if p < side * side * c.temporal_patch_size {
+                return Err(format!("--video-max-pixels {} is below one merged patch per frame pair ({})", p, side * side * c.temporal_patch_size).into());
+            }
+            c.max_pixels = p;
+            c.min_pixels = c.min_pixels.min(p);
+        }
+        c.validate().map_err(|m| format!("video settings: {}", m))?;
+        Ok(c)
+    }
+
+    pub fn limits(&self) -> VideoLimits {
+        VideoLimits { ffmpeg: self.ffmpeg.clone(), ..VideoLimits::default() }
+    }
+}
+
+/// Preprocessed images and videos: concatenated patch rows, per-item grids, and the prompt
+/// placeholder of each, in order.
 #[derive(Default)]
 pub struct Prepared {
     pub patches: Vec<f32>,
     pub row_len: usize,
     pub grids: Vec<[usize; 3]>,
-    pub tokens: Vec<usize>,
+    pub media: Vec<Media>,
 }
 
 impl Prepared {
@@ -308,14 +371,19 @@ impl Prepared {
         }
     }
 
-    /// Adds the images of `other` after these.
+    /// Placeholder tokens of every image and video.
+    pub fn tokens(&self) -> usize {
+        self.media.iter().map(Media::tokens).sum()
+    }
+
+    /// Adds the images and videos of `other` after these.
     pub fn extend(&mut self, other: &Prepared) {
         if !other.grids.is_empty() {
             self.row_len = other.row_len;
         }
         self.patches.extend_from_slice(&other.patches);
         self.grids.extend_from_slice(&other.grids);
-        self.tokens.extend_from_slice(&other.tokens);
+        self.media.extend_from_slice(&other.media);
     }
 }
 
@@ -344,17 +412,69 @@ pub fn prepare_images(paths: &[PathBuf], base: &PreprocessConfig, max_pixels: Op
             t0.elapsed().as_secs_f64() * 1e3
         );
         out.row_len = p.row_len;
-        out.tokens.push(p.num_tokens(cfg.merge_size));
+        out.media.push(Media::Image(p.num_tokens(cfg.merge_size)));
         out.grids.push(p.grid_thw);
         out.patches.extend_from_slice(&p.patches);
     }
     Ok(out)
 }
 
+/// Decodes, samples and preprocesses a video file with `cfg`.
+pub fn prepare_video(path: &Path, cfg: &VideoConfig, limits: &VideoLimits) -> CliResult<Prepared> {
+    let t0 = Instant::now();
+    let v = qwen3_vl::video::load_video(path, cfg, limits)?;
+    let p = &v.patches;
+    log::info!(
+        "{}: {}x{}, {} frames at {:.2} fps ({:.1} s) -> {} sampled, {} temporal patches of {}x{} patches, {} video tokens, {:.0} ms",
+        path.display(),
+        v.info.width,
+        v.info.height,
+        v.info.frames,
+        v.info.fps,
+        v.info.duration,
+        v.indices.len(),
+        p.grid_thw[0],
+        p.grid_thw[1],
+        p.grid_thw[2],
+        p.num_tokens(cfg.merge_size),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let media = Media::Video(VideoPrompt { timestamps: p.timestamps.clone(), tokens_per_frame: p.tokens_per_frame(cfg.merge_size) });
+    Ok(Prepared { row_len: p.row_len, grids: vec![p.grid_thw], media: vec![media], patches: v.patches.patches })
+}
+
 impl ImageArgs {
-    pub fn prepare(&self, base: &PreprocessConfig) -> CliResult<Prepared> {
-        prepare_images(&self.images, base, self.max_pixels)
+    /// The images and videos, in command-line order, with the model's image and video
+    /// processing (`base`, `video`).
+    pub fn prepare(&self, base: &PreprocessConfig, video: &VideoConfig) -> CliResult<Prepared> {
+        let order: Vec<bool> = if self.order.len() == self.images.len() + self.videos.len() {
+            self.order.clone()
+        } else {
+            std::iter::repeat(false).take(self.images.len()).chain(std::iter::repeat(true).take(self.videos.len())).collect()
+        };
+        let vcfg = if self.videos.is_empty() { video.clone() } else { self.video.config(video)? };
+        let limits = self.video.limits();
+        let (mut images, mut videos) = (self.images.iter(), self.videos.iter());
+        let mut out = Prepared::default();
+        for is_video in order {
+            let p = if is_video {
+                prepare_video(videos.next().expect("counted"), &vcfg, &limits)?
+            } else {
+                prepare_images(std::slice::from_ref(images.next().expect("counted")), base, self.max_pixels)?
+            };
+            out.extend(&p);
+        }
+        Ok(out)
     }
+}
+
+/// Whether each of `images` and `videos` (argument ids of a subcommand's matches), merged in
+/// command-line order, is a video.
+pub fn media_order(m: &clap::ArgMatches, images: &str, videos: &str) -> Vec<bool> {
+    let idx = |id: &str| -> Vec<usize> { m.indices_of(id).map(|i| i.collect()).unwrap_or_default() };
+    let mut all: Vec<(usize, bool)> = idx(images).into_iter().map(|i| (i, false)).chain(idx(videos).into_iter().map(|i| (i, true))).collect();
+    all.sort_unstable();
+    all.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Token ids that end a reply: `<|im_end|>` and `<|endoftext|>` when the tokenizer has them.

@@ -14,7 +14,7 @@ pub struct LogitsArgs {
     #[clap(flatten)]
     prompt: PromptArgs,
     #[clap(flatten)]
-    images: ImageArgs,
+    pub images: ImageArgs,
     /// Feed the prompt as is, without the chat template.
     #[clap(long)]
     raw: bool,
@@ -52,15 +52,15 @@ fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
     // 1. every input, before the weights
     let text = a.prompt.read()?;
     let checked = a.model.check()?;
-    let prepared = a.images.prepare(&checked.preprocess)?;
+    let prepared = a.images.prepare(&checked.preprocess, &checked.video)?;
     if a.raw && !prepared.grids.is_empty() {
-        return Err("--raw takes no --image: write the <|image_pad|> placeholders yourself without --raw".into());
+        return Err("--raw takes no --image or --video: write the placeholders yourself without --raw".into());
     }
     let text = if a.raw {
         text
     } else {
         let mut user = Message::user(&text);
-        user.image_tokens = prepared.tokens.clone();
+        user.media = prepared.media.clone();
         render(&[user], true)
     };
     let ids = checked.tokenizer.encode(&text);
@@ -69,7 +69,7 @@ fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
         return Err(format!("the prompt is {} tokens, more than the model's context of {}", ids.len(), limit).into());
     }
     // 2. the weights, the forward pass
-    let image_tokens: usize = prepared.tokens.iter().sum();
+    let image_tokens = prepared.tokens();
     let l = a.model.load(checked, ids.len().max(1), Some(image_tokens).filter(|&n| n > 0))?;
     let mut session = Session::with_kv_dtype(&l.model, &*l.backend, ids.len().max(1), l.kv_dtype)?;
     let logits = session.feed_with_images(&ids, prepared.images().as_ref())?;

@@ -120,7 +120,21 @@ enum Command {
 
 /// Parses the arguments, runs the subcommand, and returns the process exit code.
 pub fn run() -> i32 {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // images and videos in the order given on the command line
+    if let Some((_, sub)) = matches.subcommand() {
+        match &mut cli.command {
+            Command::Generate(a) => a.images.order = load::media_order(sub, "images", "videos"),
+            Command::Logits(a) => a.images.order = load::media_order(sub, "images", "videos"),
+            Command::Chat(a) => a.order = load::media_order(sub, "images", "videos"),
+            _ => {}
+        }
+    }
     logger::init(cli.verbose, cli.quiet);
     // A closed stdout (`| head`) ends the program quietly; the server handles its sockets' errors
     // itself and keeps SIGPIPE ignored.

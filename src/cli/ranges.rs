@@ -95,3 +95,14 @@ mod tests {
         assert!(max_pixels("1").unwrap_err().contains("1024"));
     }
 }
+
+pub fn video_fps(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1000.0 => Ok(v),
+        _ => Err("must be a number above 0 and at most 1000".into()),
+    }
+}
+
+pub fn video_max_frames(s: &str) -> Result<usize, String> {
+    int_in(s, 2, qwen3_vl::video::MAX_FRAMES_LIMIT)
+}

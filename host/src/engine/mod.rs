@@ -265,9 +265,10 @@ impl<'a> Engine<'a> {
             return Err(Error::Context { tokens: need, limit, msg: format!("{} prompt + {} to generate exceed the context (max_position_embeddings {}, KV cache {} tokens)", req.prompt.len(), req.max_new, cfg.text.max_position_embeddings, self.kv_tokens()) });
         }
         let grids: &[[usize; 3]] = req.images.as_ref().map_or(&[], |im| &im.grids);
-        let (pos, next_pos) = multimodal_positions(&req.prompt, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, 0)?;
-        let first_image = req.prompt.iter().position(|&t| t == cfg.image_token_id).filter(|_| !grids.is_empty()).unwrap_or(req.prompt.len());
-        let images_end = req.prompt.iter().rposition(|&t| t == cfg.image_token_id).filter(|_| !grids.is_empty()).map_or(first_image, |i| i + 1);
+        let (pos, next_pos) = multimodal_positions(&req.prompt, cfg.vision_tokens(), grids, cfg.vision.spatial_merge_size, 0)?;
+        let vt = cfg.vision_tokens();
+        let first_image = req.prompt.iter().position(|&t| vt.is_vision(t)).filter(|_| !grids.is_empty()).unwrap_or(req.prompt.len());
+        let images_end = req.prompt.iter().rposition(|&t| vt.is_vision(t)).filter(|_| !grids.is_empty()).map_or(first_image, |i| i + 1);
         let image_key = match &req.images {
             Some(im) if !im.grids.is_empty() => im.key.unwrap_or_else(|| image_key(&im.patches, im.row_len, &im.grids)),
             _ => 0,
@@ -519,7 +520,7 @@ impl<'a> Engine<'a> {
                 ids.push(s.tokens[j]);
                 let q = s.pos[j];
                 cur.extend_from_slice(&[q[0], q[1], q[2], self.kv.slot(&s.blocks, j)]);
-                if reads_images && s.tokens[j] == cfg.image_token_id && j < s.prompt_len {
+                if reads_images && cfg.vision_tokens().is_vision(s.tokens[j]) && j < s.prompt_len {
                     image_rows.push(r0 + j - p.from);
                 }
             }

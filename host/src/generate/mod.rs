@@ -168,10 +168,11 @@ impl<'a> Session<'a> {
             return Err(Error::Limit { op: "feed", msg: format!("{} image grids given with {} vision output", grids.len(), if vision.is_some() { "a" } else { "no" }) });
         }
         // 1. rotary positions (fails if placeholders and images disagree)
-        let (pos, next_pos) = multimodal_positions(ids, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, self.next_pos)?;
+        let (pos, next_pos) = multimodal_positions(ids, cfg.vision_tokens(), grids, cfg.vision.spatial_merge_size, self.next_pos)?;
         // 2. token embeddings [t, hidden], image rows replaced by the vision tower's output
         let mut x = m.text.embed(b, ids)?;
-        let rows: Vec<usize> = ids.iter().enumerate().filter(|(_, &t)| t == cfg.image_token_id).map(|(i, _)| i).collect();
+        let vt = cfg.vision_tokens();
+        let rows: Vec<usize> = ids.iter().enumerate().filter(|(_, &t)| vt.is_vision(t)).map(|(i, _)| i).collect();
         if let Some(out) = vision {
             x = b.scatter_rows(&x, &rows, &out.embeds, false)?;
         }
@@ -210,7 +211,7 @@ impl<'a> Session<'a> {
             });
         }
         let cfg = &self.model.config;
-        multimodal_positions(ids, cfg.image_token_id, grids, cfg.vision.spatial_merge_size, self.next_pos).map(|_| ())
+        multimodal_positions(ids, cfg.vision_tokens(), grids, cfg.vision.spatial_merge_size, self.next_pos).map(|_| ())
     }
 
     /// Feeds one generated token through the decode step (recorded and replayed where the

@@ -51,6 +51,13 @@ pub struct Config {
     pub vision_end_token_id: u32,
 }
 
+impl Config {
+    /// The image and video placeholder ids.
+    pub fn vision_tokens(&self) -> super::positions::VisionTokens {
+        super::positions::VisionTokens { image: self.image_token_id, video: self.video_token_id }
+    }
+}
+
 /// Reads fields of one JSON object, naming the file and key path in errors.
 struct Obj<'a> {
     file: &'a str,

@@ -293,7 +293,7 @@ fn fuzz_chat_completion_bodies() {
             {"role": "user", "content": "Sure?"}
         ]
     });
-    let policy = ImagePolicy { allowed_dir: None, max_source_pixels: 1 << 16, max_file_bytes: 1 << 20, preprocess: PreprocessConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..PreprocessConfig::qwen3_vl_default() } };
+    let policy = ImagePolicy::new(PreprocessConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..PreprocessConfig::qwen3_vl_default() }, qwen3_vl::video::VideoConfig::qwen3_vl_default(), None, 1 << 16, 1 << 20);
     let limits = TokenLimits { max_prompt: 4096, max_output: 64, context: 8192 };
     fuzz(
         9,

@@ -117,6 +117,44 @@ fn greedy_replies_match_generate_for_text_and_images() {
 }
 
 #[test]
+fn videos_are_answered_as_generate_answers_them() {
+    let s = Server::start(&[]);
+    let dir = common::repo_root().join("tests/fixtures/video");
+    let mut clips = vec![("gif_exact_12x64x96.gif", "image/gif")];
+    if qwen3_vl::video::find_ffmpeg(None).is_some() {
+        clips.push(("h264_30x64x96.mp4", "video/mp4"));
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "ffmpeg is not installed: .ci/run installs it");
+    }
+    for (file, mime) in clips {
+        let path = dir.join(file);
+        let out = server::cli("generate", &["-q", "--greedy", "--max-tokens", "8", "-p", "What happens?"]).arg("--video").arg(&path).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let want = String::from_utf8(out.stdout).unwrap().trim_end_matches('\n').to_string();
+        let parts = json!([{"type": "video_url", "video_url": {"url": data_url(&path, mime)}}, {"type": "text", "text": "What happens?"}]);
+        let r = chat(s.port, &json!({"messages": [{"role": "user", "content": parts}], "max_tokens": 8, "temperature": 0}));
+        assert_eq!(content(&r), want, "{}", file);
+        assert!(r.json()["usage"]["prompt_tokens"].as_u64().unwrap() > 50, "{}", r.text());
+    }
+    // errors name the part
+    let gif = data_url(&dir.join("gif_exact_12x64x96.gif"), "image/gif");
+    let vid = |url: &str| json!({"type": "video_url", "video_url": {"url": url}});
+    for (body, code, needle) in [
+        (json!({"messages": [{"role": "user", "content": [vid("data:video/avi;base64,AAAA")]}]}), "unsupported_video_type", "video/avi"),
+        (json!({"messages": [{"role": "user", "content": [vid("data:video/mp4;base64,aGVsbG8gdGhlcmU=")]}]}), "invalid_video", "messages[0].content[0].video_url"),
+        (json!({"messages": [{"role": "user", "content": [vid(&gif), vid(&gif), vid(&gif)]}]}), "too_many_videos", "at most 2"),
+        (json!({"messages": [{"role": "assistant", "content": [vid(&gif)]}]}), "invalid_value", "videos are only accepted in user messages"),
+        (json!({"messages": [{"role": "user", "content": "<|video_pad|>"}]}), "invalid_value", "video_url parts"),
+    ] {
+        let r = chat(s.port, &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some(code), "{}", r.text());
+        assert!(r.text().contains(needle), "{}", r.text());
+    }
+    s.assert_no_panic();
+}
+
+#[test]
 fn stop_strings_end_the_reply_before_them() {
     let s = Server::start(&[]);
     let base = json!({"messages": user("Hello!"), "max_tokens": 16, "temperature": 0});

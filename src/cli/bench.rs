@@ -43,6 +43,18 @@ pub struct BenchArgs {
     /// patches are synthetic, the work is the real tower's.
     #[clap(long)]
     image_side: Option<usize>,
+    /// Also time a video: decoded and processed as `generate --video` does (GIF natively, the
+    /// rest through ffmpeg), then the tower and the first token of a prompt holding it.
+    #[clap(long)]
+    video: Option<PathBuf>,
+    /// Also time the tower on a synthetic video of this many frames (with --video-side).
+    #[clap(long, requires = "video-side")]
+    video_frames: Option<usize>,
+    /// The frames' side in pixels for --video-frames (rounded down to a multiple of 32).
+    #[clap(long, requires = "video-frames")]
+    video_side: Option<usize>,
+    #[clap(flatten)]
+    video_opts: super::load::VideoOpts,
     /// Decode with plain launches instead of recorded steps (CUDA graphs), for comparison.
     #[clap(long)]
     no_graphs: bool,
@@ -90,19 +102,21 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let opened = qwen3_vl::model::ModelFiles::find(&a.model, a.mmproj.as_deref())?.open()?;
     let context = a.context.unwrap_or(a.prompt_tokens).max(1);
     let capacity = context.max(a.prompt_tokens) + a.gen_tokens;
-    // the placement covers the longest session: the text one, or the image prompt's
-    let v = &opened.config.vision;
-    let image_session = a.image_side.map_or(0, |side| {
-        let cells = side / (v.patch_size * v.spatial_merge_size) * v.spatial_merge_size;
-        cells * cells / (v.spatial_merge_size * v.spatial_merge_size) + a.prompt_tokens + 3
-    });
+    // the vision work to time, if any (a real video is decoded before the weights load)
+    let v = opened.config.vision.clone();
+    let vision = vision_workload(&a, &v)?;
+    if [a.image_side.is_some(), a.video.is_some(), a.video_frames.is_some()].iter().filter(|&&x| x).count() > 1 {
+        return Err("time one of --image-side, --video and --video-frames per run".into());
+    }
+    // the placement covers the longest session: the text one, or the vision prompt's
+    let image_session = vision.as_ref().map_or(0, |w| w.tokens(v.spatial_merge_size) + a.prompt_tokens);
     if let Some(n) = a.batch {
-        if n == 0 || a.image_side.is_some() || a.context.is_some() {
-            return Err("--batch takes a count of at least 1, and neither --image-side nor --context".into());
+        if n == 0 || vision.is_some() || a.context.is_some() {
+            return Err("--batch takes a count of at least 1, and none of --image-side, --video, --video-frames or --context".into());
         }
     }
     let sessions = a.batch.unwrap_or(1);
-    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session), a.image_side.map(|_| image_session))?;
+    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session), vision.as_ref().map(|_| image_session))?;
     if let Some(n) = a.batch {
         return run_batched(&a, b, &model, n);
     }
@@ -142,15 +156,8 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     // 2. the vision tower on one synthetic image, and the time to the first token of a prompt
     //    holding that image (tower, prefill of image + text tokens, first logits)
     let (mut vision_ms, mut ttft_ms) = (None, None);
-    if let Some(side) = a.image_side {
-        let v = &model.config.vision;
-        let unit = v.patch_size * v.spatial_merge_size;
-        let cells = side / unit * v.spatial_merge_size;
-        let grid = [1, cells, cells];
-        let row_len = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
-        let n = cells * cells;
-        let patches: Vec<f32> = (0..n * row_len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
-        let x = model.vision.backend(b).upload_f32(&[n, row_len], &patches)?;
+    if let Some(w) = &vision {
+        let x = model.vision.backend(b).upload_f32(&[w.patches.len() / w.row_len, w.row_len], &w.patches)?;
         let mut times = Vec::new();
         for run in 0..=a.runs {
             progress("vision tower run", run, a.runs);
@@ -158,7 +165,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             // as `VisionModel::encode` runs it (one step on the tower's backend), the upload aside
             let mut out = None;
             model.vision.backend(b).within(&mut || {
-                out = Some(model.vision.forward(b, &x, &[grid])?);
+                out = Some(model.vision.forward(b, &x, &[w.grid])?);
                 Ok(())
             })?;
             let t1 = b.mark()?;
@@ -169,16 +176,13 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             }
         }
         eprintln!();
-        let cfg = &model.config;
-        let mut ids = vec![cfg.vision_start_token_id];
-        ids.extend(std::iter::repeat(cfg.image_token_id).take(n / (v.spatial_merge_size * v.spatial_merge_size)));
-        ids.push(cfg.vision_end_token_id);
+        let mut ids = w.prompt_ids(&model.config);
         ids.extend(prompt(a.prompt_tokens, vocab, 3));
-        let images = qwen3_vl::model::Images { patches: &patches, row_len, grids: &[grid] };
+        let images = qwen3_vl::model::Images { patches: &w.patches, row_len: w.row_len, grids: &[w.grid] };
         let mut s = Session::with_kv_dtype(&model, b, ids.len() + 1, kv)?;
         let mut first = Vec::new();
         for run in 0..=a.runs {
-            progress("image + prompt, first token", run, a.runs);
+            progress("vision + prompt, first token", run, a.runs);
             s.reset();
             let t0 = b.mark()?;
             s.feed_with_images(&ids, Some(&images))?;
@@ -190,15 +194,15 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         eprintln!();
         vision_ms = Some(median(times.clone()));
         ttft_ms = Some(median(first));
-        report!(a.json, "| backend | image | patches | tokens | vision tower ms | first token ms (image + {} text tokens) |", a.prompt_tokens);
+        let n = w.patches.len() / w.row_len;
+        report!(a.json, "| backend | {} | patches | tokens | vision tower ms | first token ms ({} + {} text tokens) |", w.what, w.what, a.prompt_tokens);
         report!(a.json, "|---|---|---|---|---|---|");
         report!(a.json,
-            "| {} | {}x{} | {} | {} | {:.1} (median of {}) | {:.1} |",
+            "| {} | {} | {} | {} | {:.1} (median of {}) | {:.1} |",
             b.describe(),
-            cells * v.patch_size,
-            cells * v.patch_size,
+            w.describe,
             n,
-            n / 4,
+            w.tokens(v.spatial_merge_size),
             vision_ms.unwrap_or(f64::NAN),
             times.len(),
             ttft_ms.unwrap_or(f64::NAN)
@@ -245,6 +249,10 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "decode_tokens_per_s": d,
             "vision_encode_ms": vision_ms,
             "image_time_to_first_token_ms": ttft_ms,
+            "vision_input": vision.as_ref().map(|w| w.describe.clone()),
+            "vision_tokens": vision.as_ref().map(|w| w.tokens(v.spatial_merge_size)),
+            "video_frames": vision.as_ref().and_then(|w| w.frames),
+            "video_decode_ms": vision.as_ref().and_then(|w| w.decode_ms),
             "peak_device_bytes": peak,
             "weights_dtype": weights,
             "gpu_weight_bytes": gpu_bytes,
@@ -316,4 +324,89 @@ fn kernels_module(b: &dyn Backend) -> serde_json::Value {
     }
     let _ = b;
     serde_json::Value::Null
+}
+
+/// The vision input a bench times: its patches (synthetic, or a real video's), grid and prompt.
+struct VisionWork {
+    /// "image" or "video".
+    what: &'static str,
+    describe: String,
+    patches: Vec<f32>,
+    row_len: usize,
+    grid: [usize; 3],
+    /// Seconds of each temporal patch (videos).
+    timestamps: Option<Vec<f64>>,
+    /// Sampled frames, and the decode + processing time of a real video.
+    frames: Option<usize>,
+    decode_ms: Option<f64>,
+}
+
+impl VisionWork {
+    fn tokens(&self, merge: usize) -> usize {
+        self.grid.iter().product::<usize>() / (merge * merge)
+    }
+
+    /// `<|vision_start|>` + placeholders + `<|vision_end|>` as the processor lays them out; a
+    /// video's timestamps stand as 5 text tokens each (what `<12.5 seconds>` takes).
+    fn prompt_ids(&self, cfg: &qwen3_vl::model::Config) -> Vec<u32> {
+        let per = self.grid[1] * self.grid[2] / (cfg.vision.spatial_merge_size * cfg.vision.spatial_merge_size);
+        let mut ids = vec![cfg.vision_start_token_id];
+        match &self.timestamps {
+            None => ids.extend(std::iter::repeat(cfg.image_token_id).take(per * self.grid[0])),
+            Some(ts) => {
+                for (k, _) in ts.iter().enumerate() {
+                    ids.extend(prompt(5, 150_000, 11 + k as u64));
+                    ids.push(cfg.vision_start_token_id);
+                    ids.extend(std::iter::repeat(cfg.video_token_id).take(per));
+                    ids.push(cfg.vision_end_token_id);
+                }
+            }
+        }
+        ids.push(cfg.vision_end_token_id);
+        ids
+    }
+}
+
+/// Synthetic patches of `n` rows.
+fn synthetic(n: usize, row_len: usize) -> Vec<f32> {
+    (0..n * row_len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect()
+}
+
+fn vision_workload(a: &BenchArgs, v: &qwen3_vl::model::VisionConfig) -> CliResult<Option<VisionWork>> {
+    let unit = v.patch_size * v.spatial_merge_size;
+    let row_len = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
+    if let Some(side) = a.image_side {
+        let cells = side / unit * v.spatial_merge_size;
+        if cells == 0 {
+            return Err(format!("--image-side {} is below one merged patch ({} pixels)", side, unit).into());
+        }
+        let grid = [1, cells, cells];
+        let describe = format!("{}x{}", cells * v.patch_size, cells * v.patch_size);
+        return Ok(Some(VisionWork { what: "image", describe, patches: synthetic(cells * cells, row_len), row_len, grid, timestamps: None, frames: None, decode_ms: None }));
+    }
+    if let (Some(frames), Some(side)) = (a.video_frames, a.video_side) {
+        let cells = side / unit * v.spatial_merge_size;
+        if cells == 0 || frames == 0 {
+            return Err(format!("--video-frames {} and --video-side {} must give at least one frame of one merged patch ({} pixels)", frames, side, unit).into());
+        }
+        let t = (frames + v.temporal_patch_size - 1) / v.temporal_patch_size;
+        let grid = [t, cells, cells];
+        let describe = format!("{} frames of {}x{}", frames, cells * v.patch_size, cells * v.patch_size);
+        let timestamps = Some((0..t).map(|k| k as f64).collect());
+        return Ok(Some(VisionWork { what: "video", describe, patches: synthetic(t * cells * cells, row_len), row_len, grid, timestamps, frames: Some(frames), decode_ms: None }));
+    }
+    if let Some(path) = &a.video {
+        let dir = if a.model.is_dir() { a.model.clone() } else { a.model.parent().map(|p| p.to_path_buf()).unwrap_or_default() };
+        let file = dir.join("video_preprocessor_config.json");
+        let base = if file.exists() { qwen3_vl::video::VideoConfig::from_file(&file)? } else { qwen3_vl::video::VideoConfig::qwen3_vl_default() };
+        let cfg = a.video_opts.config(&base)?;
+        let t0 = std::time::Instant::now();
+        let vid = qwen3_vl::video::load_video(path, &cfg, &a.video_opts.limits())?;
+        let decode_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let p = vid.patches;
+        let describe = format!("{} ({}x{}, {:.1} s, {} of {} frames, processed {}x{})", path.display(), vid.info.width, vid.info.height, vid.info.duration, vid.indices.len(), vid.info.frames, p.grid_thw[1] * v.patch_size, p.grid_thw[2] * v.patch_size);
+        eprintln!("video: {}: decoded and processed in {:.0} ms", describe, decode_ms);
+        return Ok(Some(VisionWork { what: "video", describe, row_len: p.row_len, grid: p.grid_thw, timestamps: Some(p.timestamps), frames: Some(vid.indices.len()), decode_ms: Some(decode_ms), patches: p.patches }));
+    }
+    Ok(None)
 }

@@ -37,6 +37,17 @@ pub struct ServeArgs {
     /// Most images per request (0 to 256).
     #[clap(long, default_value = "8", value_parser = ranges::images, allow_hyphen_values = true)]
     max_images: usize,
+    /// Most videos per request (0 to 256).
+    #[clap(long, default_value = "2", value_parser = ranges::images, allow_hyphen_values = true)]
+    max_videos: usize,
+    /// Refuse videos longer than this many seconds, before decoding their frames.
+    #[clap(long, default_value = "600", value_parser = ranges::seconds, allow_hyphen_values = true)]
+    max_video_seconds: u64,
+    /// Refuse videos of more frames than this, before decoding them.
+    #[clap(long, default_value = "36000", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
+    max_video_frames: usize,
+    #[clap(flatten)]
+    video: super::load::VideoOpts,
     /// Largest request body, in MiB (1 to 4096; images travel base64-encoded inside it).
     #[clap(long, default_value = "32", value_parser = ranges::mib, allow_hyphen_values = true)]
     max_body_mib: usize,
@@ -95,6 +106,13 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     cfg.images.max_source_pixels = a.max_image_pixels;
     cfg.images.max_file_bytes = a.max_body_mib << 20;
     cfg.parse.max_images = a.max_images;
+    cfg.parse.max_videos = a.max_videos;
+    cfg.images.video = a.video.config(&checked.video)?;
+    cfg.images.video_limits.max_bytes = (a.max_body_mib << 20) as u64;
+    cfg.images.video_limits.max_duration = a.max_video_seconds as f64;
+    cfg.images.video_limits.max_source_frames = a.max_video_frames;
+    cfg.images.video_limits.ffmpeg = a.video.ffmpeg.clone();
+    cfg.images.video_limits.timeout = std::time::Duration::from_secs(a.max_video_seconds.clamp(30, 600));
     cfg.http.max_body = a.max_body_mib << 20;
     if let Some(n) = a.max_prompt_tokens {
         cfg.tokens.max_prompt = n.min(context);

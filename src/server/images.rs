@@ -1,12 +1,17 @@
-//! Images of a request: `image_url` parts to preprocessed patches.
+//! Images and videos of a request: `image_url` and `video_url` parts to preprocessed patches.
 //!
-//! Accepted URLs: `data:image/{jpeg,png,webp};base64,...`, and, only when the server was given
-//! an allowed directory, `file://` URLs or absolute paths of files inside it (after resolving
-//! symbolic links and `..`). The server fetches nothing from the network: `http(s)://` URLs are
-//! refused with a message saying to send the image inline.
+//! Accepted URLs: `data:image/{jpeg,png,webp};base64,...` for images,
+//! `data:{video/mp4,video/webm,video/quicktime,video/x-matroska,image/gif};base64,...` for
+//! videos, and, only when the server was given an allowed directory, `file://` URLs or absolute
+//! paths of files inside it (after resolving symbolic links and `..`). The server fetches
+//! nothing from the network: `http(s)://` URLs are refused with a message saying to send the
+//! file inline. Videos are decoded under the policy's limits on bytes, duration, frames and
+//! time (`crate::video::VideoLimits`), each answered with an OpenAI-style error.
 
 use super::openai::ApiError;
+use crate::generate::chat::{Media, VideoPrompt};
 use crate::image::{decode_image_limited, preprocess, PreprocessConfig};
+use crate::video::{decode_video, VideoConfig, VideoLimits};
 use std::path::{Path, PathBuf};
 
 /// How images are taken.
@@ -20,6 +25,20 @@ pub struct ImagePolicy {
     pub max_file_bytes: usize,
     /// The model's preprocessing (with the server's pixel cap for resizing).
     pub preprocess: PreprocessConfig,
+    /// The model's video processing.
+    pub video: VideoConfig,
+    /// Bounds on videos (bytes, duration, frames, decoding time; `max_bytes` is also the bound on
+    /// a video's encoded size).
+    pub video_limits: VideoLimits,
+}
+
+impl ImagePolicy {
+    /// A policy with the model's image and video processing and the given image bounds; videos
+    /// take [`VideoLimits`]' defaults with `max_file_bytes` as their byte bound.
+    pub fn new(preprocess: PreprocessConfig, video: VideoConfig, allowed_dir: Option<PathBuf>, max_source_pixels: usize, max_file_bytes: usize) -> ImagePolicy {
+        let video_limits = VideoLimits { max_bytes: max_file_bytes as u64, ..VideoLimits::default() };
+        ImagePolicy { allowed_dir, max_source_pixels, max_file_bytes, preprocess, video, video_limits }
+    }
 }
 
 /// One image, ready for the vision tower.
@@ -28,8 +47,11 @@ pub struct PreparedImage {
     pub patches: Vec<f32>,
     pub row_len: usize,
     pub grid: [usize; 3],
-    /// `<|image_pad|>` tokens it takes in the prompt.
+    /// Placeholder tokens it takes in the prompt (`<|image_pad|>`, or a video's
+    /// `<|video_pad|>` over all its temporal patches).
     pub tokens: usize,
+    /// A video's timestamps and tokens per temporal patch; `None` for an image.
+    pub video: Option<VideoPrompt>,
     /// Its content's hash for the engine's prefix cache (`engine::image_key`), made here on the
     /// connection's thread rather than on the engine's.
     pub key: u64,
@@ -114,45 +136,64 @@ pub fn decode_base64(text: &str) -> Result<Vec<u8>, String> {
 
 /// The encoded bytes an `image_url` points to.
 pub fn fetch(url: &str, param: &str, policy: &ImagePolicy) -> Result<Vec<u8>, ApiError> {
+    fetch_kind(url, param, policy, false)
+}
+
+/// The encoded bytes a `video_url` points to.
+pub fn fetch_video(url: &str, param: &str, policy: &ImagePolicy) -> Result<Vec<u8>, ApiError> {
+    fetch_kind(url, param, policy, true)
+}
+
+fn fetch_kind(url: &str, param: &str, policy: &ImagePolicy, video: bool) -> Result<Vec<u8>, ApiError> {
+    // the error codes name the kind: `unsupported_image_type` / `unsupported_video_type`, ...
+    let code = |image: &'static str, vid: &'static str| if video { vid } else { image };
+    let what = if video { "video" } else { "image" };
+    let max_bytes = if video { (policy.video_limits.max_bytes as usize).min(policy.max_file_bytes) } else { policy.max_file_bytes };
     let bad = |code: &'static str, msg: String| ApiError::invalid(param, code, msg);
     if let Some(rest) = url.strip_prefix("data:") {
         // data:[<mime>][;base64],<data>
-        let comma = rest.find(',').ok_or_else(|| bad("invalid_image_url", "a data: URL needs a ',' before its data".into()))?;
+        let comma = rest.find(',').ok_or_else(|| bad(code("invalid_image_url", "invalid_video_url"), "a data: URL needs a ',' before its data".into()))?;
         let (meta, data) = (&rest[..comma], &rest[comma + 1..]);
         let mut fields = meta.split(';');
         let mime = fields.next().unwrap_or("").trim().to_ascii_lowercase();
-        if !matches!(mime.as_str(), "image/jpeg" | "image/jpg" | "image/png" | "image/webp" | "") {
-            return Err(bad("unsupported_image_type", format!("data: URLs of type '{}' are not supported (image/jpeg, image/png, image/webp)", mime.chars().take(40).collect::<String>())));
+        let known = if video {
+            matches!(mime.as_str(), "video/mp4" | "video/webm" | "video/quicktime" | "video/x-matroska" | "image/gif" | "")
+        } else {
+            matches!(mime.as_str(), "image/jpeg" | "image/jpg" | "image/png" | "image/webp" | "")
+        };
+        if !known {
+            let list = if video { "video/mp4, video/webm, video/quicktime, video/x-matroska, image/gif" } else { "image/jpeg, image/png, image/webp" };
+            return Err(bad(code("unsupported_image_type", "unsupported_video_type"), format!("{} data: URLs of type '{}' are not supported ({})", what, mime.chars().take(40).collect::<String>(), list)));
         }
         if !fields.any(|f| f.trim().eq_ignore_ascii_case("base64")) {
-            return Err(bad("invalid_image_url", "image data: URLs must be base64 (data:image/png;base64,...)".into()));
+            return Err(bad(code("invalid_image_url", "invalid_video_url"), format!("{} data: URLs must be base64 (data:{};base64,...)", what, if video { "video/mp4" } else { "image/png" })));
         }
-        if data.len() / 4 * 3 > policy.max_file_bytes {
-            return Err(bad("image_too_large", format!("the image is larger than {} bytes", policy.max_file_bytes)));
+        if data.len() / 4 * 3 > max_bytes {
+            return Err(bad(code("image_too_large", "video_too_large"), format!("the {} is larger than {} bytes", what, max_bytes)));
         }
-        return decode_base64(data).map_err(|e| bad("invalid_base64", format!("the image's base64 data is broken: {}", e)));
+        return decode_base64(data).map_err(|e| bad("invalid_base64", format!("the {}'s base64 data is broken: {}", what, e)));
     }
     let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
-        return Err(bad("unsupported_image_url", "this server fetches nothing from the network: send the image inline as a data: URL (data:image/png;base64,...)".into()));
+        return Err(bad(code("unsupported_image_url", "unsupported_video_url"), format!("this server fetches nothing from the network: send the {} inline as a data: URL (data:{};base64,...)", what, if video { "video/mp4" } else { "image/png" })));
     }
     let path = url.strip_prefix("file://").unwrap_or(url);
     let dir = policy.allowed_dir.as_ref().ok_or_else(|| {
-        bad("unsupported_image_url", "local image files are not enabled on this server (start it with --allowed-image-dir DIR), send the image inline as a data: URL".into())
+        bad(code("unsupported_image_url", "unsupported_video_url"), format!("local {} files are not enabled on this server (start it with --allowed-image-dir DIR), send the {} inline as a data: URL", what, what))
     })?;
     if !path.starts_with('/') {
-        return Err(bad("invalid_image_url", "image URLs must be data: URLs, or absolute paths / file:// URLs inside the allowed directory".into()));
+        return Err(bad(code("invalid_image_url", "invalid_video_url"), format!("{} URLs must be data: URLs, or absolute paths / file:// URLs inside the allowed directory", what)));
     }
-    let outside = || bad("image_not_allowed", format!("{} is not a file inside the allowed image directory", path.chars().take(200).collect::<String>()));
+    let outside = || bad(code("image_not_allowed", "video_not_allowed"), format!("{} is not a file inside the allowed image directory", path.chars().take(200).collect::<String>()));
     let real = std::fs::canonicalize(path).map_err(|_| outside())?;
     if !real.starts_with(dir) || !real.is_file() {
         return Err(outside());
     }
     let len = std::fs::metadata(&real).map_err(|_| outside())?.len();
-    if len > policy.max_file_bytes as u64 {
-        return Err(bad("image_too_large", format!("the image file is larger than {} bytes", policy.max_file_bytes)));
+    if len > max_bytes as u64 {
+        return Err(bad(code("image_too_large", "video_too_large"), format!("the {} file is larger than {} bytes", what, max_bytes)));
     }
-    std::fs::read(&real).map_err(|e| bad("image_unreadable", format!("cannot read the image file: {}", e)))
+    std::fs::read(&real).map_err(|e| bad(code("image_unreadable", "video_unreadable"), format!("cannot read the {} file: {}", what, e)))
 }
 
 /// The `<|image_pad|>` tokens an image will take, from the size its header declares, before
@@ -280,7 +321,22 @@ pub fn prepare(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<Prepar
     let p = preprocess(&img, &policy.preprocess).map_err(|e| ApiError::invalid(param, "invalid_image", format!("{}: {}", param, e)))?;
     let tokens = p.num_tokens(policy.preprocess.merge_size);
     let key = crate::engine::image_key(&p.patches, p.row_len, &[p.grid_thw]);
-    Ok(PreparedImage { row_len: p.row_len, grid: p.grid_thw, tokens, key, patches: p.patches })
+    Ok(PreparedImage { row_len: p.row_len, grid: p.grid_thw, tokens, key, patches: p.patches, video: None })
+}
+
+/// Decodes, samples and preprocesses one video's bytes under the policy's limits.
+pub fn prepare_video(bytes: &[u8], param: &str, policy: &ImagePolicy) -> Result<PreparedImage, ApiError> {
+    let v = decode_video(bytes, param, &policy.video, &policy.video_limits).map_err(|e| {
+        let msg = e.to_string();
+        let code = if msg.contains("exceed the limit") || msg.contains("time limit") { "video_too_large" } else if msg.contains("ffmpeg") && msg.contains("install") { "video_unsupported" } else { "invalid_video" };
+        ApiError::invalid(param, code, msg)
+    })?;
+    let p = v.patches;
+    let merge = policy.video.merge_size;
+    let prompt = VideoPrompt { timestamps: p.timestamps.clone(), tokens_per_frame: p.tokens_per_frame(merge) };
+    let tokens = Media::Video(prompt.clone()).tokens();
+    let key = crate::engine::image_key(&p.patches, p.row_len, &[p.grid_thw]);
+    Ok(PreparedImage { row_len: p.row_len, grid: p.grid_thw, tokens, key, patches: p.patches, video: Some(prompt) })
 }
 
 #[cfg(test)]
@@ -288,7 +344,7 @@ mod tests {
     use super::*;
 
     fn image(n: usize, v: f32) -> PreparedImage {
-        PreparedImage { patches: vec![v; n], row_len: 1, grid: [1, 1, n], tokens: n / 4, key: v as u64 }
+        PreparedImage { patches: vec![v; n], row_len: 1, grid: [1, 1, n], tokens: n / 4, key: v as u64, video: None }
     }
 
     #[test]
@@ -323,7 +379,7 @@ mod tests {
 
     #[test]
     fn urls_other_than_data_and_allowed_files_are_refused() {
-        let policy = ImagePolicy { allowed_dir: None, max_source_pixels: 1 << 20, max_file_bytes: 1 << 20, preprocess: PreprocessConfig::qwen3_vl_default() };
+        let policy = ImagePolicy::new(PreprocessConfig::qwen3_vl_default(), VideoConfig::qwen3_vl_default(), None, 1 << 20, 1 << 20);
         let code = |u: &str| fetch(u, "p", &policy).unwrap_err().code;
         assert_eq!(code("https://example.com/cat.png"), "unsupported_image_url");
         assert_eq!(code("/etc/passwd"), "unsupported_image_url");
@@ -339,5 +395,11 @@ mod tests {
         assert_eq!(fetch(&format!("{}/../", dir.display()), "p", &policy).unwrap_err().code, "image_not_allowed");
         assert_eq!(fetch("/etc/hostname", "p", &policy).unwrap_err().code, "image_not_allowed");
         let _ = std::fs::remove_dir_all(&dir);
+        // videos: their own types and codes
+        let vcode = |u: &str| fetch_video(u, "p", &policy).unwrap_err().code;
+        assert_eq!(vcode("data:image/png;base64,AAAA"), "unsupported_video_type");
+        assert_eq!(vcode("https://example.com/a.mp4"), "unsupported_video_url");
+        assert_eq!(fetch_video("data:video/mp4;base64,aGk=", "p", &policy).unwrap(), b"hi");
+        assert_eq!(fetch_video("data:image/gif;base64,aGk=", "p", &policy).unwrap(), b"hi");
     }
 }

@@ -77,7 +77,7 @@ impl ServerConfig {
             api_key: None,
             http: http::Limits::default(),
             parse: openai::ParseLimits::default(),
-            images: images::ImagePolicy { allowed_dir: None, max_source_pixels: 4096 * 4096, max_file_bytes: 20 << 20, preprocess },
+            images: images::ImagePolicy::new(preprocess, crate::video::VideoConfig::qwen3_vl_default(), None, 4096 * 4096, 20 << 20),
             tokens: prompt::TokenLimits { max_prompt: 8192.min(context), max_output: 2048.min(context), context },
             defaults: SamplingParams::greedy(),
             queue_capacity: 16,

@@ -62,6 +62,8 @@ pub enum Part {
     Text(String),
     /// An `image_url` part: the URL, and the parameter path for errors.
     Image { url: String, param: String },
+    /// A `video_url` part (as vLLM takes them): the URL, and the parameter path for errors.
+    Video { url: String, param: String },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -100,6 +102,7 @@ impl ChatRequest {
 #[derive(Clone, Copy, Debug)]
 pub struct ParseLimits {
     pub max_images: usize,
+    pub max_videos: usize,
     pub max_stop: usize,
     pub max_stop_len: usize,
     pub max_messages: usize,
@@ -107,7 +110,7 @@ pub struct ParseLimits {
 
 impl Default for ParseLimits {
     fn default() -> ParseLimits {
-        ParseLimits { max_images: 8, max_stop: 4, max_stop_len: 256, max_messages: 1024 }
+        ParseLimits { max_images: 8, max_videos: 2, max_stop: 4, max_stop_len: 256, max_messages: 1024 }
     }
 }
 
@@ -263,7 +266,7 @@ fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMes
     if list.len() > limits.max_messages {
         return Err(ApiError::invalid("messages", "invalid_value", format!("at most {} messages are allowed", limits.max_messages)));
     }
-    let mut images = 0;
+    let (mut images, mut videos) = (0, 0);
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let p = format!("messages[{}]", i);
@@ -300,12 +303,13 @@ fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMes
                             Some(other) => return Err(wrong_type(&format!("{}.text", pp), "a string", other)),
                             None => return Err(ApiError::invalid(format!("{}.text", pp), "missing_required_parameter", format!("{}.text is required", pp))),
                         },
-                        Some("image_url") => {
+                        Some(kind @ ("image_url" | "video_url")) => {
+                            let (what, video) = if kind == "image_url" { ("images", false) } else { ("videos", true) };
                             if role != Speaker::User {
-                                return Err(ApiError::invalid(pp, "invalid_value", "images are only accepted in user messages"));
+                                return Err(ApiError::invalid(pp, "invalid_value", format!("{} are only accepted in user messages", what)));
                             }
-                            let up = format!("{}.image_url", pp);
-                            let url = match io.get("image_url") {
+                            let up = format!("{}.{}", pp, kind);
+                            let url = match io.get(kind) {
                                 Some(Value::String(u)) => u.clone(),
                                 Some(Value::Object(uo)) => match uo.get("url") {
                                     Some(Value::String(u)) => u.clone(),
@@ -315,17 +319,25 @@ fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMes
                                 Some(other) => return Err(wrong_type(&up, "an object with a url", other)),
                                 None => return Err(ApiError::invalid(up.clone(), "missing_required_parameter", format!("{} is required", up))),
                             };
-                            images += 1;
-                            if images > limits.max_images {
-                                return Err(ApiError::invalid(up, "too_many_images", format!("at most {} images per request are allowed", limits.max_images)));
+                            if video {
+                                videos += 1;
+                                if videos > limits.max_videos {
+                                    return Err(ApiError::invalid(up, "too_many_videos", format!("at most {} videos per request are allowed", limits.max_videos)));
+                                }
+                                parts.push(Part::Video { url, param: up });
+                            } else {
+                                images += 1;
+                                if images > limits.max_images {
+                                    return Err(ApiError::invalid(up, "too_many_images", format!("at most {} images per request are allowed", limits.max_images)));
+                                }
+                                parts.push(Part::Image { url, param: up });
                             }
-                            parts.push(Part::Image { url, param: up });
                         }
                         Some(other) => {
                             return Err(ApiError::invalid(
                                 format!("{}.type", pp),
                                 "unsupported_value",
-                                format!("content part type '{}' is not supported (text and image_url are)", other.chars().take(40).collect::<String>()),
+                                format!("content part type '{}' is not supported (text, image_url and video_url are)", other.chars().take(40).collect::<String>()),
                             ))
                         }
                         None => return Err(ApiError::invalid(format!("{}.type", pp), "missing_required_parameter", format!("{}.type is required", pp))),

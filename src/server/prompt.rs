@@ -35,6 +35,11 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
     let mut predicted = 0usize;
     for m in &req.messages {
         for p in &m.parts {
+            if let Part::Video { url, param } = p {
+                // a video's tokens are known once it is sampled (its limits bound that work)
+                encoded.push((images::fetch_video(url, param, policy)?, param, true));
+                continue;
+            }
             if let Part::Image { url, param } = p {
                 let bytes = images::fetch(url, param, policy)?;
                 predicted = predicted.saturating_add(images::predicted_tokens(&bytes, param, policy)?);
@@ -45,18 +50,23 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
                         format!("the images up to {} take {} tokens, more than this server's prompt limit of {}", param, predicted, limits.max_prompt),
                     ));
                 }
-                encoded.push((bytes, param));
+                encoded.push((bytes, param, false));
             }
         }
     }
     let mut prepared = Vec::new();
     if !encoded.is_empty() {
         let _slot = slots.map(|s| s.take());
-        for (bytes, param) in &encoded {
+        for (bytes, param, video) in &encoded {
+            let make = || if *video { images::prepare_video(bytes, param, policy) } else { images::prepare(bytes, param, policy) };
             prepared.push(match cache {
-                Some(c) => c.get_or_prepare(bytes, || images::prepare(bytes, param, policy))?,
-                None => std::sync::Arc::new(images::prepare(bytes, param, policy)?),
+                Some(c) => c.get_or_prepare(bytes, make)?,
+                None => std::sync::Arc::new(make()?),
             });
+        }
+        let total: usize = prepared.iter().map(|i| i.tokens).sum();
+        if total > limits.max_prompt {
+            return Err(ApiError::invalid("messages", "context_length_exceeded", format!("the images and videos take {} tokens, more than this server's prompt limit of {}", total, limits.max_prompt)));
         }
     }
     drop(encoded);
@@ -75,17 +85,22 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
             .map(|p| match p {
                 Part::Text(t) => Content::Text(t),
                 Part::Image { .. } => Content::Image(next_image.next().map_or(0, |i| i.tokens)),
+                Part::Video { .. } => match next_image.next().and_then(|i| i.video.as_ref()) {
+                    Some(v) => Content::Video(v),
+                    None => Content::Image(0),
+                },
             })
             .collect();
         text.push_str(&render_turn_parts(role, &parts));
     }
     text.push_str(GENERATION_PROMPT);
-    // 3. tokens: the image placeholders must be exactly the images'
+    // 3. tokens: the image and video placeholders must be exactly the images' and videos'
     let ids = tok.encode(&text);
-    let placeholders = ids.iter().filter(|&&t| t == image_token).count();
+    let video_token = tok.token_to_id("<|video_pad|>");
+    let placeholders = ids.iter().filter(|&&t| t == image_token || Some(t) == video_token).count();
     let image_tokens: usize = prepared.iter().map(|i| i.tokens).sum();
     if placeholders != image_tokens {
-        return Err(ApiError::invalid("messages", "invalid_value", "the message text contains <|image_pad|> tokens; images must be sent as image_url parts"));
+        return Err(ApiError::invalid("messages", "invalid_value", "the message text contains <|image_pad|> or <|video_pad|> tokens; images must be sent as image_url parts, videos as video_url parts"));
     }
     if ids.len() > limits.max_prompt {
         return Err(ApiError::invalid(

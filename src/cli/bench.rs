@@ -116,7 +116,8 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         }
     }
     let sessions = a.batch.unwrap_or(1);
-    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session), vision.as_ref().map(|_| image_session))?;
+    let tower = vision.as_ref().map(|w| qwen3_vl::model::vision::tower_tokens(&[w.grid], v.spatial_merge_size));
+    let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session), tower)?;
     if let Some(n) = a.batch {
         return run_batched(&a, b, &model, n);
     }
@@ -157,17 +158,27 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     //    holding that image (tower, prefill of image + text tokens, first logits)
     let (mut vision_ms, mut ttft_ms) = (None, None);
     if let Some(w) = &vision {
-        let x = model.vision.backend(b).upload_f32(&[w.patches.len() / w.row_len, w.row_len], &w.patches)?;
+        // the tower as `VisionModel::encode` runs it (one step on the tower's backend), the upload
+        // aside; an input past `TOWER_SLICE_TOKENS` goes in slices of whole frames, uploads
+        // included
+        let merge = v.spatial_merge_size;
+        let sliced = qwen3_vl::model::vision::tower_tokens(&[w.grid], merge) < w.tokens(merge);
+        let x = if sliced { None } else { Some(model.vision.backend(b).upload_f32(&[w.patches.len() / w.row_len, w.row_len], &w.patches)?) };
         let mut times = Vec::new();
         for run in 0..=a.runs {
             progress("vision tower run", run, a.runs);
             let t0 = b.mark()?;
-            // as `VisionModel::encode` runs it (one step on the tower's backend), the upload aside
-            let mut out = None;
-            model.vision.backend(b).within(&mut || {
-                out = Some(model.vision.forward(b, &x, &[w.grid])?);
-                Ok(())
-            })?;
+            let out = match &x {
+                Some(x) => {
+                    let mut out = None;
+                    model.vision.backend(b).within(&mut || {
+                        out = Some(model.vision.forward(b, x, &[w.grid])?);
+                        Ok(())
+                    })?;
+                    out
+                }
+                None => Some(model.vision.encode(b, &w.patches, w.row_len, &[w.grid])?),
+            };
             let t1 = b.mark()?;
             b.synchronize()?;
             drop(out);
@@ -198,13 +209,14 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         report!(a.json, "| backend | {} | patches | tokens | vision tower ms | first token ms ({} + {} text tokens) |", w.what, w.what, a.prompt_tokens);
         report!(a.json, "|---|---|---|---|---|---|");
         report!(a.json,
-            "| {} | {} | {} | {} | {:.1} (median of {}) | {:.1} |",
+            "| {} | {} | {} | {} | {:.1} (median of {}{}) | {:.1} |",
             b.describe(),
             w.describe,
             n,
             w.tokens(v.spatial_merge_size),
             vision_ms.unwrap_or(f64::NAN),
             times.len(),
+            if sliced { "; in slices, uploads included" } else { "" },
             ttft_ms.unwrap_or(f64::NAN)
         );
     }

@@ -121,7 +121,8 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     }
     let t_inputs = Instant::now();
     // 2. the weights
-    let image_tokens = prepared.tokens();
+    // the tower's activations are planned for its largest pass (long videos go in slices)
+    let image_tokens = qwen3_vl::model::vision::tower_tokens(&prepared.grids, checked.config.vision.spatial_merge_size);
     let l = a.model.load(checked, prompt.len() + a.max_tokens, Some(image_tokens).filter(|&n| n > 0))?;
     let t_loaded = Instant::now();
     // 3. the reply

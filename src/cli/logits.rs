@@ -69,7 +69,8 @@ fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
         return Err(format!("the prompt is {} tokens, more than the model's context of {}", ids.len(), limit).into());
     }
     // 2. the weights, the forward pass
-    let image_tokens = prepared.tokens();
+    // the tower's activations are planned for its largest pass (long videos go in slices)
+    let image_tokens = qwen3_vl::model::vision::tower_tokens(&prepared.grids, checked.config.vision.spatial_merge_size);
     let l = a.model.load(checked, ids.len().max(1), Some(image_tokens).filter(|&n| n > 0))?;
     let mut session = Session::with_kv_dtype(&l.model, &*l.backend, ids.len().max(1), l.kv_dtype)?;
     let logits = session.feed_with_images(&ids, prepared.images().as_ref())?;

@@ -117,6 +117,30 @@ pub struct VisionOutput {
     pub deepstack: Vec<Tensor>,
 }
 
+/// Most merged tokens the tower takes in one pass when an input can be cut between frames
+/// ([`VisionModel::encode`]): 4096, a 2048² image's worth.
+pub const TOWER_SLICE_TOKENS: usize = 4096;
+
+/// Each grid `(t, h, w)` as `t` frames `(1, h, w)`, in order.
+fn frames_of(grids: &[[usize; 3]]) -> Vec<[usize; 3]> {
+    grids.iter().flat_map(|g| std::iter::repeat([1, g[1], g[2]]).take(g[0])).collect()
+}
+
+/// The tokens of the largest tower pass [`VisionModel::encode`] makes for inputs of these grids
+/// (what the tower's activations must be planned for): all of them up to
+/// [`TOWER_SLICE_TOKENS`], else that many (or the largest single frame).
+pub fn tower_tokens(grids: &[[usize; 3]], merge: usize) -> usize {
+    let group = (merge * merge).max(1);
+    let frames = frames_of(grids);
+    let total: usize = frames.iter().map(|g| g[1] * g[2] / group).sum();
+    let largest = frames.iter().map(|g| g[1] * g[2] / group).max().unwrap_or(0);
+    if total <= TOWER_SLICE_TOKENS || frames.len() < 2 {
+        total
+    } else {
+        TOWER_SLICE_TOKENS.max(largest)
+    }
+}
+
 pub struct VisionModel {
     pub cfg: VisionConfig,
     patch_embed: Linear, // [hidden, C·T·P·P]
@@ -243,8 +267,52 @@ impl VisionModel {
     }
 
     /// [`VisionModel::forward`] on host patches `[N, row_len]` (row-major f32): uploads them to
-    /// the tower's backend and runs the tower there as one step ([`Backend::within`]).
+    /// the tower's backend and runs the tower there as one step ([`Backend::within`]). Inputs of
+    /// more than [`TOWER_SLICE_TOKENS`] tokens over several frames (videos, many images) go
+    /// through in slices of whole frames, each at most that many tokens (a larger single frame
+    /// whole): every op but attention is per row and attention stays within a frame, so the
+    /// output is the same while the activations stay bounded (see [`tower_tokens`]).
     pub fn encode(&self, b: &dyn Backend, patches: &[f32], row_len: usize, grids: &[[usize; 3]]) -> Result<VisionOutput> {
+        self.encode_in_slices(b, patches, row_len, grids, TOWER_SLICE_TOKENS)
+    }
+
+    /// [`VisionModel::encode`] with slices of at most `max_tokens` merged tokens.
+    pub fn encode_in_slices(&self, b: &dyn Backend, patches: &[f32], row_len: usize, grids: &[[usize; 3]], max_tokens: usize) -> Result<VisionOutput> {
+        let group = self.cfg.spatial_merge_size * self.cfg.spatial_merge_size;
+        let frames = frames_of(grids);
+        let total: usize = frames.iter().map(|g| g[1] * g[2]).sum::<usize>() / group.max(1);
+        if total <= max_tokens || frames.len() < 2 || row_len == 0 || patches.len() != total * group * row_len {
+            return self.encode_whole(b, patches, row_len, grids);
+        }
+        // the merged outputs of each slice land in their rows of the whole output
+        let out_hidden = self.cfg.out_hidden_size;
+        let zeros = vec![0f32; total * out_hidden];
+        let mut embeds = b.upload_f32(&[total, out_hidden], &zeros)?;
+        let mut deepstack = (0..self.deepstack.len()).map(|_| b.upload_f32(&[total, out_hidden], &zeros)).collect::<Result<Vec<_>>>()?;
+        drop(zeros);
+        let (mut f0, mut row0, mut tok0) = (0usize, 0usize, 0usize);
+        while f0 < frames.len() {
+            let mut f1 = f0 + 1;
+            let mut toks = frames[f0][1] * frames[f0][2] / group;
+            while f1 < frames.len() && toks + frames[f1][1] * frames[f1][2] / group <= max_tokens {
+                toks += frames[f1][1] * frames[f1][2] / group;
+                f1 += 1;
+            }
+            let rows = toks * group;
+            let part = self.encode_whole(b, &patches[row0 * row_len..(row0 + rows) * row_len], row_len, &frames[f0..f1])?;
+            let dst: Vec<usize> = (tok0..tok0 + toks).collect();
+            embeds = b.scatter_rows(&embeds, &dst, &part.embeds, false)?;
+            for (d, p) in deepstack.iter_mut().zip(&part.deepstack) {
+                *d = b.scatter_rows(d, &dst, p, false)?;
+            }
+            f0 = f1;
+            row0 += rows;
+            tok0 += toks;
+        }
+        Ok(VisionOutput { embeds, deepstack })
+    }
+
+    fn encode_whole(&self, b: &dyn Backend, patches: &[f32], row_len: usize, grids: &[[usize; 3]]) -> Result<VisionOutput> {
         let vb = self.backend(b);
         let x = vb.upload_f32(&[patches.len() / row_len.max(1), row_len], patches)?;
         let mut out = None;

@@ -241,3 +241,32 @@ fn expect_with(path: &std::path::Path, cfg: &VideoConfig, lim: &VideoLimits, nee
         Ok(_) => panic!("decoded"),
     }
 }
+
+#[test]
+fn an_image_then_a_video_in_one_turn_match_transformers() {
+    use qwen3_vl::image::{load_image, preprocess, PreprocessConfig};
+    let c = case("image_and_video");
+    let tok = Tokenizer::from_file(&common::repo_root().join("tests/fixtures/tokenizer/tokenizer.json")).unwrap();
+    let root = common::repo_root();
+    let icfg = PreprocessConfig::from_file(&root.join("tests/fixtures/vision/tiny/preprocessor_config.json")).unwrap();
+    let img = preprocess(&load_image(&root.join(c["image"].as_str().unwrap())).unwrap(), &icfg).unwrap();
+    let v = load_video(&dir().join(c["file"].as_str().unwrap()), &config(), &VideoLimits::default()).unwrap();
+    let text = c["rendered"].as_str().unwrap();
+    let question = text.rsplit("<|vision_end|>").next().unwrap().split("<|im_end|>").next().unwrap();
+    let mut user = Message::user(question);
+    user.media = vec![Media::Image(img.num_tokens(2)), Media::Video(VideoPrompt { timestamps: v.patches.timestamps.clone(), tokens_per_frame: v.patches.tokens_per_frame(2) })];
+    let rendered = render(&[user], true);
+    assert_eq!(rendered, text);
+    let ids = tok.encode(&rendered);
+    assert_eq!(ids, u32s(&c["input_ids"]));
+    let mut px = img.patches.clone();
+    px.extend_from_slice(&v.patches.patches);
+    let grids = [img.grid_thw, v.patches.grid_thw];
+    let want = tensor(&c["last_logits"]);
+    for b in common::backends("image and video prompt") {
+        let model = Model::load(&root.join("tests/fixtures/vision/tiny"), &*b, &mut |_, _| {}).unwrap();
+        let mut s = Session::with_kv_dtype(&model, &*b, ids.len(), DType::F32).unwrap();
+        let logits = s.feed_with_images(&ids, Some(&Images { patches: &px, row_len: img.row_len, grids: &grids })).unwrap();
+        common::assert_close_to_std(&format!("image and video logits on {}", b.describe()), &logits, &want, common::logits_tolerance(&*b, DType::F32));
+    }
+}

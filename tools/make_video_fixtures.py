@@ -223,6 +223,27 @@ def make_refs(out):
             f.write("\n")
         manifest["cases"].append(name)
         log(f"{name}: {len(frames)} frames at {fps:.3f} fps, indices {indices}, grid {grid.tolist()}, {len(ids)} ids, logits std {rec['logits_std']:.4f}")
+    # an image, then a video, in one user turn: placeholders, positions and DeepStack rows of both
+    from PIL import Image
+    img = Image.open(os.path.join(repo, "tests/fixtures/vision/a_64x96.png")).convert("RGB")
+    frames, fps = decode(os.path.join(out, CLIPS["gif_exact"][0]))
+    md = VideoMetadata(total_num_frames=len(frames), fps=fps, width=frames.shape[2], height=frames.shape[1], duration=len(frames) / fps)
+    text = CHAT.format(content="<|vision_start|><|image_pad|><|vision_end|>" + VIDEO + "Which comes first?")
+    r = proc(text=[text], images=[img], videos=[frames], video_metadata=[md], do_sample_frames=True, return_tensors="pt", return_metadata=True)
+    ids = r["input_ids"][0].tolist()
+    ones = torch.ones(1, len(ids), dtype=torch.long)
+    with torch.no_grad():
+        o = model(input_ids=torch.tensor([ids]), attention_mask=ones, pixel_values=r["pixel_values"], image_grid_thw=r["image_grid_thw"],
+                  pixel_values_videos=r["pixel_values_videos"], video_grid_thw=r["video_grid_thw"], mm_token_type_ids=r["mm_token_type_ids"])
+        last = o.logits[0, -1].float()
+    rec = {"case": "image_and_video", "image": "tests/fixtures/vision/a_64x96.png", "file": CLIPS["gif_exact"][0], "input_ids": ids,
+           "rendered": tok.decode(ids, skip_special_tokens=False), "image_grid_thw": r["image_grid_thw"].tolist(), "video_grid_thw": r["video_grid_thw"].tolist(),
+           "last_logits": write_f32(out, "image_and_video_last_logits.f32", last.numpy()), "logits_std": float(last.std())}
+    with open(os.path.join(out, "image_and_video.json"), "w") as f:
+        json.dump(rec, f, indent=1)
+        f.write("\n")
+    manifest["cases"].append("image_and_video")
+    log(f"image_and_video: {len(ids)} ids, grids {rec['image_grid_thw']} {rec['video_grid_thw']}, logits std {rec['logits_std']:.4f}")
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, default=str)
         f.write("\n")

@@ -126,6 +126,19 @@ fn frames_of(grids: &[[usize; 3]]) -> Vec<[usize; 3]> {
     grids.iter().flat_map(|g| std::iter::repeat([1, g[1], g[2]]).take(g[0])).collect()
 }
 
+/// Runs of equal frames `(1, h, w)` back into grids `(t, h, w)` (the position tables are made
+/// once per grid).
+fn regroup(frames: &[[usize; 3]]) -> Vec<[usize; 3]> {
+    let mut out: Vec<[usize; 3]> = Vec::new();
+    for f in frames {
+        match out.last_mut() {
+            Some(g) if g[1] == f[1] && g[2] == f[2] => g[0] += 1,
+            _ => out.push(*f),
+        }
+    }
+    out
+}
+
 /// The tokens of the largest tower pass [`VisionModel::encode`] makes for inputs of these grids
 /// (what the tower's activations must be planned for): all of them up to
 /// [`TOWER_SLICE_TOKENS`], else that many (or the largest single frame).
@@ -286,10 +299,8 @@ impl VisionModel {
         }
         // the merged outputs of each slice land in their rows of the whole output
         let out_hidden = self.cfg.out_hidden_size;
-        let zeros = vec![0f32; total * out_hidden];
-        let mut embeds = b.upload_f32(&[total, out_hidden], &zeros)?;
-        let mut deepstack = (0..self.deepstack.len()).map(|_| b.upload_f32(&[total, out_hidden], &zeros)).collect::<Result<Vec<_>>>()?;
-        drop(zeros);
+        let mut embeds = b.zeros(&[total, out_hidden])?;
+        let mut deepstack = (0..self.deepstack.len()).map(|_| b.zeros(&[total, out_hidden])).collect::<Result<Vec<_>>>()?;
         let (mut f0, mut row0, mut tok0) = (0usize, 0usize, 0usize);
         while f0 < frames.len() {
             let mut f1 = f0 + 1;
@@ -299,7 +310,7 @@ impl VisionModel {
                 f1 += 1;
             }
             let rows = toks * group;
-            let part = self.encode_whole(b, &patches[row0 * row_len..(row0 + rows) * row_len], row_len, &frames[f0..f1])?;
+            let part = self.encode_whole(b, &patches[row0 * row_len..(row0 + rows) * row_len], row_len, &regroup(&frames[f0..f1]))?;
             let dst: Vec<usize> = (tok0..tok0 + toks).collect();
             embeds = b.scatter_rows(&embeds, &dst, &part.embeds, false)?;
             for (d, p) in deepstack.iter_mut().zip(&part.deepstack) {

@@ -109,7 +109,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         return Err("time one of --image-side, --video and --video-frames per run".into());
     }
     // the placement covers the longest session: the text one, or the vision prompt's
-    let image_session = vision.as_ref().map_or(0, |w| w.tokens(v.spatial_merge_size) + a.prompt_tokens);
+    let image_session = vision.as_ref().map_or(0, |w| w.prompt_ids(&opened.config).len() + a.prompt_tokens + 1);
     if let Some(n) = a.batch {
         if n == 0 || vision.is_some() || a.context.is_some() {
             return Err("--batch takes a count of at least 1, and none of --image-side, --video, --video-frames or --context".into());

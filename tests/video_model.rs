@@ -1,8 +1,8 @@
 //! Video prompts against transformers (tests/fixtures/video, made by
 //! tools/make_video_fixtures.py on the tiny checkpoint of tests/fixtures/vision): frame
 //! sampling, `video_grid_thw`, pixel values, the rendered prompt and its ids, the rotary
-//! positions and the last logits, from the clip files through our decoders (GIF natively, the
-//! Matroska and MP4 clips through ffmpeg). Logits within 1e-3 of the std (times the backend's
+//! positions and the last logits, from the clip files through our decoders (GIF and animated
+//! WebP natively, the Matroska and MP4 clips through ffmpeg). Logits within 1e-3 of the std (times the backend's
 //! tolerance, as for images) where no resize happens and the decode is lossless; within 1e-2
 //! where the processor resizes (transformers resizes with torchvision, we as Pillow does) or the
 //! codec is lossy (OpenCV's and ffmpeg's YUV to RGB conversions round differently).
@@ -22,7 +22,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 /// (case, exact: no resize and a lossless decode)
-const CASES: &[(&str, bool)] = &[("gif_exact", true), ("gif_resized", false), ("gif_three", true), ("mkv_lossless", true), ("mp4_h264", false)];
+const CASES: &[(&str, bool)] = &[("gif_exact", true), ("gif_resized", false), ("gif_three", true), ("webp_lossless", true), ("mkv_lossless", true), ("mp4_h264", false)];
 
 fn dir() -> PathBuf {
     common::repo_root().join("tests/fixtures/video")
@@ -46,7 +46,7 @@ fn config() -> VideoConfig {
 }
 
 fn needs_ffmpeg(file: &str) -> bool {
-    !file.ends_with(".gif")
+    !file.ends_with(".gif") && !file.ends_with(".webp")
 }
 
 /// Whether the ffmpeg cases can run here (false: skip, with a message; under CI: fail).
@@ -215,6 +215,12 @@ fn bad_videos_are_clear_errors() {
         Err(Error::Video { msg, .. }) => assert!(msg.contains("1.2 s of video exceed"), "{}", msg),
         other => panic!("{:?}", other.map(|v| v.indices)),
     }
+    // a still WebP is an image, not a video
+    let still = root_image("exif_o8_20x30.webp");
+    match load_video(&still, &cfg, &lim) {
+        Err(Error::Video { msg, .. }) => assert!(msg.contains("still WebP"), "{}", msg),
+        other => panic!("{:?}", other.map(|v| v.indices)),
+    }
     // ffmpeg missing: the error names the tool and how to give it
     let text = tmp.join("notes.mp4");
     std::fs::write(&text, b"this is not a video at all\n").unwrap();
@@ -269,4 +275,8 @@ fn an_image_then_a_video_in_one_turn_match_transformers() {
         let logits = s.feed_with_images(&ids, Some(&Images { patches: &px, row_len: img.row_len, grids: &grids })).unwrap();
         common::assert_close_to_std(&format!("image and video logits on {}", b.describe()), &logits, &want, common::logits_tolerance(&*b, DType::F32));
     }
+}
+
+fn root_image(name: &str) -> PathBuf {
+    common::repo_root().join("tests/fixtures/images").join(name)
 }

@@ -5,7 +5,8 @@ Two steps, on two machines:
 
     python3 tools/make_video_fixtures.py files --out tests/fixtures/video
         Writes the clips (needs numpy, Pillow and an ffmpeg executable with FFV1 and libx264):
-        exact-palette animated GIFs, a lossless FFV1/RGB Matroska file and a lossy H.264 MP4,
+        exact-palette animated GIFs, a lossless animated WebP, a lossless FFV1/RGB Matroska file
+        and a lossy H.264 MP4,
         plus video_preprocessor_config.json (small pixel bounds, so that the exact clips are
         not resized).
 
@@ -17,8 +18,8 @@ Two steps, on two machines:
         <case>.json with the sampled frame indices, video_grid_thw, the rendered prompt, its
         input ids, the position ids, and <case>_pixel_values.f32 / <case>_last_logits.f32.
 
-The frame rate given to the processor: a GIF's frame count over its summed frame delays (a
-delay under 2 hundredths counts as 10, as ffmpeg's demuxer does); OpenCV's CAP_PROP_FPS for the
+The frame rate given to the processor: a GIF's or WebP's frame count over its summed frame
+delays (a delay under 2 hundredths counts as 10, as ffmpeg's demuxer does); OpenCV's CAP_PROP_FPS for the
 rest. The total frame count: the frames decoded.
 """
 
@@ -52,6 +53,7 @@ CLIPS = {
     "gif_resized": ("gif_resized_9x50x70.gif", 9, 50, 70, 20, "Describe it."),
     "gif_three": ("gif_three_3x32x64.gif", 3, 32, 64, 10, "And this one?"),
     "mkv_lossless": ("ffv1_20x64x64.mkv", 20, 64, 64, 25, "What moves?"),
+    "webp_lossless": ("webp_lossless_8x64x96.webp", 8, 64, 96, 150, "What changes?"),
     "mp4_h264": ("h264_30x64x96.mp4", 30, 64, 96, 15, "Summarize the clip."),
 }
 
@@ -100,7 +102,14 @@ def make_files(out):
     for name, (file, n, h, w, rate, _) in CLIPS.items():
         path = os.path.join(out, file)
         frames = [frame(h, w, k, n, len(name)) for k in range(n)]
-        if file.endswith(".gif"):
+        if file.endswith(".webp"):
+            # lossless; Pillow's encoder stores changed rectangles, blended or not: the decoder's
+            # compositing is exercised
+            ims = [Image.fromarray(fr) for fr in frames]
+            ims[0].save(path, save_all=True, append_images=ims[1:], duration=rate, loop=0, lossless=True, quality=100, method=4)
+            back = Image.open(path)
+            assert back.n_frames == n, (path, back.n_frames)
+        elif file.endswith(".gif"):
             ims = []
             for fr in frames:
                 idx, _ = quantize(fr, pal)
@@ -127,14 +136,14 @@ def make_files(out):
 
 def decode(path):
     """Frames (RGB uint8, [T, H, W, 3]) and fps, as transformers' loaders would get them."""
-    if path.endswith(".gif"):
+    if path.endswith((".gif", ".webp")):
         from PIL import Image, ImageSequence
         im = Image.open(path)
         frames, cs = [], 0.0
         for fr in ImageSequence.Iterator(im):
-            d = fr.info.get("duration", 0) / 10.0
+            frames.append(np.asarray(fr.convert("RGB")))  # (a WebP frame's duration is set once loaded)
+            d = (fr.info.get("duration") or 0) / 10.0
             cs += 10.0 if d < 2.0 else d
-            frames.append(np.asarray(fr.convert("RGB")))
         return np.stack(frames), len(frames) / (cs / 100.0)
     import cv2
     cap = cv2.VideoCapture(path)

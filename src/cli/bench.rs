@@ -43,8 +43,9 @@ pub struct BenchArgs {
     /// patches are synthetic, the work is the real tower's.
     #[clap(long)]
     image_side: Option<usize>,
-    /// Also time a video: decoded and processed as `generate --video` does (GIF natively, the
-    /// rest through ffmpeg), then the tower and the first token of a prompt holding it.
+    /// Also time a video: decoded and processed as `generate --video` does (GIF and WebP
+    /// natively, the rest through ffmpeg), then the tower and the first token of a prompt
+    /// holding it.
     #[clap(long)]
     video: Option<PathBuf>,
     /// Also time the tower on a synthetic video of this many frames (with --video-side).

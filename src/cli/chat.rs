@@ -30,7 +30,7 @@ pub struct ChatArgs {
     /// Resize images above this many pixels down (default from preprocessor_config.json).
     #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     max_pixels: Option<usize>,
-    /// A video (animated GIF; MP4, WebM, MOV and the rest through ffmpeg) for the first
+    /// A video (animated GIF or WebP; MP4, WebM, MOV and the rest through ffmpeg) for the first
     /// message; repeat for several. Images and videos go in the order given.
     #[clap(long = "video")]
     pub videos: Vec<PathBuf>,
@@ -51,7 +51,7 @@ pub struct ChatArgs {
 
 const HELP: &str = "commands:
   /image PATH   attach an image (JPEG, PNG, WebP) to your next message
-  /video PATH   attach a video (GIF; MP4, WebM, MOV, ... through ffmpeg) to your next message
+  /video PATH   attach a video (GIF, WebP; MP4, WebM, MOV, ... via ffmpeg) to your next message
   /reset        start a new conversation
   /help         this list
   /exit, /quit  leave (Ctrl-D too)

@@ -295,8 +295,8 @@ pub struct ImageArgs {
     /// preprocessor_config.json).
     #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     pub max_pixels: Option<usize>,
-    /// A video to ask about (animated GIF natively; MP4, WebM, MOV and the rest through
-    /// ffmpeg); repeat for several. Images and videos go in the order given.
+    /// A video to ask about (animated GIF and WebP natively; MP4, WebM, MOV and the rest
+    /// through ffmpeg); repeat for several. Images and videos go in the order given.
     #[clap(long = "video")]
     pub videos: Vec<PathBuf>,
     #[clap(flatten)]
@@ -319,7 +319,8 @@ pub struct VideoOpts {
     /// Most pixels over all sampled frames of a video (its frames are resized to share them).
     #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
     pub video_max_pixels: Option<usize>,
-    /// The ffmpeg executable for videos other than GIF (default: $QWEN3_VL_FFMPEG, else PATH).
+    /// The ffmpeg executable for videos other than GIF and WebP (default: $QWEN3_VL_FFMPEG, else
+    /// PATH).
     #[clap(long)]
     pub ffmpeg: Option<PathBuf>,
 }

@@ -1,7 +1,7 @@
 //! Images and videos of a request: `image_url` and `video_url` parts to preprocessed patches.
 //!
 //! Accepted URLs: `data:image/{jpeg,png,webp};base64,...` for images,
-//! `data:{video/mp4,video/webm,video/quicktime,video/x-matroska,image/gif};base64,...` for
+//! `data:{video/mp4,video/webm,video/quicktime,video/x-matroska,image/gif,image/webp};base64,...` for
 //! videos, and, only when the server was given an allowed directory, `file://` URLs or absolute
 //! paths of files inside it (after resolving symbolic links and `..`). The server fetches
 //! nothing from the network: `http(s)://` URLs are refused with a message saying to send the
@@ -157,12 +157,12 @@ fn fetch_kind(url: &str, param: &str, policy: &ImagePolicy, video: bool) -> Resu
         let mut fields = meta.split(';');
         let mime = fields.next().unwrap_or("").trim().to_ascii_lowercase();
         let known = if video {
-            matches!(mime.as_str(), "video/mp4" | "video/webm" | "video/quicktime" | "video/x-matroska" | "image/gif" | "")
+            matches!(mime.as_str(), "video/mp4" | "video/webm" | "video/quicktime" | "video/x-matroska" | "image/gif" | "image/webp" | "")
         } else {
             matches!(mime.as_str(), "image/jpeg" | "image/jpg" | "image/png" | "image/webp" | "")
         };
         if !known {
-            let list = if video { "video/mp4, video/webm, video/quicktime, video/x-matroska, image/gif" } else { "image/jpeg, image/png, image/webp" };
+            let list = if video { "video/mp4, video/webm, video/quicktime, video/x-matroska, image/gif, image/webp" } else { "image/jpeg, image/png, image/webp" };
             return Err(bad(code("unsupported_image_type", "unsupported_video_type"), format!("{} data: URLs of type '{}' are not supported ({})", what, mime.chars().take(40).collect::<String>(), list)));
         }
         if !fields.any(|f| f.trim().eq_ignore_ascii_case("base64")) {

@@ -1,5 +1,5 @@
-//! Every container and codec other than GIF through the `ffmpeg` executable: spawned without a
-//! shell (arguments passed as they are, the file name after `-i`), `ffprobe` (beside it) for
+//! Every container and codec other than GIF and WebP through the `ffmpeg` executable: spawned
+//! without a shell (arguments passed as they are, the file name after `-i`), `ffprobe` (beside it) for
 //! the stream's size, frame count and rate, and the frames read as raw RGB from a pipe. Both
 //! run under the caller's time limit and are killed past it; stderr is kept (its first 4 KiB)
 //! for the error message.
@@ -46,7 +46,7 @@ impl Ffmpeg {
     pub(super) fn locate(given: Option<&Path>, name: &str) -> Result<Ffmpeg> {
         let missing = |what: &str| Error::Video {
             file: name.to_string(),
-            msg: format!("{}: videos other than GIF are decoded by ffmpeg; install it (e.g. `apt install ffmpeg`) or name it with --ffmpeg PATH or {}", what, FFMPEG_ENV),
+            msg: format!("{}: videos other than GIF and WebP are decoded by ffmpeg; install it (e.g. `apt install ffmpeg`) or name it with --ffmpeg PATH or {}", what, FFMPEG_ENV),
         };
         let ffmpeg = find_ffmpeg(given).ok_or_else(|| missing("no ffmpeg on PATH"))?;
         if !ffmpeg.is_file() {

@@ -1,7 +1,8 @@
 //! Video input for the vision tower: files to sampled RGB frames, and frames to the patches,
 //! timestamps and prompt pieces the model reads, as transformers' Qwen3-VL processor makes them.
 //!
-//! Decoding: animated GIFs natively (`gif.rs`; frame delays give the frame rate); every other
+//! Decoding: animated GIFs and WebPs natively (`gif.rs`, `webp.rs`; frame delays give the frame
+//! rate); every other
 //! container and codec through an `ffmpeg` executable (`ffmpeg.rs`: spawned without a shell,
 //! raw RGB frames read from a pipe, the frame rate and count from `ffprobe`, under a time limit).
 //! Frames are sampled as the processor does ([`sample_indices`]), and each kept frame is
@@ -20,6 +21,7 @@
 mod ffmpeg;
 mod gif;
 mod process;
+mod webp;
 
 pub use ffmpeg::{find_ffmpeg, FFMPEG_ENV};
 pub use process::{preprocess_video, resized_size, sample_indices, smart_resize_video, timestamp_text, timestamps, VideoConfig, MAX_FRAMES_LIMIT};
@@ -134,7 +136,7 @@ fn is_gif(b: &[u8]) -> bool {
     b.starts_with(b"GIF87a") || b.starts_with(b"GIF89a")
 }
 
-/// Reads, samples and processes a video file: an animated GIF natively, any other format
+/// Reads, samples and processes a video file: an animated GIF or WebP natively, any other format
 /// through `ffmpeg` (see [`VideoLimits::ffmpeg`]). Errors are [`Error::Video`] naming the
 /// file (unreadable, over a limit, not a video, corrupt, `ffmpeg` missing or failing) or the
 /// processor's [`Error::Limit`].
@@ -151,11 +153,11 @@ pub fn load_video(path: &Path, cfg: &VideoConfig, limits: &VideoLimits) -> Resul
     if meta.len() == 0 {
         return Err(fail("the file is empty".into()));
     }
-    let mut head = [0u8; 6];
+    let mut head = [0u8; 12];
     let n = std::fs::File::open(path).and_then(|mut f| std::io::Read::read(&mut f, &mut head)).map_err(|e| fail(format!("cannot read: {}", e)))?;
-    if is_gif(&head[..n]) {
+    if is_gif(&head[..n]) || webp::is_webp(&head[..n]) {
         let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {}", e)))?;
-        return decode_gif_video(&bytes, &name, cfg, limits);
+        return decode_native(&bytes, &name, cfg, limits);
     }
     let t0 = Instant::now();
     let ff = ffmpeg::Ffmpeg::locate(limits.ffmpeg.as_deref(), &name)?;
@@ -168,14 +170,14 @@ pub fn load_video(path: &Path, cfg: &VideoConfig, limits: &VideoLimits) -> Resul
     plan.finish(info, frames, cfg, &name)
 }
 
-/// [`load_video`] on an encoded video in memory: GIF natively; other formats are written to a
+/// [`load_video`] on an encoded video in memory: GIF and WebP natively; other formats are written to a
 /// temporary file for `ffmpeg` (removed afterwards).
 pub fn decode_video(bytes: &[u8], name: &str, cfg: &VideoConfig, limits: &VideoLimits) -> Result<Video> {
     if bytes.len() as u64 > limits.max_bytes {
         return Err(Error::Video { file: name.to_string(), msg: format!("{} bytes exceed the limit of {}", bytes.len(), limits.max_bytes) });
     }
-    if is_gif(bytes) {
-        return decode_gif_video(bytes, name, cfg, limits);
+    if is_gif(bytes) || webp::is_webp(bytes) {
+        return decode_native(bytes, name, cfg, limits);
     }
     let tmp = TempFile::write(bytes).map_err(|e| Error::Video { file: name.to_string(), msg: format!("cannot write a temporary file for ffmpeg: {}", e) })?;
     load_video(&tmp.0, cfg, limits).map_err(|e| match e {
@@ -184,12 +186,22 @@ pub fn decode_video(bytes: &[u8], name: &str, cfg: &VideoConfig, limits: &VideoL
     })
 }
 
-fn decode_gif_video(bytes: &[u8], name: &str, cfg: &VideoConfig, limits: &VideoLimits) -> Result<Video> {
-    let info = gif::probe(bytes, name, limits)?;
+/// GIF and animated WebP, decoded here.
+fn decode_native(bytes: &[u8], name: &str, cfg: &VideoConfig, limits: &VideoLimits) -> Result<Video> {
+    let gif = is_gif(bytes);
+    if !gif && !webp::is_animated(bytes) {
+        return Err(Error::Video { file: name.to_string(), msg: "a still WebP image, not a video (send it as an image)".into() });
+    }
+    let info = if gif { gif::probe(bytes, name, limits)? } else { webp::probe(bytes, name, limits)? };
     limits.check(&info, name)?;
     let plan = Plan::new(&info, cfg)?;
     let mut frames = plan.slots();
-    gif::decode(bytes, name, &mut |i, img| plan.keep(&mut frames, i, img))?;
+    let mut keep = |i: usize, img: RgbImage| plan.keep(&mut frames, i, img);
+    if gif {
+        gif::decode(bytes, name, &mut keep)?;
+    } else {
+        webp::decode(bytes, name, &mut keep)?;
+    }
     plan.finish(info, frames, cfg, name)
 }
 

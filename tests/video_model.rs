@@ -215,6 +215,18 @@ fn bad_videos_are_clear_errors() {
         Err(Error::Video { msg, .. }) => assert!(msg.contains("1.2 s of video exceed"), "{}", msg),
         other => panic!("{:?}", other.map(|v| v.indices)),
     }
+    // a GIF with a header and no frames; one declaring an absurd canvas
+    let noframes = tmp.join("noframes.gif");
+    let mut b = gif[..13].to_vec();
+    b[10] = 0; // no global colour table
+    b.push(0x3B);
+    std::fs::write(&noframes, &b).unwrap();
+    expect(&noframes, "no frames");
+    let huge = tmp.join("huge.gif");
+    let mut b = gif.clone();
+    b[6..10].copy_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF]);
+    std::fs::write(&huge, &b).unwrap();
+    expect(&huge, "65535x65535 canvas");
     // a still WebP is an image, not a video
     let still = root_image("exif_o8_20x30.webp");
     match load_video(&still, &cfg, &lim) {
@@ -229,6 +241,9 @@ fn bad_videos_are_clear_errors() {
     if ffmpeg_available() {
         // a text file named .mp4, and a truncated MP4
         expect(&text, "ffprobe cannot read it");
+        // past the time limit ffprobe / ffmpeg are killed and the error says so
+        let hurry = VideoLimits { timeout: std::time::Duration::from_millis(1), ..VideoLimits::default() };
+        expect_with(&dir().join("h264_30x64x96.mp4"), &cfg, &hurry, "did not finish within");
         let mp4 = std::fs::read(dir().join("h264_30x64x96.mp4")).unwrap();
         let t = tmp.join("trunc.mp4");
         std::fs::write(&t, &mp4[..mp4.len() / 3]).unwrap();

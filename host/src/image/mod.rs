@@ -20,7 +20,7 @@
 
 mod decode;
 mod meta;
-mod preprocess;
+pub(crate) mod preprocess;
 mod resize;
 mod webp;
 

@@ -68,28 +68,11 @@ impl PreprocessConfig {
 
     /// [`PreprocessConfig::from_file`] on JSON text; `file` names it in errors.
     pub fn from_json_str(text: &str, file: &str) -> Result<PreprocessConfig> {
-        let bad = |msg: String| Error::Config { file: file.to_string(), msg };
-        let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {}", e)))?;
-        let obj = v.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
+        let r = Fields { file };
+        let bad = |msg: String| r.bad(msg);
+        let obj = r.object(text)?;
         let mut c = PreprocessConfig::qwen3_vl_default();
-        let count = |key: &str, v: &Value| -> Result<usize> {
-            v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{}: expected a non-negative integer, got {}", key, v)))
-        };
-        let flag = |key: &str, v: &Value| v.as_bool().ok_or_else(|| bad(format!("{}: expected true or false, got {}", key, v)));
-        let triple = |key: &str, v: &Value| -> Result<[f32; 3]> {
-            let err = || bad(format!("{}: expected a number or 3 numbers, got {}", key, v));
-            match v {
-                Value::Number(n) => Ok([n.as_f64().ok_or_else(err)? as f32; 3]),
-                Value::Array(a) if a.len() == 3 => {
-                    let mut out = [0f32; 3];
-                    for (o, x) in out.iter_mut().zip(a) {
-                        *o = x.as_f64().ok_or_else(err)? as f32;
-                    }
-                    Ok(out)
-                }
-                _ => Err(err()),
-            }
-        };
+        let (count, flag, triple) = (|k: &str, v: &Value| r.count(k, v), |k: &str, v: &Value| r.flag(k, v), |k: &str, v: &Value| r.triple(k, v));
         if let Some(size) = obj.get("size").filter(|s| !s.is_null()) {
             let size = size.as_object().ok_or_else(|| bad(format!("size: expected an object, got {}", size)))?;
             for (key, value) in size {
@@ -100,7 +83,7 @@ impl PreprocessConfig {
                 }
             }
         }
-        for (key, value) in obj {
+        for (key, value) in &obj {
             if value.is_null() {
                 continue;
             }
@@ -112,9 +95,7 @@ impl PreprocessConfig {
                 "max_pixels" => c.max_pixels = count(key, value)?,
                 "image_mean" => c.image_mean = triple(key, value)?,
                 "image_std" => c.image_std = triple(key, value)?,
-                "rescale_factor" => {
-                    c.rescale_factor = value.as_f64().ok_or_else(|| bad(format!("rescale_factor: expected a number, got {}", value)))?
-                }
+                "rescale_factor" => c.rescale_factor = r.number(key, value)?,
                 "do_resize" => c.do_resize = flag(key, value)?,
                 "do_rescale" => c.do_rescale = flag(key, value)?,
                 "do_normalize" => c.do_normalize = flag(key, value)?,
@@ -143,11 +124,76 @@ impl PreprocessConfig {
         if self.max_pixels == 0 || self.max_pixels > MAX_PIXELS_LIMIT || self.min_pixels > MAX_PIXELS_LIMIT {
             return Err(format!("size.longest_edge (max_pixels) {} and shortest_edge (min_pixels) {} must be at most {} (and max_pixels positive)", self.max_pixels, self.min_pixels, MAX_PIXELS_LIMIT));
         }
-        if self.image_std.iter().any(|&s| s == 0.0 || !s.is_finite()) || self.image_mean.iter().any(|m| !m.is_finite()) {
-            return Err(format!("image_mean {:?} / image_std {:?}: std must be nonzero, both finite", self.image_mean, self.image_std));
-        }
-        Ok(())
+        check_mean_std(&self.image_mean, &self.image_std)
     }
+}
+
+/// Reads the fields of a processor's JSON settings, naming the file and key in errors
+/// ([`Error::Config`]); shared by the image and video processors.
+pub(crate) struct Fields<'a> {
+    pub file: &'a str,
+}
+
+impl Fields<'_> {
+    pub fn bad(&self, msg: String) -> Error {
+        Error::Config { file: self.file.to_string(), msg }
+    }
+    /// The top-level object of `text`.
+    pub fn object(&self, text: &str) -> Result<serde_json::Map<String, Value>> {
+        match serde_json::from_str::<Value>(text).map_err(|e| self.bad(format!("not valid JSON: {}", e)))? {
+            Value::Object(o) => Ok(o),
+            _ => Err(self.bad("not a JSON object".into())),
+        }
+    }
+    pub fn count(&self, key: &str, v: &Value) -> Result<usize> {
+        v.as_u64().map(|n| n as usize).ok_or_else(|| self.bad(format!("{}: expected a non-negative integer, got {}", key, v)))
+    }
+    pub fn number(&self, key: &str, v: &Value) -> Result<f64> {
+        v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| self.bad(format!("{}: expected a number, got {}", key, v)))
+    }
+    pub fn flag(&self, key: &str, v: &Value) -> Result<bool> {
+        v.as_bool().ok_or_else(|| self.bad(format!("{}: expected true or false, got {}", key, v)))
+    }
+    /// A number for all three channels, or three numbers.
+    pub fn triple(&self, key: &str, v: &Value) -> Result<[f32; 3]> {
+        let err = || self.bad(format!("{}: expected a number or 3 numbers, got {}", key, v));
+        match v {
+            Value::Number(n) => Ok([n.as_f64().ok_or_else(err)? as f32; 3]),
+            Value::Array(a) if a.len() == 3 => {
+                let mut out = [0f32; 3];
+                for (o, x) in out.iter_mut().zip(a) {
+                    *o = x.as_f64().ok_or_else(err)? as f32;
+                }
+                Ok(out)
+            }
+            _ => Err(err()),
+        }
+    }
+}
+
+/// Whether a mean and std are usable: finite, std nonzero; the message names both.
+pub(crate) fn check_mean_std(mean: &[f32; 3], std: &[f32; 3]) -> std::result::Result<(), String> {
+    if std.iter().any(|&s| s == 0.0 || !s.is_finite()) || mean.iter().any(|m| !m.is_finite()) {
+        return Err(format!("image_mean {:?} / image_std {:?}: std must be nonzero, both finite", mean, std));
+    }
+    Ok(())
+}
+
+/// Every processed value as a function of one 8-bit sample and its channel:
+/// `(f32(v · rescale) - mean) / std` in f32 (each step where enabled), the product in f64 as
+/// transformers computes it.
+pub(crate) fn value_table(do_rescale: bool, rescale_factor: f64, do_normalize: bool, mean: &[f32; 3], std: &[f32; 3]) -> [[f32; 256]; 3] {
+    let mut table = [[0f32; 256]; 3];
+    for (c, row) in table.iter_mut().enumerate() {
+        for (v, out) in row.iter_mut().enumerate() {
+            let mut x = if do_rescale { (v as f64 * rescale_factor) as f32 } else { v as f32 };
+            if do_normalize {
+                x = (x - mean[c]) / std[c];
+            }
+            *out = x;
+        }
+    }
+    table
 }
 
 /// The largest `min_pixels` / `max_pixels` accepted: 2^28 pixels (16384²), 16 times the
@@ -155,7 +201,7 @@ impl PreprocessConfig {
 pub const MAX_PIXELS_LIMIT: usize = 1 << 28;
 
 /// Python's `round()` of a float: to the nearest integer, ties to even.
-fn round_half_even(q: f64) -> f64 {
+pub(crate) fn round_half_even(q: f64) -> f64 {
     let fl = q.floor();
     let diff = q - fl;
     if diff > 0.5 || (diff == 0.5 && fl % 2.0 != 0.0) {
@@ -231,17 +277,7 @@ pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Result<ImagePatches
         &resized
     };
 
-    // Every value is a function of one byte and its channel: tabulate it.
-    let mut table = [[0f32; 256]; 3];
-    for (c, row) in table.iter_mut().enumerate() {
-        for (v, out) in row.iter_mut().enumerate() {
-            let mut x = if cfg.do_rescale { (v as f64 * cfg.rescale_factor) as f32 } else { v as f32 };
-            if cfg.do_normalize {
-                x = (x - cfg.image_mean[c]) / cfg.image_std[c];
-            }
-            *out = x;
-        }
-    }
+    let table = value_table(cfg.do_rescale, cfg.rescale_factor, cfg.do_normalize, &cfg.image_mean, &cfg.image_std);
 
     let (gh, gw) = (h / p, w / p);
     let row_len = 3 * t * p * p;

@@ -10,7 +10,6 @@ use super::{VideoInfo, VideoLimits};
 use crate::image::RgbImage;
 use crate::{Error, Result};
 use ::image::codecs::gif::GifDecoder;
-use ::image::AnimationDecoder;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Hundredths of a second a frame with a tiny delay is shown for.
@@ -106,31 +105,11 @@ fn scan(b: &[u8], max_frames: usize) -> std::result::Result<(usize, usize, Vec<u
 }
 
 /// Decodes the frames in order, handing each (upright RGB) to `visit` with its index until it
-/// returns false or the frames end.
+/// returns false or the frames end; a corrupt frame ends the video there (with a warning).
 pub(super) fn decode(bytes: &[u8], name: &str, visit: &mut dyn FnMut(usize, RgbImage) -> bool) -> Result<()> {
+    use ::image::AnimationDecoder;
     let d = decoder(bytes, name)?;
-    let mut err = None;
-    catch_unwind(AssertUnwindSafe(|| {
-        for (i, f) in d.into_frames().enumerate() {
-            match f {
-                Ok(f) => {
-                    let buf = f.into_buffer();
-                    let (w, h) = (buf.width() as usize, buf.height() as usize);
-                    let rgb: Vec<u8> = buf.into_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
-                    let img = RgbImage::new(w, h, rgb).expect("an RGBA frame has w·h pixels");
-                    if !visit(i, img) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    err = Some(e.to_string());
-                    break;
-                }
-            }
-        }
-    }))
-    .map_err(|_| fail(name, "the GIF decoder failed on malformed frame data".into()))?;
-    if let Some(e) = err {
+    if let Some(e) = super::visit_frames(d.into_frames(), visit) {
         log::warn!("{}: stopped at a corrupt GIF frame: {}", name, e);
     }
     Ok(())

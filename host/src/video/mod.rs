@@ -264,6 +264,35 @@ impl Plan {
     }
 }
 
+/// Hands the composited frames of an `image` animation decoder, as upright RGB (alpha dropped),
+/// to `visit` with their index until it returns false. Returns the message of the first frame
+/// that fails to decode (the frames before it were handed out), or of a decoder panic.
+fn visit_frames(frames: ::image::Frames<'_>, visit: &mut dyn FnMut(usize, RgbImage) -> bool) -> Option<String> {
+    let mut err = None;
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for (i, f) in frames.enumerate() {
+            match f {
+                Ok(f) => {
+                    let buf = f.into_buffer();
+                    let (w, h) = (buf.width() as usize, buf.height() as usize);
+                    let rgb: Vec<u8> = buf.into_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+                    if !visit(i, RgbImage::new(w, h, rgb).expect("an RGBA frame has w·h pixels")) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    err = Some(format!("frame {}: {}", i + 1, e));
+                    break;
+                }
+            }
+        }
+    }));
+    if run.is_err() {
+        return Some("the decoder failed on malformed frame data".into());
+    }
+    err
+}
+
 /// A temporary file removed on drop.
 struct TempFile(PathBuf);
 

@@ -2,6 +2,7 @@
 //! patches, as transformers' `Qwen3VLVideoProcessor` and `Qwen3VLProcessor` compute them.
 
 use super::VideoPatches;
+use crate::image::preprocess::{check_mean_std, round_half_even, value_table, Fields};
 use crate::image::{resize_bicubic, RgbImage};
 use crate::{Error, Result};
 use rayon::prelude::*;
@@ -79,27 +80,11 @@ impl VideoConfig {
 
     /// [`VideoConfig::from_file`] on JSON text; `file` names it in errors.
     pub fn from_json_str(text: &str, file: &str) -> Result<VideoConfig> {
-        let bad = |msg: String| Error::Config { file: file.to_string(), msg };
-        let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {}", e)))?;
-        let obj = v.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
+        let r = Fields { file };
+        let bad = |msg: String| r.bad(msg);
+        let obj = r.object(text)?;
         let mut c = VideoConfig::qwen3_vl_default();
-        let count = |key: &str, v: &Value| -> Result<usize> { v.as_u64().map(|n| n as usize).ok_or_else(|| bad(format!("{}: expected a non-negative integer, got {}", key, v))) };
-        let number = |key: &str, v: &Value| -> Result<f64> { v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| bad(format!("{}: expected a number, got {}", key, v))) };
-        let flag = |key: &str, v: &Value| v.as_bool().ok_or_else(|| bad(format!("{}: expected true or false, got {}", key, v)));
-        let triple = |key: &str, v: &Value| -> Result<[f32; 3]> {
-            let err = || bad(format!("{}: expected a number or 3 numbers, got {}", key, v));
-            match v {
-                Value::Number(n) => Ok([n.as_f64().ok_or_else(err)? as f32; 3]),
-                Value::Array(a) if a.len() == 3 => {
-                    let mut out = [0f32; 3];
-                    for (o, x) in out.iter_mut().zip(a) {
-                        *o = x.as_f64().ok_or_else(err)? as f32;
-                    }
-                    Ok(out)
-                }
-                _ => Err(err()),
-            }
-        };
+        let (count, number, flag, triple) = (|k: &str, v: &Value| r.count(k, v), |k: &str, v: &Value| r.number(k, v), |k: &str, v: &Value| r.flag(k, v), |k: &str, v: &Value| r.triple(k, v));
         if let Some(size) = obj.get("size").filter(|s| !s.is_null()) {
             let size = size.as_object().ok_or_else(|| bad(format!("size: expected an object, got {}", size)))?;
             for (key, value) in size {
@@ -110,7 +95,7 @@ impl VideoConfig {
                 }
             }
         }
-        for (key, value) in obj {
+        for (key, value) in &obj {
             if value.is_null() {
                 continue;
             }
@@ -153,10 +138,7 @@ impl VideoConfig {
         if self.max_pixels == 0 || self.max_pixels > MAX_VIDEO_PIXELS || self.min_pixels > MAX_VIDEO_PIXELS {
             return Err(format!("size.longest_edge {} and size.shortest_edge {} must be at most {} (longest positive)", self.max_pixels, self.min_pixels, MAX_VIDEO_PIXELS));
         }
-        if self.image_std.iter().any(|&s| s == 0.0 || !s.is_finite()) || self.image_mean.iter().any(|m| !m.is_finite()) {
-            return Err(format!("image_mean {:?} / image_std {:?}: std must be nonzero, both finite", self.image_mean, self.image_std));
-        }
-        Ok(())
+        check_mean_std(&self.image_mean, &self.image_std)
     }
 }
 
@@ -192,17 +174,6 @@ fn linspace_round(last: usize, n: usize) -> Vec<usize> {
             let step = last as f64 / (n - 1) as f64;
             (0..n).map(|i| if i == n - 1 { last } else { round_half_even(i as f64 * step) as usize }).collect()
         }
-    }
-}
-
-/// Python's / numpy's rounding to the nearest integer, ties to even.
-fn round_half_even(q: f64) -> f64 {
-    let fl = q.floor();
-    let diff = q - fl;
-    if diff > 0.5 || (diff == 0.5 && fl % 2.0 != 0.0) {
-        fl + 1.0
-    } else {
-        fl
     }
 }
 
@@ -325,17 +296,7 @@ pub(crate) fn patchify_frames(resized: &[RgbImage], indices: &[usize], video_fps
     if indices.len() != resized.len() {
         return Err(Error::Limit { op: "video preprocess", msg: format!("{} frames with {} frame indices", resized.len(), indices.len()) });
     }
-    // every value is a function of one byte and its channel: tabulate it
-    let mut table = [[0f32; 256]; 3];
-    for (c, row) in table.iter_mut().enumerate() {
-        for (v, out) in row.iter_mut().enumerate() {
-            let mut x = if cfg.do_rescale { (v as f64 * cfg.rescale_factor) as f32 } else { v as f32 };
-            if cfg.do_normalize {
-                x = (x - cfg.image_mean[c]) / cfg.image_std[c];
-            }
-            *out = x;
-        }
-    }
+    let table = value_table(cfg.do_rescale, cfg.rescale_factor, cfg.do_normalize, &cfg.image_mean, &cfg.image_std);
     let grid_t = (resized.len() + t - 1) / t;
     let (gh, gw) = (h / p, w / p);
     let row_len = 3 * t * p * p;

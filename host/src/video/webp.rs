@@ -77,34 +77,10 @@ pub(super) fn probe(bytes: &[u8], name: &str, limits: &VideoLimits) -> Result<Vi
 
 /// Decodes the frames in order, handing each (RGB) to `visit` until it returns false.
 pub(super) fn decode(bytes: &[u8], name: &str, visit: &mut dyn FnMut(usize, RgbImage) -> bool) -> Result<()> {
-    let mut err = None;
-    catch_unwind(AssertUnwindSafe(|| {
-        let d = match WebPDecoder::new(std::io::Cursor::new(bytes)) {
-            Ok(d) => d,
-            Err(e) => {
-                err = Some(format!("cannot decode the animated WebP: {}", e));
-                return;
-            }
-        };
-        for (i, f) in d.into_frames().enumerate() {
-            match f {
-                Ok(f) => {
-                    let buf = f.into_buffer();
-                    let (w, h) = (buf.width() as usize, buf.height() as usize);
-                    let rgb: Vec<u8> = buf.into_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
-                    if !visit(i, RgbImage::new(w, h, rgb).expect("an RGBA frame has w·h pixels")) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    err = Some(format!("frame {}: {}", i + 1, e));
-                    break;
-                }
-            }
-        }
-    }))
-    .map_err(|_| fail(name, "the WebP decoder failed on malformed data".into()))?;
-    match err {
+    let d = catch_unwind(AssertUnwindSafe(|| WebPDecoder::new(std::io::Cursor::new(bytes))))
+        .map_err(|_| fail(name, "the WebP decoder failed on malformed data".into()))?
+        .map_err(|e| fail(name, format!("cannot decode the animated WebP: {}", e)))?;
+    match super::visit_frames(d.into_frames(), visit) {
         Some(e) => Err(fail(name, e)),
         None => Ok(()),
     }

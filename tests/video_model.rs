@@ -51,7 +51,7 @@ fn needs_ffmpeg(file: &str) -> bool {
 
 /// Whether the ffmpeg cases can run here (false: skip, with a message; under CI: fail).
 fn ffmpeg_available() -> bool {
-    let ok = qwen3_vl::video::find_ffmpeg(None).is_some();
+    let ok = qwen3_vl::video::find_ffmpeg(None).map_or(false, |p| p.is_file());
     if !ok {
         assert!(std::env::var_os("CI").is_none(), "ffmpeg is not installed: .ci/run installs it for the video tests");
         eprintln!("skipping the ffmpeg video cases: no ffmpeg on PATH");

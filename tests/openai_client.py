@@ -18,6 +18,9 @@ EXPECTED = json.loads(os.environ["QWEN3_VL_EXPECTED"])
 with open(os.environ["QWEN3_VL_IMAGE"], "rb") as f:
     IMAGE_URL = "data:image/png;base64," + base64.b64encode(f.read()).decode()
 
+with open(os.environ["QWEN3_VL_VIDEO"], "rb") as f:
+    VIDEO_URL = "data:image/gif;base64," + base64.b64encode(f.read()).decode()
+
 TEXT_PROMPT = "Describe a cat in one sentence."
 IMAGE_PROMPT = "What is in this picture?"
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=120)
@@ -68,6 +71,10 @@ check(finish == c.finish_reason and usage is not None and usage.completion_token
 r = client.chat.completions.create(model="tiny", messages=image_messages(), max_completion_tokens=12, temperature=0)
 check(r.choices[0].message.content == EXPECTED["image"], f"image reply: {r.choices[0].message.content!r} != {EXPECTED['image']!r}")
 check(r.usage.prompt_tokens > u.prompt_tokens, f"image tokens counted: {r.usage}")
+
+# 4b. a video as a video_url part (the client sends content parts as given)
+r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": VIDEO_URL}}, {"type": "text", "text": "What happens in this video?"}]}], max_tokens=12, temperature=0)
+check(r.choices[0].message.content == EXPECTED["video"], f"video reply: {r.choices[0].message.content!r} != {EXPECTED['video']!r}")
 
 # 5. max_tokens, stop, seed
 r = client.chat.completions.create(model="tiny", messages=text_messages(), max_tokens=2, temperature=0)

@@ -31,9 +31,13 @@ fn the_official_openai_client_works() {
         return;
     }
     let img = image("a_64x96.png");
+    let video = common::repo_root().join("tests/fixtures/video/gif_exact_12x64x96.gif");
+    let out = common::server::cli("generate", &["-q", "--greedy", "--max-tokens", "12", "-p", "What happens in this video?"]).arg("--video").arg(&video).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let expected = serde_json::json!({
         "text": generate_greedy("Describe a cat in one sentence.", &[], 12),
         "image": generate_greedy("What is in this picture?", &[img.clone()], 12),
+        "video": String::from_utf8(out.stdout).unwrap().trim_end_matches('\n'),
     });
     let s = Server::start(&[]);
     let out = py()
@@ -41,6 +45,7 @@ fn the_official_openai_client_works() {
         .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
         .env("QWEN3_VL_EXPECTED", expected.to_string())
         .env("QWEN3_VL_IMAGE", &img)
+        .env("QWEN3_VL_VIDEO", &video)
         .output()
         .expect("run the openai client script");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

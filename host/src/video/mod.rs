@@ -2,9 +2,9 @@
 //! timestamps and prompt pieces the model reads, as transformers' Qwen3-VL processor makes them.
 //!
 //! Decoding: animated GIFs and WebPs natively (`gif.rs`, `webp.rs`; frame delays give the frame
-//! rate); every other
-//! container and codec through an `ffmpeg` executable (`ffmpeg.rs`: spawned without a shell,
-//! raw RGB frames read from a pipe, the frame rate and count from `ffprobe`, under a time limit).
+//! rate); every other container and codec through an `ffmpeg` executable (`ffmpeg.rs`: spawned
+//! without a shell, raw RGB frames read from a pipe, the frame rate and count from `ffprobe`,
+//! under a time limit).
 //! Frames are sampled as the processor does ([`sample_indices`]), and each kept frame is
 //! resized at once to the size all frames share ([`resized_size`]), so memory stays near the
 //! processor's pixel budget whatever the source resolution and length.

@@ -7,7 +7,7 @@
 //! (next message). Ctrl-C stops the reply being written; the conversation goes on.
 
 use super::generate::{stream_reply, summary};
-use super::load::{prepare_images, prepare_video, stop_ids, CliResult, ImageArgs, Loaded, ModelArgs, Prepared, SamplingArgs, VideoOpts};
+use super::load::{prepare_images, prepare_video, stop_ids, CliResult, ImageArgs, Loaded, ModelArgs, Prepared, SamplingArgs};
 use qwen3_vl::video::{VideoConfig, VideoLimits};
 use super::logger::quiet;
 use super::ranges;
@@ -24,21 +24,9 @@ pub struct ChatArgs {
     /// An optional system message.
     #[clap(long)]
     system: Option<String>,
-    /// An image (JPEG, PNG or WebP) for the first message; repeat for several.
-    #[clap(long = "image", short = 'i')]
-    images: Vec<PathBuf>,
-    /// Resize images above this many pixels down (default from preprocessor_config.json).
-    #[clap(long, value_parser = ranges::max_pixels, allow_hyphen_values = true)]
-    max_pixels: Option<usize>,
-    /// A video (animated GIF or WebP; MP4, WebM, MOV and the rest through ffmpeg) for the first
-    /// message; repeat for several. Images and videos go in the order given.
-    #[clap(long = "video")]
-    pub videos: Vec<PathBuf>,
+    /// Images and videos for the first message.
     #[clap(flatten)]
-    video: VideoOpts,
-    /// Whether each attachment, in command-line order, is a video (set after parsing).
-    #[clap(skip)]
-    pub order: Vec<bool>,
+    pub attach: ImageArgs,
     /// Most tokens per reply (1 to 16777216).
     #[clap(long, default_value = "512", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     max_tokens: usize,
@@ -209,10 +197,9 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     let checked = a.model.check()?;
     let capacity = a.context.min(checked.config.text.max_position_embeddings);
     let preprocess = checked.preprocess.clone();
-    let video_cfg = a.video.config(&checked.video)?;
-    let video_limits = a.video.limits();
-    let first = ImageArgs { images: a.images.clone(), max_pixels: a.max_pixels, videos: a.videos.clone(), video: a.video.clone(), order: a.order.clone() };
-    let first_images = first.prepare(&preprocess, &checked.video)?;
+    let video_cfg = a.attach.video.config(&checked.video)?;
+    let video_limits = a.attach.video.limits();
+    let first_images = a.attach.prepare(&preprocess, &checked.video)?;
     let system_tokens = a.system.as_deref().map_or(0, |s| checked.tokenizer.encode(&render_turn(&Message::system(s))).len());
     let needed = system_tokens + first_images.tokens() + 8;
     if needed > capacity {
@@ -238,7 +225,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     if !quiet() {
         eprintln!("chat with {} ({} tokens of context). /help lists the commands; Ctrl-C stops a reply, Ctrl-D or /exit quits.", a.model.model.display(), capacity);
         if !chat.attached.grids.is_empty() {
-            eprintln!("({} image(s) from -i go with your first message)", chat.attached.grids.len());
+            eprintln!("({} image(s) and video(s) from -i / --video go with your first message)", chat.attached.grids.len());
         }
     }
     // 3. the conversation
@@ -266,7 +253,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
                 eprintln!("(conversation reset)");
             }
             "/image" if arg.is_empty() => eprintln!("(usage: /image PATH)"),
-            "/image" => chat.attach(arg, &preprocess, a.max_pixels),
+            "/image" => chat.attach(arg, &preprocess, a.attach.max_pixels),
             "/video" if arg.is_empty() => eprintln!("(usage: /video PATH)"),
             "/video" => chat.attach_video(arg, &video_cfg, &video_limits),
             c if c.starts_with('/') && !c.starts_with("//") => eprintln!("(unknown command {}; /help lists the commands)", c),

@@ -131,7 +131,7 @@ pub fn run() -> i32 {
         match &mut cli.command {
             Command::Generate(a) => a.images.order = load::media_order(sub, "images", "videos"),
             Command::Logits(a) => a.images.order = load::media_order(sub, "images", "videos"),
-            Command::Chat(a) => a.order = load::media_order(sub, "images", "videos"),
+            Command::Chat(a) => a.attach.order = load::media_order(sub, "images", "videos"),
             _ => {}
         }
     }

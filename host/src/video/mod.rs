@@ -222,18 +222,13 @@ impl Plan {
         vec![None; self.indices.len()]
     }
 
-    /// Keeps source frame `i` (resized) where the plan samples it; false once every sampled
-    /// frame is in (the decoder may stop).
+    /// Keeps source frame `i` (resized) where the plan samples it (the sampled indices are
+    /// strictly increasing: `sample_indices` never takes more frames than the video has); false
+    /// once every sampled frame is in (the decoder may stop).
     fn keep(&self, frames: &mut [Option<RgbImage>], i: usize, img: RgbImage) -> bool {
         if let Ok(k) = self.indices.binary_search(&i) {
             let (h, w) = self.size;
-            let img = if (img.height, img.width) == (h, w) { img } else { resize_bicubic(&img, w, h) };
-            for (slot, &j) in frames.iter_mut().zip(&self.indices).skip(k) {
-                if j != i {
-                    break;
-                }
-                *slot = Some(img.clone());
-            }
+            frames[k] = Some(if (img.height, img.width) == (h, w) { img } else { resize_bicubic(&img, w, h) });
         }
         self.indices.last().map_or(false, |&last| i < last)
     }
@@ -242,19 +237,14 @@ impl Plan {
     /// its header said) repeat the last decoded one, with a warning.
     fn finish(&self, info: VideoInfo, frames: Vec<Option<RgbImage>>, cfg: &VideoConfig, name: &str) -> Result<Video> {
         let missing = frames.iter().filter(|f| f.is_none()).count();
-        let mut last: Option<RgbImage> = None;
-        let mut out = Vec::with_capacity(frames.len());
+        let mut out: Vec<RgbImage> = Vec::with_capacity(frames.len());
         for f in frames {
-            match f {
-                Some(img) => {
-                    last = Some(img.clone());
-                    out.push(img);
-                }
-                None => match &last {
-                    Some(img) => out.push(img.clone()),
-                    None => return Err(Error::Video { file: name.to_string(), msg: format!("no frame could be decoded (the stream declares {})", info.frames) }),
-                },
-            }
+            let img = match (f, out.last()) {
+                (Some(img), _) => img,
+                (None, Some(prev)) => prev.clone(),
+                (None, None) => return Err(Error::Video { file: name.to_string(), msg: format!("no frame could be decoded (the stream declares {})", info.frames) }),
+            };
+            out.push(img);
         }
         if missing > 0 {
             log::warn!("{}: {} of {} sampled frames were past the stream's end (it declares {} frames); the last decoded frame stands in", name, missing, out.len(), info.frames);

@@ -272,9 +272,6 @@ pub fn preprocess_video(frames: &[RgbImage], indices: &[usize], video_fps: f64, 
     if frames.iter().any(|f| (f.width, f.height) != (first.width, first.height)) {
         return Err(Error::Limit { op: "video preprocess", msg: "the frames differ in size".into() });
     }
-    if indices.len() != frames.len() {
-        return Err(Error::Limit { op: "video preprocess", msg: format!("{} frames with {} frame indices", frames.len(), indices.len()) });
-    }
     let factor = cfg.patch_size * cfg.merge_size;
     let (h, w) = resized_size(frames.len(), first.height, first.width, cfg)?;
     if h == 0 || w == 0 || h % factor != 0 || w % factor != 0 {

@@ -306,3 +306,59 @@ fn few_rows_agree_around_the_skinny_variants() {
         }
     }
 }
+
+/// `Precision::Bf16`: the tensor-core linears' 16-bit-activation variants (`*_a16_*`: the few-row
+/// kernels, every mma tile, split-K) against the CPU's f32 product. Each activation is rounded
+/// once to bf16 (unit roundoff 2^-9) or, scaled per row, to f16 (2^-11), so an output may move
+/// by at most 2^-9 · Σ_k |a·w| beside f32 rounding: the bound is that sum (from the CPU, on
+/// |a| and |w|) times 2^-8, plus 1e-5 · √k. Rows up to 3·10⁵ check the f16 row scales. On
+/// compute_80 the result must differ from the f32 mode's (the variant really ran); on compute_61
+/// the mode stays f32 and the result is bit-identical.
+#[test]
+fn bf16_precision_linears_stay_within_one_activation_rounding() {
+    let cpu = cpu();
+    for g in common::gpus("bf16 precision linear") {
+        let a16 = common::tensor_cores(&*g);
+        for (i, &(m, n, k)) in [(2usize, 257usize, 136usize), (16, 2048, 2048), (17, 40, 6144), (32, 264, 512), (64, 2048, 2048), (200, 1024, 2048), (512, 520, 1024)].iter().enumerate() {
+            let seed = 7000 + i as u32 * 10;
+            let mut a = random(m * k, seed);
+            for (r, row) in a.chunks_mut(k).enumerate() {
+                if r % 3 == 1 {
+                    row.iter_mut().for_each(|v| *v *= 3.0e5); // past f16's range
+                }
+            }
+            let (w, bias) = (random(n * k, seed + 1), random(n, seed + 2));
+            for dtype in [DType::F16, DType::BF16] {
+                let op = |b: &dyn Backend, a: &[f32], w: &[f32], bias: Option<&[f32]>| -> Vec<f32> {
+                    let at = b.upload_f32(&[m, k], a).unwrap();
+                    let wt = upload(b, &[n, k], w, dtype).unwrap();
+                    let bt = bias.map(|x| b.upload_f32(&[n], x).unwrap());
+                    b.download_f32(&b.linear(&at, &wt, bt.as_ref()).unwrap()).unwrap()
+                };
+                let name = format!("bf16 precision linear m={} n={} k={} w={} on {}", m, n, k, dtype, g.describe());
+                let want = op(&*cpu, &a, &w, Some(&bias));
+                let (aa, wa): (Vec<f32>, Vec<f32>) = (a.iter().map(|v| v.abs()).collect(), w.iter().map(|v| v.abs()).collect());
+                let absdot = op(&*cpu, &aa, &wa, None);
+                g.set_precision(qwen3_vl::Precision::F32);
+                let f32_mode = op(&*g, &a, &w, Some(&bias));
+                g.set_precision(qwen3_vl::Precision::Bf16);
+                assert_eq!(g.precision() == qwen3_vl::Precision::Bf16, a16, "{}: the mode taken", name);
+                g.set_poison_outputs(true);
+                let got = op(&*g, &a, &w, Some(&bias));
+                g.set_precision(qwen3_vl::Precision::F32);
+                let mut worst = 0.0f64;
+                for j in 0..got.len() {
+                    let bound = absdot[j] as f64 / 256.0 + 1e-5 * (k as f64).sqrt();
+                    let d = (got[j] as f64 - want[j] as f64).abs();
+                    assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
+                    worst = worst.max(d / bound);
+                }
+                let moved = got.iter().zip(&f32_mode).any(|(x, y)| x.to_bits() != y.to_bits());
+                assert_eq!(moved, a16, "{}: the bf16 mode must {} the f32 mode's result", name, if a16 { "differ from" } else { "equal" });
+                if std::env::var("QWEN3_VL_REPORT").map_or(false, |v| v == "1") {
+                    eprintln!("report: {}: worst |diff| / bound = {:.3}", name, worst);
+                }
+            }
+        }
+    }
+}

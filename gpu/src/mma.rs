@@ -9,7 +9,8 @@
 //! f16's 65504 split into finite parts; `row_scale_f32` makes the factors), each multiplied
 //! with the weights by its own mma (the products with 16-bit weights are exact in the f32
 //! accumulator, so the result is as precise as f32 activations to about 2^-16 relative, not the
-//! 2^-9 of bf16 activations: the fixtures' logits stay within 1e-3 of f32); `w` `[n, k]` bf16/f16
+//! 2^-9 of bf16 activations: the fixtures' logits stay within 1e-3 of f32; the `*_a16_*`
+//! kernels skip the low part: one rounding, one mma, `--precision bf16`); `w` `[n, k]` bf16/f16
 //! weights as stored; `bias` `[n]` f32 or 0; `residual` `[m, n]`
 //! f32 or 0 (may be `c`); `act` 0 none, 1 tanh GELU, 2 erf GELU (applied before the residual);
 //! `c` `[m, n]` f32. `k` a multiple of 8 (16-byte weight rows); the launcher checks.
@@ -181,11 +182,12 @@ fn chunk_offset(row: usize, c: usize) -> usize {
 }
 
 #[inline(always)]
-unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool>(p: LinearParams) {
+unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const LO: bool>(p: LinearParams) {
     // 16-byte aligned staging buffers for the largest tile: [2 buffers][rows][32 elements] of
-    // 16 bits each, for the activations' high parts, their low parts, and the weights
+    // 16 bits each, for the activations' high parts, their low parts (`LO` only: a kernel that
+    // never touches the buffer does not allocate it), and the weights
     let a_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
-    let l_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
+    let l_s = if LO { shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8 } else { a_s };
     let w_s = shared_array![crate::mem::F32x4; 2 * TBN * TBK / 8] as *mut u8;
     let (a_buf, w_buf) = (TM * TBK * 2, TN * TBK * 2);
     // the warp tile: (TM / 2) × (TN / 4) as mt × nt mma tiles (at most 4 × 4)
@@ -241,11 +243,15 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
             for q in 0..4 {
                 let (x0, x1) = if W::ROW_SCALE { (v[i][2 * q] * scale[i], v[i][2 * q + 1] * scale[i]) } else { (v[i][2 * q], v[i][2 * q + 1]) };
                 hi[q] = W::pack(x0, x1);
-                lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
+                if LO {
+                    lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
+                }
             }
             let at = (buf * a_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64;
             st_shared_v4(a_sh + at, hi);
-            st_shared_v4(l_sh + at, lo);
+            if LO {
+                st_shared_v4(l_sh + at, lo);
+            }
         }
     };
     let load_w = |buf: usize, k0: usize| {
@@ -284,7 +290,9 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
                 let r = wm * (TM / 2) + mt * 16 + (lane & 15);
                 let at = (cur * a_buf + chunk_offset(r, ks * 2 + (lane >> 4))) as u64;
                 af[mt] = ldmatrix_x4(a_sh + at);
-                lf[mt] = ldmatrix_x4(l_sh + at);
+                if LO {
+                    lf[mt] = ldmatrix_x4(l_sh + at);
+                }
             }
             let mut bf = [[0u32; 2]; NT];
             for np in 0..nts / 2 {
@@ -295,7 +303,9 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
             }
             for mt in 0..mts {
                 for nt in 0..nts {
-                    W::mma(&mut acc[mt][nt], &lf[mt], &bf[nt]);
+                    if LO {
+                        W::mma(&mut acc[mt][nt], &lf[mt], &bf[nt]);
+                    }
                     W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
                 }
             }
@@ -394,37 +404,37 @@ pub unsafe fn row_scale_f32(p: RowScaleParams) {
 /// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 128, 128, false>(p)
+    mma_linear::<Bf16, 128, 128, false, true>(p)
 }
 
 /// As [`matmul_mma_bf16`], f16 weights.
 #[kernel]
 pub unsafe fn matmul_mma_f16(p: LinearParams) {
-    mma_linear::<F16, 128, 128, false>(p)
+    mma_linear::<F16, 128, 128, false, true>(p)
 }
 
 /// As [`matmul_mma_bf16`], 64 × 128 tiles (twice the blocks for medium `m`).
 #[kernel]
 pub unsafe fn matmul_mma_64x128_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 128, false>(p)
+    mma_linear::<Bf16, 64, 128, false, true>(p)
 }
 
 /// As [`matmul_mma_f16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_64x128_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 128, false>(p)
+    mma_linear::<F16, 64, 128, false, true>(p)
 }
 
 /// As [`matmul_mma_bf16`], 64 × 64 tiles (small `m`: four times the blocks).
 #[kernel]
 pub unsafe fn matmul_mma_64x64_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64, false>(p)
+    mma_linear::<Bf16, 64, 64, false, true>(p)
 }
 
 /// As [`matmul_mma_f16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64, false>(p)
+    mma_linear::<F16, 64, 64, false, true>(p)
 }
 
 /// [`matmul_mma_64x64_bf16`] over one z-slice of `k` (split-K for few rows: raw partial sums
@@ -432,13 +442,66 @@ pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
 /// backend splits only when even it gives fewer blocks than multiprocessors.
 #[kernel]
 pub unsafe fn matmul_mma_64x64_split_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64, true>(p)
+    mma_linear::<Bf16, 64, 64, true, true>(p)
 }
 
 /// [`matmul_mma_64x64_f16`] over one z-slice of `k` (split-K).
 #[kernel]
 pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64, true>(p)
+    mma_linear::<F16, 64, 64, true, true>(p)
+}
+
+// `*_a16_*`: the same products with the activations rounded once to the weights' 16-bit type
+// (bf16; f16 after the row scales), one mma per tile instead of two and no low-part staging
+// (`--precision bf16`: what a bf16 GEMM in transformers, vLLM or cuBLAS does; about 2^-9
+// relative per activation instead of 2^-16).
+
+/// [`matmul_mma_bf16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_a16_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 128, 128, false, false>(p)
+}
+
+/// [`matmul_mma_f16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_a16_f16(p: LinearParams) {
+    mma_linear::<F16, 128, 128, false, false>(p)
+}
+
+/// [`matmul_mma_64x128_bf16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_64x128_a16_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 128, false, false>(p)
+}
+
+/// [`matmul_mma_64x128_f16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_64x128_a16_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 128, false, false>(p)
+}
+
+/// [`matmul_mma_64x64_bf16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_a16_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 64, false, false>(p)
+}
+
+/// [`matmul_mma_64x64_f16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_a16_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 64, false, false>(p)
+}
+
+/// [`matmul_mma_64x64_split_bf16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_split_a16_bf16(p: LinearParams) {
+    mma_linear::<Bf16, 64, 64, true, false>(p)
+}
+
+/// [`matmul_mma_64x64_split_f16`] with 16-bit activations (one pass).
+#[kernel]
+pub unsafe fn matmul_mma_64x64_split_a16_f16(p: LinearParams) {
+    mma_linear::<F16, 64, 64, true, false>(p)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,7 +543,7 @@ use crate::mem::{last_to_arrive, ld_cg, ld_nc_v4};
 use crate::params::skinny_tile::{NT as SKINNY_NT, UNROLL as SKINNY_UNROLL, WARPS as SKINNY_WARPS};
 
 #[inline(always)]
-unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(sp: SkinnyParams) {
+unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: usize, const LO: bool>(sp: SkinnyParams) {
     let p = sp.lin;
     let (kb, ke) = crate::matmul::k_slice::<true>(&p);
     let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.w as *const u16, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke, row_scale: p.row_scale as *const f32 };
@@ -489,7 +552,7 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
     let split = p.k_split != 0; // uniform over the grid
     let (part, z) = (sp.part as *mut f32, thread::block_idx_z() as usize);
     // through the epilogue, or under split-K the slice's raw sums into the workspace
-    skinny_core::<W, _, MT, NT, U, false>(&x, |r, col, v, _| {
+    skinny_core::<W, _, MT, NT, U, false, LO>(&x, |r, col, v, _| {
         if split {
             *part.add((z * m + r) * n + col) = v;
         } else {
@@ -524,9 +587,9 @@ unsafe fn skinny_linear<W: MmaElem, const MT: usize, const NT: usize, const U: u
 /// `silu(a · gateᵀ) ⊙ (a · upᵀ)` for few rows: [`skinny_core`] with the gate's and the up
 /// projection's tiles side by side in each block ([`GateUpParams`], with the f16 row scales).
 #[inline(always)]
-unsafe fn skinny_gate_up<W: MmaElem, const MT: usize, const NT: usize, const U: usize>(p: GateUpParams) {
+unsafe fn skinny_gate_up<W: MmaElem, const MT: usize, const NT: usize, const U: usize, const LO: bool>(p: GateUpParams) {
     let x = SkinnyArgs { a: p.a as *const f32, lda: p.lda as usize, w: p.gate as *const u16, w2: p.up as *const u16, m: p.m as usize, n: p.n as usize, k: p.k as usize, kb: 0, ke: p.k as usize, row_scale: p.row_scale as *const f32 };
-    skinny_core::<W, _, MT, NT, U, true>(&x, |r, col, gv, uv| *(p.c as *mut f32).add(r * p.n as usize + col) = crate::math::silu_mul(gv, uv))
+    skinny_core::<W, _, MT, NT, U, true, LO>(&x, |r, col, gv, uv| *(p.c as *mut f32).add(r * p.n as usize + col) = crate::math::silu_mul(gv, uv))
 }
 
 /// The operands of [`skinny_core`]: activations `[m, k]` (row stride `lda`), weights `[n, k]`
@@ -549,7 +612,7 @@ struct SkinnyArgs {
 /// from `w` and the last from `w2` at the same columns. `store(r, col, v, v2)` gets each output
 /// (row scales undone; `v2` the second matrix's, 0 without a pair).
 #[inline(always)]
-unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize, const NT: usize, const U: usize, const PAIR: bool>(args: &SkinnyArgs, store: F) {
+unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize, const NT: usize, const U: usize, const PAIR: bool, const LO: bool>(args: &SkinnyArgs, store: F) {
     const WARPS: usize = SKINNY_WARPS as usize;
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
@@ -614,16 +677,21 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
                         }
                     }
                     let hi = [W::pack(x[0][0], x[0][1]), W::pack(x[1][0], x[1][1]), W::pack(x[0][2], x[0][3]), W::pack(x[1][2], x[1][3])];
-                    let lo = [
-                        W::pack(x[0][0] - W::low(hi[0]), x[0][1] - W::high(hi[0])),
-                        W::pack(x[1][0] - W::low(hi[1]), x[1][1] - W::high(hi[1])),
-                        W::pack(x[0][2] - W::low(hi[2]), x[0][3] - W::high(hi[2])),
-                        W::pack(x[1][2] - W::low(hi[3]), x[1][3] - W::high(hi[3])),
-                    ];
                     for j in 0..NT {
                         let b = [wv[u][j][2 * s], wv[u][j][2 * s + 1]];
                         W::mma(&mut acc[mi][j], &hi, &b);
-                        W::mma(&mut acc[mi][j], &lo, &b);
+                    }
+                    if LO {
+                        let lo = [
+                            W::pack(x[0][0] - W::low(hi[0]), x[0][1] - W::high(hi[0])),
+                            W::pack(x[1][0] - W::low(hi[1]), x[1][1] - W::high(hi[1])),
+                            W::pack(x[0][2] - W::low(hi[2]), x[0][3] - W::high(hi[2])),
+                            W::pack(x[1][2] - W::low(hi[3]), x[1][3] - W::high(hi[3])),
+                        ];
+                        for j in 0..NT {
+                            let b = [wv[u][j][2 * s], wv[u][j][2 * s + 1]];
+                            W::mma(&mut acc[mi][j], &lo, &b);
+                        }
                     }
                 }
             }
@@ -673,48 +741,96 @@ unsafe fn skinny_core<W: MmaElem, F: Fn(usize, usize, f32, f32), const MT: usize
 /// Tensor-core linear layer for at most 16 rows, bf16 weights. See `skinny_linear`.
 #[kernel]
 pub unsafe fn matmul_skinny_m16_bf16(p: SkinnyParams) {
-    skinny_linear::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_linear::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// Tensor-core linear layer for at most 16 rows, f16 weights (row scales). See `skinny_linear`.
 #[kernel]
 pub unsafe fn matmul_skinny_m16_f16(p: SkinnyParams) {
-    skinny_linear::<F16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_linear::<F16, 1, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// Tensor-core linear layer for at most 32 rows, bf16 weights. See `skinny_linear`.
 #[kernel]
 pub unsafe fn matmul_skinny_m32_bf16(p: SkinnyParams) {
-    skinny_linear::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_linear::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// Tensor-core linear layer for at most 32 rows, f16 weights (row scales). See `skinny_linear`.
 #[kernel]
 pub unsafe fn matmul_skinny_m32_f16(p: SkinnyParams) {
-    skinny_linear::<F16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_linear::<F16, 2, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// SwiGLU's gate and up projections with the SiLU product, at most 16 rows, bf16 weights. See
 /// `skinny_gate_up`.
 #[kernel]
 pub unsafe fn gate_up_skinny_m16_bf16(p: GateUpParams) {
-    skinny_gate_up::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_gate_up::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// [`gate_up_skinny_m16_bf16`] for f16 weights (row scales).
 #[kernel]
 pub unsafe fn gate_up_skinny_m16_f16(p: GateUpParams) {
-    skinny_gate_up::<F16, 1, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_gate_up::<F16, 1, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// [`gate_up_skinny_m16_bf16`] for at most 32 rows.
 #[kernel]
 pub unsafe fn gate_up_skinny_m32_bf16(p: GateUpParams) {
-    skinny_gate_up::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_gate_up::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
 /// [`gate_up_skinny_m16_bf16`] for at most 32 rows of f16 weights.
 #[kernel]
 pub unsafe fn gate_up_skinny_m32_f16(p: GateUpParams) {
-    skinny_gate_up::<F16, 2, SKINNY_NT, SKINNY_UNROLL>(p)
+    skinny_gate_up::<F16, 2, SKINNY_NT, SKINNY_UNROLL, true>(p)
+}
+
+/// [`matmul_skinny_m16_bf16`] with 16-bit activations (one mma per tile; see `*_a16_*` above).
+#[kernel]
+pub unsafe fn matmul_skinny_m16_a16_bf16(p: SkinnyParams) {
+    skinny_linear::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`matmul_skinny_m16_f16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn matmul_skinny_m16_a16_f16(p: SkinnyParams) {
+    skinny_linear::<F16, 1, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`matmul_skinny_m32_bf16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn matmul_skinny_m32_a16_bf16(p: SkinnyParams) {
+    skinny_linear::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`matmul_skinny_m32_f16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn matmul_skinny_m32_a16_f16(p: SkinnyParams) {
+    skinny_linear::<F16, 2, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`gate_up_skinny_m16_bf16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn gate_up_skinny_m16_a16_bf16(p: GateUpParams) {
+    skinny_gate_up::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`gate_up_skinny_m16_f16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn gate_up_skinny_m16_a16_f16(p: GateUpParams) {
+    skinny_gate_up::<F16, 1, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`gate_up_skinny_m32_bf16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn gate_up_skinny_m32_a16_bf16(p: GateUpParams) {
+    skinny_gate_up::<Bf16, 2, SKINNY_NT, SKINNY_UNROLL, false>(p)
+}
+
+/// [`gate_up_skinny_m32_f16`] with 16-bit activations.
+#[kernel]
+pub unsafe fn gate_up_skinny_m32_a16_f16(p: GateUpParams) {
+    skinny_gate_up::<F16, 2, SKINNY_NT, SKINNY_UNROLL, false>(p)
 }

@@ -297,6 +297,44 @@ impl DeviceSampling {
     }
 }
 
+/// How the tensor-core GEMMs treat their f32 activations (`--precision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// Each activation split into a 16-bit high part and its remainder, two products per tile:
+    /// as precise as f32 activations to about 2^-16 relative (the default of the library).
+    F32,
+    /// Each activation rounded once to the weights' 16-bit type (bf16; f16 after the row
+    /// scales), one product per tile: what a bf16 GEMM in transformers, vLLM or cuBLAS does.
+    Bf16,
+}
+
+impl Precision {
+    /// `f32` / `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "fp32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            other => Err(format!("unknown precision '{}': expected f32 or bf16", other)),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A recorded sequence of device work ([`Backend::record`]) that [`Backend::replay`] runs again.
 pub struct Recording(pub Box<dyn std::any::Any + Send>);
 
@@ -468,6 +506,16 @@ pub trait Backend: Send + Sync {
     /// Test aid: when on, every new output buffer is filled with NaN before the op writes it,
     /// so an element an op fails to write shows up as NaN.
     fn set_poison_outputs(&self, on: bool);
+
+    /// How the GEMMs round activations ([`Precision`]): f32 unless [`Backend::set_precision`]
+    /// chose otherwise on a backend that has a 16-bit path (the CPU always computes in f32).
+    fn precision(&self) -> Precision {
+        Precision::F32
+    }
+
+    /// Asks for `precision` in later GEMMs; a backend without a 16-bit-activation path keeps
+    /// f32 (see [`Backend::precision`]). Recordings made before keep the kernels they hold.
+    fn set_precision(&self, _precision: Precision) {}
 
     /// The KV-cache element type when the user does not choose one: f32 on the CPU; a device
     /// may prefer f16 (half the attention bytes).

@@ -161,6 +161,22 @@ kernel_table! {
     GateUpSkinnyM16Bf16 = "gate_up_skinny_m16_bf16" @ Compute80,
     GateUpSkinnyM32F16 = "gate_up_skinny_m32_f16" @ Compute80,
     GateUpSkinnyM32Bf16 = "gate_up_skinny_m32_bf16" @ Compute80,
+    MatmulMmaA16F16 = "matmul_mma_a16_f16" @ Compute80,
+    MatmulMmaA16Bf16 = "matmul_mma_a16_bf16" @ Compute80,
+    MatmulMma64x128A16F16 = "matmul_mma_64x128_a16_f16" @ Compute80,
+    MatmulMma64x128A16Bf16 = "matmul_mma_64x128_a16_bf16" @ Compute80,
+    MatmulMma64x64A16F16 = "matmul_mma_64x64_a16_f16" @ Compute80,
+    MatmulMma64x64A16Bf16 = "matmul_mma_64x64_a16_bf16" @ Compute80,
+    MatmulMma64x64SplitA16F16 = "matmul_mma_64x64_split_a16_f16" @ Compute80,
+    MatmulMma64x64SplitA16Bf16 = "matmul_mma_64x64_split_a16_bf16" @ Compute80,
+    MatmulSkinnyM16A16F16 = "matmul_skinny_m16_a16_f16" @ Compute80,
+    MatmulSkinnyM16A16Bf16 = "matmul_skinny_m16_a16_bf16" @ Compute80,
+    MatmulSkinnyM32A16F16 = "matmul_skinny_m32_a16_f16" @ Compute80,
+    MatmulSkinnyM32A16Bf16 = "matmul_skinny_m32_a16_bf16" @ Compute80,
+    GateUpSkinnyM16A16F16 = "gate_up_skinny_m16_a16_f16" @ Compute80,
+    GateUpSkinnyM16A16Bf16 = "gate_up_skinny_m16_a16_bf16" @ Compute80,
+    GateUpSkinnyM32A16F16 = "gate_up_skinny_m32_a16_f16" @ Compute80,
+    GateUpSkinnyM32A16Bf16 = "gate_up_skinny_m32_a16_bf16" @ Compute80,
     RowScaleF32 = "row_scale_f32" @ Compute80,
     FlashAttentionD64F32 = "flash_attention_d64_f32" @ Compute61,
     FlashAttentionD64F16 = "flash_attention_d64_f16" @ Compute61,
@@ -201,49 +217,45 @@ impl Kernel {
         }
     }
 
-    /// The tensor-core matmul for at most `rows` (16 or 32) rows (compute_80 module).
-    pub fn matmul_skinny(dtype: DType, rows: u32) -> Result<Kernel> {
-        let pick = |f16: Kernel, bf16: Kernel| match dtype {
-            DType::F16 => Ok(f16),
-            DType::BF16 => Ok(bf16),
-            other => Err(Error::DType { op: "matmul_skinny", expected: "f16 or bf16 weights", got: other }),
+    /// The tensor-core matmul for at most `rows` (16 or 32) rows (compute_80 module); `a16`:
+    /// the variant with 16-bit activations (`Precision::Bf16`).
+    pub fn matmul_skinny(dtype: DType, rows: u32, a16: bool) -> Result<Kernel> {
+        use Kernel::*;
+        let set = match rows {
+            16 => [MatmulSkinnyM16F16, MatmulSkinnyM16Bf16, MatmulSkinnyM16A16F16, MatmulSkinnyM16A16Bf16],
+            32 => [MatmulSkinnyM32F16, MatmulSkinnyM32Bf16, MatmulSkinnyM32A16F16, MatmulSkinnyM32A16Bf16],
+            other => return Err(Error::Limit { op: "matmul_skinny", msg: format!("no kernel for {} rows", other) }),
         };
-        match rows {
-            16 => pick(Kernel::MatmulSkinnyM16F16, Kernel::MatmulSkinnyM16Bf16),
-            32 => pick(Kernel::MatmulSkinnyM32F16, Kernel::MatmulSkinnyM32Bf16),
-            other => Err(Error::Limit { op: "matmul_skinny", msg: format!("no kernel for {} rows", other) }),
-        }
+        by_half(dtype, a16, set, "matmul_skinny")
     }
 
-    /// The few-row tensor-core SwiGLU gate/up product for at most `rows` (16 or 32) rows.
-    pub fn gate_up_skinny(dtype: DType, rows: u32) -> Result<Kernel> {
-        match (dtype, rows) {
-            (DType::F16, 16) => Ok(Kernel::GateUpSkinnyM16F16),
-            (DType::BF16, 16) => Ok(Kernel::GateUpSkinnyM16Bf16),
-            (DType::F16, 32) => Ok(Kernel::GateUpSkinnyM32F16),
-            (DType::BF16, 32) => Ok(Kernel::GateUpSkinnyM32Bf16),
-            (DType::F16 | DType::BF16, r) => Err(Error::Limit { op: "gate_up_skinny", msg: format!("no kernel for {} rows", r) }),
-            (other, _) => Err(Error::DType { op: "gate_up_skinny", expected: "f16 or bf16 weights", got: other }),
-        }
+    /// The few-row tensor-core SwiGLU gate/up product for at most `rows` (16 or 32) rows
+    /// (`a16` as for [`Kernel::matmul_skinny`]).
+    pub fn gate_up_skinny(dtype: DType, rows: u32, a16: bool) -> Result<Kernel> {
+        use Kernel::*;
+        let set = match rows {
+            16 => [GateUpSkinnyM16F16, GateUpSkinnyM16Bf16, GateUpSkinnyM16A16F16, GateUpSkinnyM16A16Bf16],
+            32 => [GateUpSkinnyM32F16, GateUpSkinnyM32Bf16, GateUpSkinnyM32A16F16, GateUpSkinnyM32A16Bf16],
+            other => return Err(Error::Limit { op: "gate_up_skinny", msg: format!("no kernel for {} rows", other) }),
+        };
+        by_half(dtype, a16, set, "gate_up_skinny")
     }
 
     /// The tensor-core matmul with `(rows, columns)` tiles (one of `gpu::params::mma_tile::TILES`)
     /// for 16-bit weights of `dtype` (compute_80 module).
-    /// `split`: the split-K form, which only the 64 × 64 tile has.
-    pub fn matmul_mma(dtype: DType, tile: (u32, u32), split: bool) -> Result<Kernel> {
-        let pick = |f16: Kernel, bf16: Kernel| match dtype {
-            DType::F16 => Ok(f16),
-            DType::BF16 => Ok(bf16),
-            other => Err(Error::DType { op: "matmul_mma", expected: "f16 or bf16 weights", got: other }),
+    /// `split`: the split-K form, which only the 64 × 64 tile has; `a16` as for
+    /// [`Kernel::matmul_skinny`].
+    pub fn matmul_mma(dtype: DType, tile: (u32, u32), split: bool, a16: bool) -> Result<Kernel> {
+        use Kernel::*;
+        let set = match (tile, split) {
+            ((64, 64), true) => [MatmulMma64x64SplitF16, MatmulMma64x64SplitBf16, MatmulMma64x64SplitA16F16, MatmulMma64x64SplitA16Bf16],
+            (_, true) => return Err(Error::Limit { op: "matmul_mma", msg: format!("split-K needs the 64x64 tile, not {}x{}", tile.0, tile.1) }),
+            ((128, 128), false) => [MatmulMmaF16, MatmulMmaBf16, MatmulMmaA16F16, MatmulMmaA16Bf16],
+            ((64, 128), false) => [MatmulMma64x128F16, MatmulMma64x128Bf16, MatmulMma64x128A16F16, MatmulMma64x128A16Bf16],
+            ((64, 64), false) => [MatmulMma64x64F16, MatmulMma64x64Bf16, MatmulMma64x64A16F16, MatmulMma64x64A16Bf16],
+            (other, false) => return Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
         };
-        match (tile, split) {
-            ((64, 64), true) => pick(Kernel::MatmulMma64x64SplitF16, Kernel::MatmulMma64x64SplitBf16),
-            (_, true) => Err(Error::Limit { op: "matmul_mma", msg: format!("split-K needs the 64x64 tile, not {}x{}", tile.0, tile.1) }),
-            ((128, 128), false) => pick(Kernel::MatmulMmaF16, Kernel::MatmulMmaBf16),
-            ((64, 128), false) => pick(Kernel::MatmulMma64x128F16, Kernel::MatmulMma64x128Bf16),
-            ((64, 64), false) => pick(Kernel::MatmulMma64x64F16, Kernel::MatmulMma64x64Bf16),
-            (other, false) => Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
-        }
+        by_half(dtype, a16, set, "matmul_mma")
     }
 
     /// The embedding lookup for a table of `dtype`.
@@ -290,6 +302,18 @@ impl Kernel {
     /// The row dequantizer (to f32 or f16) for weights of the block type `dtype`.
     pub fn dequant_rows(dtype: DType) -> Result<Kernel> {
         by_block(dtype, [Kernel::DequantRowsQ8_0, Kernel::DequantRowsQ4K, Kernel::DequantRowsQ6K])
+    }
+}
+
+/// The kernel of `[f16, bf16, f16 with 16-bit activations, bf16 with 16-bit activations]` for
+/// 16-bit weights of `dtype`.
+fn by_half(dtype: DType, a16: bool, kernels: [Kernel; 4], op: &'static str) -> Result<Kernel> {
+    match (dtype, a16) {
+        (DType::F16, false) => Ok(kernels[0]),
+        (DType::BF16, false) => Ok(kernels[1]),
+        (DType::F16, true) => Ok(kernels[2]),
+        (DType::BF16, true) => Ok(kernels[3]),
+        (other, _) => Err(Error::DType { op, expected: "f16 or bf16 weights", got: other }),
     }
 }
 

@@ -27,7 +27,7 @@ mod switch;
 mod tensor;
 pub mod tokenizer;
 
-pub use backend::{AttnParams, Backend, BlockMask, Gelu, Mark, MemoryStats};
+pub use backend::{AttnParams, Backend, BlockMask, Gelu, Mark, MemoryStats, Precision};
 pub use pages::Pages;
 /// The kernels crate: launch parameters, tile sizes and the math shared with the kernels.
 pub use gpu;

@@ -255,6 +255,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         let j = serde_json::json!({
             "device": b.describe(),
             "kernels_module": module,
+            "precision": b.precision().name(),
             "prompt_tokens": a.prompt_tokens,
             "context": context,
             "gen_tokens": a.gen_tokens,
@@ -311,6 +312,7 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
         let j = serde_json::json!({
             "device": b.describe(),
             "kernels_module": kernels_module(b),
+            "precision": b.precision().name(),
             "batch": n,
             "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens,

@@ -27,6 +27,7 @@ pub fn run(a: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("backend: {}", sel.backend.describe());
     println!("reason:  {}", sel.reason);
     println!("kv cache: {}", a.device.kv_dtype(&*sel.backend));
+    println!("precision: {} (GEMM activations)", sel.backend.precision());
     #[cfg(feature = "cuda")]
     println!("driver:  {}", qwen3_vl::cuda::driver::describe());
     #[cfg(feature = "cuda")]

@@ -19,6 +19,8 @@ pub struct Launcher<'a> {
     pub kv_flag: u64,
     /// The backend's arrival counters ([`super::ARRIVAL_COUNTERS`] u32, zero between launches).
     pub counters: u64,
+    /// The tensor-core GEMMs take their 16-bit-activation variants (`Precision::Bf16`).
+    pub a16: bool,
 }
 
 impl Launcher<'_> {

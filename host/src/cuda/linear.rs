@@ -96,15 +96,16 @@ pub enum LinearAlgo {
 }
 
 impl LinearAlgo {
-    /// The kernel of this algorithm for weights of `dtype`.
-    pub fn kernel(self, dtype: DType) -> Result<Kernel> {
+    /// The kernel of this algorithm for weights of `dtype` (`a16`: the tensor-core kernels'
+    /// 16-bit-activation variants; the others have none).
+    pub fn kernel(self, dtype: DType, a16: bool) -> Result<Kernel> {
         match self {
             LinearAlgo::Tiled => Kernel::matmul(dtype),
             LinearAlgo::Gemv => Kernel::gemv(dtype),
             LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
             LinearAlgo::Big(s) => Kernel::matmul_big(dtype, s > 1),
-            LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1),
-            LinearAlgo::Skinny(rows, _) => Kernel::matmul_skinny(dtype, rows),
+            LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1, a16),
+            LinearAlgo::Skinny(rows, _) => Kernel::matmul_skinny(dtype, rows, a16),
         }
     }
 
@@ -243,7 +244,7 @@ pub fn linear(
     row_scale: Option<&DeviceBuffer>,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
-    let kernel = algo.kernel(wdtype)?;
+    let kernel = algo.kernel(wdtype, l.a16)?;
     if let Some(s) = row_scale {
         need(kernel, "row_scale", s, m * 4)?;
     }
@@ -433,7 +434,7 @@ pub fn gate_up(
 /// rows (compute_80; `row_scale` `[m]` with f16 weights, from [`row_scales`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gate_up_skinny(l: &Launcher<'_>, wdtype: DType, rows: u32, a: &DeviceBuffer, gate: &DeviceBuffer, up: &DeviceBuffer, c: &DeviceBuffer, row_scale: Option<&DeviceBuffer>, (m, n, k): (usize, usize, usize)) -> Result<()> {
-    let kernel = Kernel::gate_up_skinny(wdtype, rows)?;
+    let kernel = Kernel::gate_up_skinny(wdtype, rows, l.a16)?;
     need(kernel, "a", a, m * k * 4)?;
     need(kernel, "gate", gate, n * k * wdtype.size_of())?;
     need(kernel, "up", up, n * k * wdtype.size_of())?;

@@ -22,7 +22,7 @@ pub use linear::LinearAlgo;
 pub use qlinear::{chunk_rows, device_layout};
 pub use pool::{bucket, DeviceBuffer, Pool};
 
-use crate::backend::{AttnParams, Backend, BlockMask, DeviceSampling, Gelu, Mark, MemoryStats, QkvRope, Recording};
+use crate::backend::{AttnParams, Backend, BlockMask, DeviceSampling, Gelu, Mark, MemoryStats, Precision, QkvRope, Recording};
 use crate::kernels::{Arch, KernelsRequest, Ptx};
 use crate::tensor::Storage;
 use crate::{ops, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
@@ -56,6 +56,9 @@ pub struct CudaBackend {
     /// Why this kernel module was loaded.
     kernels_reason: String,
     poison: AtomicBool,
+    /// `Precision::Bf16` asked for (and the compute_80 module, whose tensor-core GEMMs have
+    /// the 16-bit-activation variants, loaded).
+    a16: AtomicBool,
 }
 
 /// Arrival counters kept for split-KV attention (one per KV head and query block) and split-K
@@ -88,7 +91,7 @@ impl CudaBackend {
         unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ARRIVAL_COUNTERS) }.ok_or_cuda("cuMemsetD32 (arrival counters)")?;
         let kv_flag = pool.alloc(4)?;
         unsafe { cust::sys::cuMemsetD32_v2(kv_flag.addr(), 0, 1) }.ok_or_cuda("cuMemsetD32 (KV scale flag)")?;
-        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false) })
+        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false), a16: AtomicBool::new(false) })
     }
 
     /// The loaded module's architecture and why it was chosen.
@@ -113,7 +116,7 @@ impl CudaBackend {
 
     fn enter(&self) -> Result<Launcher<'_>> {
         CurrentContext::set_current(&self.ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
-        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner(), kv_flag: self.kv_flag.addr(), counters: self.counters.addr() })
+        Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner(), kv_flag: self.kv_flag.addr(), counters: self.counters.addr(), a16: self.a16.load(Ordering::Relaxed) })
     }
 
     fn buffer<'t>(&self, op: &'static str, t: &'t Tensor) -> Result<&'t DeviceBuffer> {
@@ -382,6 +385,20 @@ impl Backend for CudaBackend {
 
     fn set_weight_loading(&self, on: bool) {
         self.pool.set_exact(on)
+    }
+
+    fn precision(&self) -> Precision {
+        if self.a16.load(Ordering::Relaxed) {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        }
+    }
+
+    /// Bf16 takes effect with the compute_80 module (the compute_61 SIMT kernels multiply f32
+    /// activations by widened weights, which costs nothing extra: that module stays f32).
+    fn set_precision(&self, precision: Precision) {
+        self.a16.store(precision == Precision::Bf16 && self.kernels.arch() >= Arch::Compute80, Ordering::Relaxed);
     }
 
     fn default_kv_dtype(&self) -> DType {

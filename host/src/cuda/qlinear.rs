@@ -272,7 +272,7 @@ impl CudaBackend {
         let chunk = chunk_rows(n, k);
         let scratch = self.pool.alloc(chunk * k * 2)?;
         let algo = self.pick_linear(m, chunk, k, DType::F16);
-        let kernel = algo.kernel(DType::F16)?;
+        let kernel = algo.kernel(DType::F16, l.a16)?;
         // split-K workspace for one chunk's partial sums (when the pick splits)
         let ws = match algo {
             LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.pool.alloc(s as usize * m * chunk * 4)?),

@@ -40,6 +40,8 @@ pub mod gemv;
 pub mod matmul;
 #[cfg(all(target_os = "cuda", feature = "sm80"))]
 pub mod mma;
+#[cfg(all(target_os = "cuda", feature = "sm80"))]
+pub mod mma_pipe;
 #[cfg(target_os = "cuda")]
 pub mod mmvq;
 #[cfg(target_os = "cuda")]

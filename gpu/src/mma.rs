@@ -9,8 +9,8 @@
 //! f16's 65504 split into finite parts; `row_scale_f32` makes the factors), each multiplied
 //! with the weights by its own mma (the products with 16-bit weights are exact in the f32
 //! accumulator, so the result is as precise as f32 activations to about 2^-16 relative, not the
-//! 2^-9 of bf16 activations: the fixtures' logits stay within 1e-3 of f32; the `*_a16_*`
-//! kernels skip the low part: one rounding, one mma, `--precision bf16`); `w` `[n, k]` bf16/f16
+//! 2^-9 of bf16 activations: the fixtures' logits stay within 1e-3 of f32; `--precision bf16`
+//! takes `mma_pipe.rs` instead, and the few-row `*_a16_*` below); `w` `[n, k]` bf16/f16
 //! weights as stored; `bias` `[n]` f32 or 0; `residual` `[m, n]`
 //! f32 or 0 (may be `c`); `act` 0 none, 1 tanh GELU, 2 erf GELU (applied before the residual);
 //! `c` `[m, n]` f32. `k` a multiple of 8 (16-byte weight rows); the launcher checks.
@@ -143,7 +143,7 @@ impl MmaElem for F16 {
 /// Four 8 × 8 b16 matrices from shared memory, lane `l` giving the address of row `l % 8` of
 /// matrix `l / 8`.
 #[inline(always)]
-unsafe fn ldmatrix_x4(addr: u64) -> [u32; 4] {
+pub(crate) unsafe fn ldmatrix_x4(addr: u64) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     core::arch::asm!(
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}, {}, {}, {}}}, [{}];",
@@ -157,7 +157,7 @@ unsafe fn ldmatrix_x4(addr: u64) -> [u32; 4] {
 /// An asynchronous 16-byte copy from global memory to shared memory; `bytes` (0 or 16) are
 /// read, the rest of the 16 zero-filled.
 #[inline(always)]
-unsafe fn cp_async_16(dst_shared: u64, src: *const u8, bytes: u32) {
+pub(crate) unsafe fn cp_async_16(dst_shared: u64, src: *const u8, bytes: u32) {
     core::arch::asm!(
         "{{ .reg .u64 g; cvta.to.global.u64 g, {}; cp.async.cg.shared.global [{}], [g], 16, {}; }}",
         in(reg64) src, in(reg64) dst_shared, in(reg32) bytes,
@@ -166,7 +166,7 @@ unsafe fn cp_async_16(dst_shared: u64, src: *const u8, bytes: u32) {
 }
 
 #[inline(always)]
-unsafe fn cp_async_commit() {
+pub(crate) unsafe fn cp_async_commit() {
     core::arch::asm!("cp.async.commit_group;", options(nostack));
 }
 
@@ -177,17 +177,16 @@ unsafe fn cp_async_wait_all() {
 
 /// Byte offset of 16-byte chunk `c` of staged row `row` (XOR swizzle, see the module docs).
 #[inline(always)]
-fn chunk_offset(row: usize, c: usize) -> usize {
+pub(crate) fn chunk_offset(row: usize, c: usize) -> usize {
     16 * (row * CHUNKS + (c ^ ((row >> 1) & 3)))
 }
 
 #[inline(always)]
-unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const LO: bool>(p: LinearParams) {
+unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool>(p: LinearParams) {
     // 16-byte aligned staging buffers for the largest tile: [2 buffers][rows][32 elements] of
-    // 16 bits each, for the activations' high parts, their low parts (`LO` only: a kernel that
-    // never touches the buffer does not allocate it), and the weights
+    // 16 bits each, for the activations' high parts, their low parts, and the weights
     let a_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
-    let l_s = if LO { shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8 } else { a_s };
+    let l_s = shared_array![crate::mem::F32x4; 2 * TBM * TBK / 8] as *mut u8;
     let w_s = shared_array![crate::mem::F32x4; 2 * TBN * TBK / 8] as *mut u8;
     let (a_buf, w_buf) = (TM * TBK * 2, TN * TBK * 2);
     // the warp tile: (TM / 2) × (TN / 4) as mt × nt mma tiles (at most 4 × 4)
@@ -243,15 +242,11 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
             for q in 0..4 {
                 let (x0, x1) = if W::ROW_SCALE { (v[i][2 * q] * scale[i], v[i][2 * q + 1] * scale[i]) } else { (v[i][2 * q], v[i][2 * q + 1]) };
                 hi[q] = W::pack(x0, x1);
-                if LO {
-                    lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
-                }
+                lo[q] = W::pack(x0 - W::low(hi[q]), x1 - W::high(hi[q]));
             }
             let at = (buf * a_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64;
             st_shared_v4(a_sh + at, hi);
-            if LO {
-                st_shared_v4(l_sh + at, lo);
-            }
+            st_shared_v4(l_sh + at, lo);
         }
     };
     let load_w = |buf: usize, k0: usize| {
@@ -290,9 +285,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
                 let r = wm * (TM / 2) + mt * 16 + (lane & 15);
                 let at = (cur * a_buf + chunk_offset(r, ks * 2 + (lane >> 4))) as u64;
                 af[mt] = ldmatrix_x4(a_sh + at);
-                if LO {
-                    lf[mt] = ldmatrix_x4(l_sh + at);
-                }
+                lf[mt] = ldmatrix_x4(l_sh + at);
             }
             let mut bf = [[0u32; 2]; NT];
             for np in 0..nts / 2 {
@@ -303,9 +296,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
             }
             for mt in 0..mts {
                 for nt in 0..nts {
-                    if LO {
-                        W::mma(&mut acc[mt][nt], &lf[mt], &bf[nt]);
-                    }
+                    W::mma(&mut acc[mt][nt], &lf[mt], &bf[nt]);
                     W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
                 }
             }
@@ -333,7 +324,7 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
 /// (split-K: raw into this z-slice's part of the workspace).
 /// With f16 operands the sums are first divided by the row's scale (exactly: a power of two).
 #[inline(always)]
-unsafe fn store_tile<W: MmaElem, const SPLIT: bool>(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
+pub(crate) unsafe fn store_tile<W: MmaElem, const SPLIT: bool>(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
     let c = p.c as *mut f32;
     let (m, n) = (p.m as usize, p.n as usize);
     let row_scale = p.row_scale as *const f32;
@@ -404,37 +395,37 @@ pub unsafe fn row_scale_f32(p: RowScaleParams) {
 /// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 128, 128, false, true>(p)
+    mma_linear::<Bf16, 128, 128, false>(p)
 }
 
 /// As [`matmul_mma_bf16`], f16 weights.
 #[kernel]
 pub unsafe fn matmul_mma_f16(p: LinearParams) {
-    mma_linear::<F16, 128, 128, false, true>(p)
+    mma_linear::<F16, 128, 128, false>(p)
 }
 
 /// As [`matmul_mma_bf16`], 64 × 128 tiles (twice the blocks for medium `m`).
 #[kernel]
 pub unsafe fn matmul_mma_64x128_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 128, false, true>(p)
+    mma_linear::<Bf16, 64, 128, false>(p)
 }
 
 /// As [`matmul_mma_f16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_64x128_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 128, false, true>(p)
+    mma_linear::<F16, 64, 128, false>(p)
 }
 
 /// As [`matmul_mma_bf16`], 64 × 64 tiles (small `m`: four times the blocks).
 #[kernel]
 pub unsafe fn matmul_mma_64x64_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64, false, true>(p)
+    mma_linear::<Bf16, 64, 64, false>(p)
 }
 
 /// As [`matmul_mma_f16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64, false, true>(p)
+    mma_linear::<F16, 64, 64, false>(p)
 }
 
 /// [`matmul_mma_64x64_bf16`] over one z-slice of `k` (split-K for few rows: raw partial sums
@@ -442,66 +433,13 @@ pub unsafe fn matmul_mma_64x64_f16(p: LinearParams) {
 /// backend splits only when even it gives fewer blocks than multiprocessors.
 #[kernel]
 pub unsafe fn matmul_mma_64x64_split_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64, true, true>(p)
+    mma_linear::<Bf16, 64, 64, true>(p)
 }
 
 /// [`matmul_mma_64x64_f16`] over one z-slice of `k` (split-K).
 #[kernel]
 pub unsafe fn matmul_mma_64x64_split_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64, true, true>(p)
-}
-
-// `*_a16_*`: the same products with the activations rounded once to the weights' 16-bit type
-// (bf16; f16 after the row scales), one mma per tile instead of two and no low-part staging
-// (`--precision bf16`: what a bf16 GEMM in transformers, vLLM or cuBLAS does; about 2^-9
-// relative per activation instead of 2^-16).
-
-/// [`matmul_mma_bf16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_a16_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 128, 128, false, false>(p)
-}
-
-/// [`matmul_mma_f16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_a16_f16(p: LinearParams) {
-    mma_linear::<F16, 128, 128, false, false>(p)
-}
-
-/// [`matmul_mma_64x128_bf16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_64x128_a16_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 128, false, false>(p)
-}
-
-/// [`matmul_mma_64x128_f16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_64x128_a16_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 128, false, false>(p)
-}
-
-/// [`matmul_mma_64x64_bf16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_64x64_a16_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64, false, false>(p)
-}
-
-/// [`matmul_mma_64x64_f16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_64x64_a16_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64, false, false>(p)
-}
-
-/// [`matmul_mma_64x64_split_bf16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_64x64_split_a16_bf16(p: LinearParams) {
-    mma_linear::<Bf16, 64, 64, true, false>(p)
-}
-
-/// [`matmul_mma_64x64_split_f16`] with 16-bit activations (one pass).
-#[kernel]
-pub unsafe fn matmul_mma_64x64_split_a16_f16(p: LinearParams) {
-    mma_linear::<F16, 64, 64, true, false>(p)
+    mma_linear::<F16, 64, 64, true>(p)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -787,7 +725,8 @@ pub unsafe fn gate_up_skinny_m32_f16(p: GateUpParams) {
     skinny_gate_up::<F16, 2, SKINNY_NT, SKINNY_UNROLL, true>(p)
 }
 
-/// [`matmul_skinny_m16_bf16`] with 16-bit activations (one mma per tile; see `*_a16_*` above).
+/// [`matmul_skinny_m16_bf16`] with 16-bit activations: each rounded once to the weights' type,
+/// one mma per tile and k step (`--precision bf16`).
 #[kernel]
 pub unsafe fn matmul_skinny_m16_a16_bf16(p: SkinnyParams) {
     skinny_linear::<Bf16, 1, SKINNY_NT, SKINNY_UNROLL, false>(p)

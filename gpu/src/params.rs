@@ -58,6 +58,25 @@ pub struct RowScaleParams {
     pub _pad: u32,
 }
 
+/// `cast_a16_*`: `out[r, j] = to16(a[r, j] · row_scale[r])` for the rows of `a` `[m, k]` (row
+/// stride `lda`); `out` is `[m, k]` 16-bit, `row_scale` `[m]` f32 or 0 (factor 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CastA16Params {
+    pub a: u64,
+    pub out: u64,
+    pub row_scale: u64,
+    pub m: u32,
+    pub k: u32,
+    pub lda: u32,
+    pub _pad: u32,
+}
+
+/// Launch shape of `cast_a16_*`: one thread per 8 activations.
+pub mod cast_a16_tile {
+    pub const THREADS: u32 = 256;
+}
+
 /// Launch shape of `row_scale_f32`: one block per row.
 pub mod row_scale_tile {
     pub const THREADS: u32 = 256;
@@ -470,6 +489,14 @@ pub mod mma_tile {
 
 /// Launch shape of `matmul_skinny_*` (compute_80): a block per `8 · NT` output columns, its warps
 /// splitting `k`; variants for at most 16 and 32 rows.
+/// Launch shape of `matmul_mma_pipe_*` (`gpu/src/mma_pipe.rs`): the tiles of `mma_tile` with
+/// `STAGES` shared-memory stages of both operands.
+pub mod mma_pipe_tile {
+    pub use super::mma_tile::{BK, BM, BN, THREADS, TILES, WARPS_N};
+    /// Stages in flight: 3 × (128 + 128) rows × 64 bytes = 48 KiB for the largest tile.
+    pub const STAGES: u32 = 3;
+}
+
 pub mod skinny_tile {
     pub const WARPS: u32 = 8;
     pub const THREADS: u32 = WARPS * 32;

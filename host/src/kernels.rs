@@ -161,14 +161,16 @@ kernel_table! {
     GateUpSkinnyM16Bf16 = "gate_up_skinny_m16_bf16" @ Compute80,
     GateUpSkinnyM32F16 = "gate_up_skinny_m32_f16" @ Compute80,
     GateUpSkinnyM32Bf16 = "gate_up_skinny_m32_bf16" @ Compute80,
-    MatmulMmaA16F16 = "matmul_mma_a16_f16" @ Compute80,
-    MatmulMmaA16Bf16 = "matmul_mma_a16_bf16" @ Compute80,
-    MatmulMma64x128A16F16 = "matmul_mma_64x128_a16_f16" @ Compute80,
-    MatmulMma64x128A16Bf16 = "matmul_mma_64x128_a16_bf16" @ Compute80,
-    MatmulMma64x64A16F16 = "matmul_mma_64x64_a16_f16" @ Compute80,
-    MatmulMma64x64A16Bf16 = "matmul_mma_64x64_a16_bf16" @ Compute80,
-    MatmulMma64x64SplitA16F16 = "matmul_mma_64x64_split_a16_f16" @ Compute80,
-    MatmulMma64x64SplitA16Bf16 = "matmul_mma_64x64_split_a16_bf16" @ Compute80,
+    MatmulMmaPipeF16 = "matmul_mma_pipe_f16" @ Compute80,
+    MatmulMmaPipeBf16 = "matmul_mma_pipe_bf16" @ Compute80,
+    MatmulMmaPipe64x128F16 = "matmul_mma_pipe_64x128_f16" @ Compute80,
+    MatmulMmaPipe64x128Bf16 = "matmul_mma_pipe_64x128_bf16" @ Compute80,
+    MatmulMmaPipe64x64F16 = "matmul_mma_pipe_64x64_f16" @ Compute80,
+    MatmulMmaPipe64x64Bf16 = "matmul_mma_pipe_64x64_bf16" @ Compute80,
+    MatmulMmaPipe64x64SplitF16 = "matmul_mma_pipe_64x64_split_f16" @ Compute80,
+    MatmulMmaPipe64x64SplitBf16 = "matmul_mma_pipe_64x64_split_bf16" @ Compute80,
+    CastA16F16 = "cast_a16_f16" @ Compute80,
+    CastA16Bf16 = "cast_a16_bf16" @ Compute80,
     MatmulSkinnyM16A16F16 = "matmul_skinny_m16_a16_f16" @ Compute80,
     MatmulSkinnyM16A16Bf16 = "matmul_skinny_m16_a16_bf16" @ Compute80,
     MatmulSkinnyM32A16F16 = "matmul_skinny_m32_a16_f16" @ Compute80,
@@ -242,20 +244,52 @@ impl Kernel {
     }
 
     /// The tensor-core matmul with `(rows, columns)` tiles (one of `gpu::params::mma_tile::TILES`)
-    /// for 16-bit weights of `dtype` (compute_80 module).
-    /// `split`: the split-K form, which only the 64 × 64 tile has; `a16` as for
-    /// [`Kernel::matmul_skinny`].
-    pub fn matmul_mma(dtype: DType, tile: (u32, u32), split: bool, a16: bool) -> Result<Kernel> {
+    /// for 16-bit weights of `dtype` over f32 activations (compute_80 module).
+    /// `split`: the split-K form, which only the 64 × 64 tile has.
+    pub fn matmul_mma(dtype: DType, tile: (u32, u32), split: bool) -> Result<Kernel> {
         use Kernel::*;
         let set = match (tile, split) {
-            ((64, 64), true) => [MatmulMma64x64SplitF16, MatmulMma64x64SplitBf16, MatmulMma64x64SplitA16F16, MatmulMma64x64SplitA16Bf16],
+            ((64, 64), true) => [MatmulMma64x64SplitF16, MatmulMma64x64SplitBf16],
             (_, true) => return Err(Error::Limit { op: "matmul_mma", msg: format!("split-K needs the 64x64 tile, not {}x{}", tile.0, tile.1) }),
-            ((128, 128), false) => [MatmulMmaF16, MatmulMmaBf16, MatmulMmaA16F16, MatmulMmaA16Bf16],
-            ((64, 128), false) => [MatmulMma64x128F16, MatmulMma64x128Bf16, MatmulMma64x128A16F16, MatmulMma64x128A16Bf16],
-            ((64, 64), false) => [MatmulMma64x64F16, MatmulMma64x64Bf16, MatmulMma64x64A16F16, MatmulMma64x64A16Bf16],
+            ((128, 128), false) => [MatmulMmaF16, MatmulMmaBf16],
+            ((64, 128), false) => [MatmulMma64x128F16, MatmulMma64x128Bf16],
+            ((64, 64), false) => [MatmulMma64x64F16, MatmulMma64x64Bf16],
             (other, false) => return Err(Error::Limit { op: "matmul_mma", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
         };
-        by_half(dtype, a16, set, "matmul_mma")
+        by_half(dtype, false, [set[0], set[1], set[0], set[1]], "matmul_mma")
+    }
+
+    /// The pipelined tensor-core matmul over 16-bit activations (`gpu/src/mma_pipe.rs`,
+    /// `Precision::Bf16`) with `(rows, columns)` tiles for weights of `dtype`; `split` as for
+    /// [`Kernel::matmul_mma`].
+    pub fn matmul_mma_pipe(dtype: DType, tile: (u32, u32), split: bool) -> Result<Kernel> {
+        use Kernel::*;
+        let set = match (tile, split) {
+            ((64, 64), true) => [MatmulMmaPipe64x64SplitF16, MatmulMmaPipe64x64SplitBf16],
+            (_, true) => return Err(Error::Limit { op: "matmul_mma_pipe", msg: format!("split-K needs the 64x64 tile, not {}x{}", tile.0, tile.1) }),
+            ((128, 128), false) => [MatmulMmaPipeF16, MatmulMmaPipeBf16],
+            ((64, 128), false) => [MatmulMmaPipe64x128F16, MatmulMmaPipe64x128Bf16],
+            ((64, 64), false) => [MatmulMmaPipe64x64F16, MatmulMmaPipe64x64Bf16],
+            (other, false) => return Err(Error::Limit { op: "matmul_mma_pipe", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
+        };
+        by_half(dtype, false, [set[0], set[1], set[0], set[1]], "matmul_mma_pipe")
+    }
+
+    /// Whether this kernel reads its activations as 16-bit values (from `cast_a16_*`).
+    pub fn reads_a16(self) -> bool {
+        use Kernel::*;
+        matches!(self, MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16)
+    }
+
+    /// Whether this is an f16 tensor-core kernel, which needs its activations' row scales.
+    pub fn needs_row_scale(self) -> bool {
+        use Kernel::*;
+        matches!(
+            self,
+            MatmulMmaF16 | MatmulMma64x128F16 | MatmulMma64x64F16 | MatmulMma64x64SplitF16 | MatmulSkinnyM16F16 | MatmulSkinnyM32F16
+                | MatmulSkinnyM16A16F16 | MatmulSkinnyM32A16F16
+                | MatmulMmaPipeF16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64SplitF16
+        )
     }
 
     /// The embedding lookup for a table of `dtype`.

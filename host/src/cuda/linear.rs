@@ -17,7 +17,10 @@
 //! merges the slices inside the launch (the last slice of a column block to finish adds them
 //! in slice order: deterministic, one arrival counter per column block). The f16 tensor-core
 //! kernels scale each activation row by an exact power of two first ([`row_scales`]), so no
-//! activation overflows f16 whatever its size.
+//! activation overflows f16 whatever its size. With `Precision::Bf16` the tensor-core kernels
+//! take 16-bit activations: the few-row `*_a16_*`, and for tiles `cast_a16_*` (the activations
+//! rounded once into a scratch buffer) then the pipelined `matmul_mma_pipe_*`
+//! (`gpu/src/mma_pipe.rs`).
 //! Block-quantized weights go to `qlinear.rs`.
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
@@ -25,7 +28,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use crate::kernels::Arch;
-use gpu::params::{gemv_tile, gemv_vec_tile, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SkinnyParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
+use gpu::params::{cast_a16_tile, gemv_tile, gemv_vec_tile, CastA16Params, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SkinnyParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
@@ -97,14 +100,16 @@ pub enum LinearAlgo {
 
 impl LinearAlgo {
     /// The kernel of this algorithm for weights of `dtype` (`a16`: the tensor-core kernels'
-    /// 16-bit-activation variants; the others have none).
+    /// 16-bit-activation variants, `Precision::Bf16`: the few-row `*_a16_*`, and for tiles
+    /// the pipelined `matmul_mma_pipe_*` over `cast_a16_*`'s output; the others have none).
     pub fn kernel(self, dtype: DType, a16: bool) -> Result<Kernel> {
         match self {
             LinearAlgo::Tiled => Kernel::matmul(dtype),
             LinearAlgo::Gemv => Kernel::gemv(dtype),
             LinearAlgo::GemvVec => Kernel::gemv_vec(dtype),
             LinearAlgo::Big(s) => Kernel::matmul_big(dtype, s > 1),
-            LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1, a16),
+            LinearAlgo::Mma(tm, tn, s) if a16 => Kernel::matmul_mma_pipe(dtype, (tm, tn), s > 1),
+            LinearAlgo::Mma(tm, tn, s) => Kernel::matmul_mma(dtype, (tm, tn), s > 1),
             LinearAlgo::Skinny(rows, _) => Kernel::matmul_skinny(dtype, rows, a16),
         }
     }
@@ -248,7 +253,7 @@ pub fn linear(
     if let Some(s) = row_scale {
         need(kernel, "row_scale", s, m * 4)?;
     }
-    need(kernel, "a", a, m * k * 4)?;
+    need(kernel, "a", a, m * k * if kernel.reads_a16() { 2 } else { 4 })?;
     need(kernel, "w", w, n * k * wdtype.size_of())?;
     need(kernel, "c", c, m * n * 4)?;
     if let Some(b) = bias {
@@ -317,14 +322,39 @@ fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (u
     l.launch(kernel, [grid_dim(kernel, "x", m, MAX_GRID_X)?, 1, 1], row_scale_tile::THREADS, &p)
 }
 
+/// `out[m, k]` = `a` `[m, k]` f32 (times `row_scale` `[m]` with f16) rounded to `dtype`, the
+/// operand of the `matmul_mma_pipe_*` kernels (`k % 8 == 0`).
+pub fn cast_a16(l: &Launcher<'_>, dtype: DType, a: &DeviceBuffer, row_scale: Option<&DeviceBuffer>, out: &DeviceBuffer, (m, k): (usize, usize)) -> Result<()> {
+    let kernel = match dtype {
+        DType::F16 => Kernel::CastA16F16,
+        DType::BF16 => Kernel::CastA16Bf16,
+        other => return Err(Error::DType { op: "cast_a16", expected: "f16 or bf16", got: other }),
+    };
+    need(kernel, "a", a, m * k * 4)?;
+    need(kernel, "out", out, m * k * 2)?;
+    if k % 8 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("k = {} is not a multiple of 8", k) });
+    }
+    match (dtype, row_scale) {
+        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4)?,
+        (DType::F16, None) => return Err(Error::Limit { op: kernel.name(), msg: "f16 activations need their row scales (row_scales)".into() }),
+        _ => {}
+    }
+    let p = CastA16Params { a: a.addr(), out: out.addr(), row_scale: row_scale.map_or(0, |s| s.addr()), m: fits_u32(kernel, "m", m)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, _pad: 0 };
+    if m == 0 || k == 0 {
+        return Ok(());
+    }
+    let threads = cast_a16_tile::THREADS as usize;
+    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(m * k / 8, threads), MAX_GRID_X)?, 1, 1], threads as u32, &p)
+}
+
 /// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`
 /// outputs at row stride `p.ldc`, `p.k_split` 0): the grid of each algorithm; a split-K
 /// algorithm sums its slices into `ws` (room for `[slices, m, n]` f32) and then launches the
 /// reduce. Empty sizes launch nothing.
 pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearParams, shared: u32, ws: Option<&DeviceBuffer>) -> Result<()> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let f16_mma = matches!(kernel, Kernel::MatmulMmaF16 | Kernel::MatmulMma64x128F16 | Kernel::MatmulMma64x64F16 | Kernel::MatmulMma64x64SplitF16 | Kernel::MatmulSkinnyM16F16 | Kernel::MatmulSkinnyM32F16);
-    if f16_mma && p.row_scale == 0 {
+    if kernel.needs_row_scale() && p.row_scale == 0 {
         return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() });
     }
     // split-K: slices of `depth` k elements (whole shared-memory stages)
@@ -474,6 +504,17 @@ impl CudaBackend {
         Ok(Some(s))
     }
 
+    /// The activations `a` `[m, k]` rounded to 16 bits (times the f16 row `scales`) when the
+    /// kernel of `algo` for weights of `dtype` reads them so ([`Kernel::reads_a16`]).
+    pub(super) fn a16_operand(&self, l: &Launcher<'_>, algo: LinearAlgo, dtype: DType, a: &DeviceBuffer, scales: Option<&DeviceBuffer>, (m, k): (usize, usize)) -> Result<Option<DeviceBuffer>> {
+        if !algo.kernel(dtype, l.a16)?.reads_a16() {
+            return Ok(None);
+        }
+        let out = self.pool.alloc(m * k * 2)?;
+        cast_a16(l, dtype, a, scales, &out, (m, k))?;
+        Ok(Some(out))
+    }
+
     /// A linear layer with an explicit kernel choice (tests and benchmarks use this to cover
     /// every kernel; [`crate::Backend::linear`] picks with [`LinearAlgo::pick`]).
     pub fn linear_with(&self, algo: LinearAlgo, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
@@ -522,7 +563,8 @@ impl CudaBackend {
         };
         let ws = if slices > 0 { Some(self.output(slices * m * n)?) } else { None };
         let scales = self.row_scales_for(&l, algo, w.dtype(), ab, (m, k))?;
-        linear(&l, algo, w.dtype(), ab, wb, bb, rb, nb, act, &out, ws.as_ref(), scales.as_ref(), (m, n, k))?;
+        let a16 = self.a16_operand(&l, algo, w.dtype(), ab, scales.as_ref(), (m, k))?;
+        linear(&l, algo, w.dtype(), a16.as_ref().unwrap_or(ab), wb, bb, rb, nb, act, &out, ws.as_ref(), scales.as_ref(), (m, n, k))?;
         Ok(Self::wrap(out_shape, DType::F32, out))
     }
 

@@ -284,6 +284,9 @@ impl CudaBackend {
         }
         // the activations' row scales, once for every chunk (f16 tensor cores)
         let scales = self.row_scales_for(&l, algo, DType::F16, xb, (m, k))?;
+        // 16-bit activations (`Precision::Bf16`): rounded once for every chunk
+        let a16 = self.a16_operand(&l, algo, DType::F16, xb, scales.as_ref(), (m, k))?;
+        let xb = a16.as_ref().unwrap_or(xb);
         let mut c0 = 0;
         while c0 < n {
             let cn = chunk.min(n - c0);

@@ -1,0 +1,223 @@
+//! Tensor-core linear layers over 16-bit activations (`--precision bf16`, compute_80): the
+//! prefill-sized `matmul_mma_pipe_*` with a multi-stage `cp.async` pipeline for both operands,
+//! and `cast_a16_*`, which rounds the f32 activations to the weights' 16-bit type first.
+//!
+//! # Parameters
+//! [`CastA16Params`]: `a` `[m, k]` f32 (row stride `lda`), `out` `[m, k]` 16-bit (row stride
+//! `k`), `row_scale` `[m]` f32 or 0 (f16: each row is multiplied by its exact power-of-two
+//! factor, `row_scale_f32`, so it stays finite). `k % 8 == 0` and `lda % 4 == 0`.
+//!
+//! [`LinearParams`] as for `matmul_mma_*` (`gpu/src/mma.rs`), except that `a` holds `[m, k]`
+//! 16-bit activations of the weights' type (from `cast_a16_*`, row stride `lda`, a multiple of
+//! 8); with f16 weights `row_scale` is the factor the cast applied, undone before the epilogue.
+//!
+//! # Tiling
+//! A block computes a `TM × TN` tile of `c` (128 × 128, 64 × 128, 64 × 64; split-K over grid
+//! z as in `mma.rs`), walking `k` in stages of `BK` (32) elements. [`STAGES`] stages of both
+//! operands live in shared memory (48 KiB for the largest tile): stage `s + STAGES - 1` is
+//! being copied (`cp.async`, 16 bytes per copy, zero-filled past `m`, `n` and `k`) while stage
+//! `s` is multiplied, and nothing passes through registers on the way. Rows of 32 elements are
+//! four 16-byte chunks stored at chunk `c ^ ((row >> 1) & 3)` (the XOR swizzle of `mma.rs`: the
+//! eight rows an `ldmatrix` reads at one logical chunk fall in eight bank groups).
+//!
+//! # Thread mapping
+//! 256 threads = 8 warps as 2 (m) × 4 (n), a warp owning a `TM/2 × TN/4` tile of m16n8k16
+//! mma tiles, fragments by `ldmatrix.x4`; one mma per tile and k step (the activations were
+//! rounded once). Copies: thread `t` takes the 16-byte chunks `t, t + 256, ...` of each
+//! operand's stage. `cast_a16_*`: one thread per 8 activations (two 16-byte loads, one
+//! 16-byte store), grid x over `m · k / 8`.
+//!
+//! # Safety
+//! The launchers check sizes, `k % 8 == 0`, the 16-bit row stride and the module. Every thread
+//! reaches every barrier and commits every copy group (loop counts are uniform over the block);
+//! out-of-range rows and columns are zero-filled on load and skipped on store.
+
+use crate::math::{Bf16, F16};
+use crate::mem::{ld_f32x4, shared_addr, F32x4};
+use crate::mma::{chunk_offset, cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
+use crate::params::mma_pipe_tile::{BK, BM, BN, STAGES, THREADS, WARPS_N};
+use crate::params::{CastA16Params, LinearParams};
+use cuda_std::{kernel, shared_array, thread};
+
+const TBM: usize = BM as usize;
+const TBN: usize = BN as usize;
+const TBK: usize = BK as usize;
+const NSTAGES: usize = STAGES as usize;
+/// 16-byte chunks per staged row.
+const CHUNKS: usize = TBK / 8;
+const MT: usize = 4;
+const NT: usize = 4;
+
+/// Waits until at most `STAGES - 2` committed copy groups are still in flight (the oldest
+/// stage has landed).
+#[inline(always)]
+unsafe fn cp_async_wait_stage() {
+    // STAGES is 3: one group (the next stage's) may stay in flight
+    core::arch::asm!("cp.async.wait_group 1;", options(nostack));
+}
+
+#[inline(always)]
+unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool>(p: LinearParams) {
+    // [STAGES][rows][32 elements] of 16 bits for the activations and the weights
+    let a_s = shared_array![F32x4; NSTAGES * TBM * TBK / 8] as *mut u8;
+    let w_s = shared_array![F32x4; NSTAGES * TBN * TBK / 8] as *mut u8;
+    let (a_buf, w_buf) = (TM * TBK * 2, TN * TBK * 2);
+    let (mts, nts) = (TM / 32, TN / 32);
+    let tid = thread::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
+    let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
+    let (a, w) = (p.a as *const u8, p.w as *const u8);
+    let (a_sh, w_sh) = (shared_addr(a_s), shared_addr(w_s));
+    let (a_chunks, w_chunks) = (TM * CHUNKS / THREADS as usize, TN * CHUNKS / THREADS as usize);
+    // stage `buf` of k elements [k0, k0 + BK): both operands, asynchronously
+    let load = |buf: usize, k0: usize| {
+        for i in 0..a_chunks {
+            let ch = tid + THREADS as usize * i;
+            let (r, kk) = (row0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            let ok = r < m && kk < k;
+            let src = if ok { a.add((r * lda + kk) * 2) } else { a };
+            cp_async_16(a_sh + (buf * a_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64, src, if ok { 16 } else { 0 });
+        }
+        for i in 0..w_chunks {
+            let ch = tid + THREADS as usize * i;
+            let (r, kk) = (col0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            let ok = r < n && kk < k;
+            let src = if ok { w.add((r * k + kk) * 2) } else { w };
+            cp_async_16(w_sh + (buf * w_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64, src, if ok { 16 } else { 0 });
+        }
+    };
+
+    let mut acc = [[[0.0f32; 4]; NT]; MT];
+    let steps = (ke - kb + TBK - 1) / TBK;
+    // 1. the first STAGES - 1 stages in flight (a group per stage, empty past the end)
+    for s in 0..NSTAGES - 1 {
+        if s < steps {
+            load(s, kb + s * TBK);
+        }
+        cp_async_commit();
+    }
+    for step in 0..steps {
+        // 2. stage `step` has landed for every thread; every warp is done with stage step - 1
+        cp_async_wait_stage();
+        thread::sync_threads();
+        // 3. the stage STAGES - 1 ahead goes out into the buffer stage step - 1 used
+        let ahead = step + NSTAGES - 1;
+        if ahead < steps {
+            load(ahead % NSTAGES, kb + ahead * TBK);
+        }
+        cp_async_commit();
+        // 4. two 16-wide k steps of mma over the warp's tile
+        let cur = step % NSTAGES;
+        for ks in 0..TBK / 16 {
+            let mut af = [[0u32; 4]; MT];
+            for mt in 0..mts {
+                let r = wm * (TM / 2) + mt * 16 + (lane & 15);
+                af[mt] = ldmatrix_x4(a_sh + (cur * a_buf + chunk_offset(r, ks * 2 + (lane >> 4))) as u64);
+            }
+            let mut bf = [[0u32; 2]; NT];
+            for np in 0..nts / 2 {
+                let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
+                let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset(r, ks * 2 + ((lane >> 3) & 1))) as u64);
+                bf[2 * np] = [x[0], x[1]];
+                bf[2 * np + 1] = [x[2], x[3]];
+            }
+            for mt in 0..mts {
+                for nt in 0..nts {
+                    W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
+                }
+            }
+        }
+    }
+    // 5. epilogue (row scales undone, bias, activation, residual), one mma tile at a time
+    for mt in 0..mts {
+        for nt in 0..nts {
+            let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
+            store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
+        }
+    }
+}
+
+/// `c = act(a · wᵀ + bias) + residual`, bf16 activations and weights, 128 × 128 tiles. See the
+/// module docs.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 128, 128, false>(p)
+}
+
+/// As [`matmul_mma_pipe_bf16`], f16 (row-scaled activations).
+#[kernel]
+pub unsafe fn matmul_mma_pipe_f16(p: LinearParams) {
+    mma_pipe::<F16, 128, 128, false>(p)
+}
+
+/// As [`matmul_mma_pipe_bf16`], 64 × 128 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x128_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 64, 128, false>(p)
+}
+
+/// As [`matmul_mma_pipe_f16`], 64 × 128 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x128_f16(p: LinearParams) {
+    mma_pipe::<F16, 64, 128, false>(p)
+}
+
+/// As [`matmul_mma_pipe_bf16`], 64 × 64 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x64_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 64, 64, false>(p)
+}
+
+/// As [`matmul_mma_pipe_f16`], 64 × 64 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x64_f16(p: LinearParams) {
+    mma_pipe::<F16, 64, 64, false>(p)
+}
+
+/// [`matmul_mma_pipe_64x64_bf16`] over one z-slice of `k` (split-K: raw partial sums).
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x64_split_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 64, 64, true>(p)
+}
+
+/// [`matmul_mma_pipe_64x64_f16`] over one z-slice of `k` (split-K: raw partial sums).
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x64_split_f16(p: LinearParams) {
+    mma_pipe::<F16, 64, 64, true>(p)
+}
+
+#[inline(always)]
+unsafe fn cast_a16<W: MmaElem>(p: CastA16Params) {
+    let i = thread::index_1d() as usize;
+    let (m, k) = (p.m as usize, p.k as usize);
+    if i >= m * k / 8 {
+        return;
+    }
+    let (r, j) = (i / (k / 8), 8 * (i % (k / 8)));
+    let src = (p.a as *const f32).add(r * p.lda as usize + j);
+    let (x, y) = (ld_f32x4(src), ld_f32x4(src.add(4)));
+    let s = if p.row_scale != 0 { *(p.row_scale as *const f32).add(r) } else { 1.0 };
+    let v = [W::pack(x[0] * s, x[1] * s), W::pack(x[2] * s, x[3] * s), W::pack(y[0] * s, y[1] * s), W::pack(y[2] * s, y[3] * s)];
+    *((p.out as *mut u8).add((r * k + j) * 2) as *mut U32x4) = U32x4(v);
+}
+
+/// 16 bytes of packed 16-bit values, stored as one vector.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct U32x4([u32; 4]);
+
+/// f32 activations rounded to bf16 for `matmul_mma_pipe_*_bf16`. See the module docs.
+#[kernel]
+pub unsafe fn cast_a16_bf16(p: CastA16Params) {
+    cast_a16::<Bf16>(p)
+}
+
+/// f32 activations, times their row scales, rounded to f16 for `matmul_mma_pipe_*_f16`.
+#[kernel]
+pub unsafe fn cast_a16_f16(p: CastA16Params) {
+    cast_a16::<F16>(p)
+}

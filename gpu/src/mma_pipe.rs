@@ -13,12 +13,15 @@
 //!
 //! # Tiling
 //! A block computes a `TM × TN` tile of `c` (128 × 128, 64 × 128, 64 × 64; split-K over grid
-//! z as in `mma.rs`), walking `k` in stages of `BK` (32) elements. [`STAGES`] stages of both
-//! operands live in shared memory (48 KiB for the largest tile): stage `s + STAGES - 1` is
-//! being copied (`cp.async`, 16 bytes per copy, zero-filled past `m`, `n` and `k`) while stage
-//! `s` is multiplied, and nothing passes through registers on the way. Rows of 32 elements are
-//! four 16-byte chunks stored at chunk `c ^ ((row >> 1) & 3)` (the XOR swizzle of `mma.rs`: the
-//! eight rows an `ldmatrix` reads at one logical chunk fall in eight bank groups).
+//! z as in `mma.rs`), walking `k` in stages of `KB` elements (`mma_pipe_tile::bk`: 32 for
+//! 128 × 128, 64 for the others). `STAGES` (3) stages of both operands live in dynamic shared
+//! memory (`mma_pipe_tile::shared_bytes`: 72 KiB for 64 × 128, past the 48 KiB default, which
+//! the module loader raises for these kernels; 128 × 128's 48 KiB are static):
+//! stage `s + STAGES - 1` is being copied (`cp.async`, 16 bytes per copy, zero-filled past
+//! `m`, `n` and `k`) while stage `s` is multiplied, and nothing passes through registers on the
+//! way. Rows of 64 elements are eight 16-byte chunks stored at chunk `c ^ (row & 7)`, rows of
+//! 32 four chunks at `c ^ ((row >> 1) & 3)` (XOR swizzles: the eight rows an `ldmatrix` reads
+//! at one logical chunk fall in eight bank groups).
 //!
 //! # Thread mapping
 //! 256 threads = 8 warps as 2 (m) × 4 (n), a warp owning a `TM/2 × TN/4` tile of m16n8k16
@@ -34,17 +37,13 @@
 
 use crate::math::{Bf16, F16};
 use crate::mem::{ld_f32x4, shared_addr, F32x4};
-use crate::mma::{chunk_offset, cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
-use crate::params::mma_pipe_tile::{BK, BM, BN, STAGES, THREADS, WARPS_N};
+use crate::mma::{cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
+use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
 use crate::params::{CastA16Params, LinearParams};
+use cuda_std::shared::dynamic_shared_mem;
 use cuda_std::{kernel, shared_array, thread};
 
-const TBM: usize = BM as usize;
-const TBN: usize = BN as usize;
-const TBK: usize = BK as usize;
 const NSTAGES: usize = STAGES as usize;
-/// 16-byte chunks per staged row.
-const CHUNKS: usize = TBK / 8;
 const MT: usize = 4;
 const NT: usize = 4;
 
@@ -56,12 +55,27 @@ unsafe fn cp_async_wait_stage() {
     core::arch::asm!("cp.async.wait_group 1;", options(nostack));
 }
 
+/// Byte offset of 16-byte chunk `c` of staged row `row` of `C` chunks (8 or 4; XOR swizzle,
+/// see the module docs).
 #[inline(always)]
-unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool>(p: LinearParams) {
-    // [STAGES][rows][32 elements] of 16 bits for the activations and the weights
-    let a_s = shared_array![F32x4; NSTAGES * TBM * TBK / 8] as *mut u8;
-    let w_s = shared_array![F32x4; NSTAGES * TBN * TBK / 8] as *mut u8;
-    let (a_buf, w_buf) = (TM * TBK * 2, TN * TBK * 2);
+fn chunk_offset<const C: usize>(row: usize, c: usize) -> usize {
+    let sw = if C == 8 { row & 7 } else { (row >> 1) & 3 };
+    16 * (row * C + (c ^ sw))
+}
+
+#[inline(always)]
+unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize>(p: LinearParams) {
+    // KB = mma_pipe_tile::bk(TM, TN) (the kernels below pass it), C = KB / 8 chunks per row
+    let (depth, chunks) = (KB, C);
+    // [STAGES][rows][KB elements] of 16 bits for the activations, then the weights
+    let (a_buf, w_buf) = (TM * depth * 2, TN * depth * 2);
+    let (a_s, w_s) = if depth == 32 {
+        // 128 × 128 (see `mma_pipe_tile::shared_bytes`): static stages, 24 KiB per operand
+        (shared_array![F32x4; NSTAGES * 128 * 32 / 8] as *mut u8, shared_array![F32x4; NSTAGES * 128 * 32 / 8] as *mut u8)
+    } else {
+        let d = dynamic_shared_mem::<u8>();
+        (d, d.add(NSTAGES * a_buf))
+    };
     let (mts, nts) = (TM / 32, TN / 32);
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
@@ -71,31 +85,31 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
     let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
     let (a, w) = (p.a as *const u8, p.w as *const u8);
     let (a_sh, w_sh) = (shared_addr(a_s), shared_addr(w_s));
-    let (a_chunks, w_chunks) = (TM * CHUNKS / THREADS as usize, TN * CHUNKS / THREADS as usize);
+    let (a_chunks, w_chunks) = (TM * chunks / THREADS as usize, TN * chunks / THREADS as usize);
     // stage `buf` of k elements [k0, k0 + BK): both operands, asynchronously
     let load = |buf: usize, k0: usize| {
         for i in 0..a_chunks {
             let ch = tid + THREADS as usize * i;
-            let (r, kk) = (row0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            let (r, kk) = (row0 + ch / chunks, k0 + 8 * (ch % chunks));
             let ok = r < m && kk < k;
             let src = if ok { a.add((r * lda + kk) * 2) } else { a };
-            cp_async_16(a_sh + (buf * a_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64, src, if ok { 16 } else { 0 });
+            cp_async_16(a_sh + (buf * a_buf + chunk_offset::<C>(ch / chunks, ch % chunks)) as u64, src, if ok { 16 } else { 0 });
         }
         for i in 0..w_chunks {
             let ch = tid + THREADS as usize * i;
-            let (r, kk) = (col0 + ch / CHUNKS, k0 + 8 * (ch % CHUNKS));
+            let (r, kk) = (col0 + ch / chunks, k0 + 8 * (ch % chunks));
             let ok = r < n && kk < k;
             let src = if ok { w.add((r * k + kk) * 2) } else { w };
-            cp_async_16(w_sh + (buf * w_buf + chunk_offset(ch / CHUNKS, ch % CHUNKS)) as u64, src, if ok { 16 } else { 0 });
+            cp_async_16(w_sh + (buf * w_buf + chunk_offset::<C>(ch / chunks, ch % chunks)) as u64, src, if ok { 16 } else { 0 });
         }
     };
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
-    let steps = (ke - kb + TBK - 1) / TBK;
+    let steps = (ke - kb + depth - 1) / depth;
     // 1. the first STAGES - 1 stages in flight (a group per stage, empty past the end)
     for s in 0..NSTAGES - 1 {
         if s < steps {
-            load(s, kb + s * TBK);
+            load(s, kb + s * depth);
         }
         cp_async_commit();
     }
@@ -106,21 +120,21 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
         // 3. the stage STAGES - 1 ahead goes out into the buffer stage step - 1 used
         let ahead = step + NSTAGES - 1;
         if ahead < steps {
-            load(ahead % NSTAGES, kb + ahead * TBK);
+            load(ahead % NSTAGES, kb + ahead * depth);
         }
         cp_async_commit();
-        // 4. two 16-wide k steps of mma over the warp's tile
+        // 4. BK / 16 k steps of mma over the warp's tile
         let cur = step % NSTAGES;
-        for ks in 0..TBK / 16 {
+        for ks in 0..depth / 16 {
             let mut af = [[0u32; 4]; MT];
             for mt in 0..mts {
                 let r = wm * (TM / 2) + mt * 16 + (lane & 15);
-                af[mt] = ldmatrix_x4(a_sh + (cur * a_buf + chunk_offset(r, ks * 2 + (lane >> 4))) as u64);
+                af[mt] = ldmatrix_x4(a_sh + (cur * a_buf + chunk_offset::<C>(r, ks * 2 + (lane >> 4))) as u64);
             }
             let mut bf = [[0u32; 2]; NT];
             for np in 0..nts / 2 {
                 let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
-                let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset(r, ks * 2 + ((lane >> 3) & 1))) as u64);
+                let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset::<C>(r, ks * 2 + ((lane >> 3) & 1))) as u64);
                 bf[2 * np] = [x[0], x[1]];
                 bf[2 * np + 1] = [x[2], x[3]];
             }
@@ -145,49 +159,49 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
 /// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 128, 128, false>(p)
+    mma_pipe::<Bf16, 128, 128, false, 32, 4>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], f16 (row-scaled activations).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_f16(p: LinearParams) {
-    mma_pipe::<F16, 128, 128, false>(p)
+    mma_pipe::<F16, 128, 128, false, 32, 4>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 128, false>(p)
+    mma_pipe::<Bf16, 64, 128, false, 64, 8>(p)
 }
 
 /// As [`matmul_mma_pipe_f16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 128, false>(p)
+    mma_pipe::<F16, 64, 128, false, 64, 8>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 64, false>(p)
+    mma_pipe::<Bf16, 64, 64, false, 64, 8>(p)
 }
 
 /// As [`matmul_mma_pipe_f16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 64, false>(p)
+    mma_pipe::<F16, 64, 64, false, 64, 8>(p)
 }
 
 /// [`matmul_mma_pipe_64x64_bf16`] over one z-slice of `k` (split-K: raw partial sums).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 64, true>(p)
+    mma_pipe::<Bf16, 64, 64, true, 64, 8>(p)
 }
 
 /// [`matmul_mma_pipe_64x64_f16`] over one z-slice of `k` (split-K: raw partial sums).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 64, true>(p)
+    mma_pipe::<F16, 64, 64, true, 64, 8>(p)
 }
 
 #[inline(always)]

@@ -281,6 +281,20 @@ impl Kernel {
         matches!(self, MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16)
     }
 
+    /// The dynamic shared memory this kernel always launches with (the module loader raises the
+    /// kernel's limit to it: past the default 48 KiB for some), or 0 for kernels that size it
+    /// per launch or use none.
+    pub fn large_shared_bytes(self) -> u32 {
+        use gpu::params::mma_pipe_tile::shared_bytes;
+        use Kernel::*;
+        match self {
+            MatmulMmaPipeF16 | MatmulMmaPipeBf16 => shared_bytes(128, 128),
+            MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 => shared_bytes(64, 128),
+            MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 => shared_bytes(64, 64),
+            _ => 0,
+        }
+    }
+
     /// Whether this is an f16 tensor-core kernel, which needs its activations' row scales.
     pub fn needs_row_scale(self) -> bool {
         use Kernel::*;

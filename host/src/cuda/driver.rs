@@ -102,6 +102,7 @@ driver_api! {
     fn cuEventRecord(h_event: CUevent, h_stream: CUstream);
     fn cuEventSynchronize(h_event: CUevent);
     fn cuFuncGetAttribute(pi: *mut c_int, attrib: CUfunction_attribute, hfunc: CUfunction);
+    fn cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute, value: c_int);
     fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache);
     fn cuFuncSetSharedMemConfig(hfunc: CUfunction, config: CUsharedconfig);
     fn cuGetErrorString(error: CUresult, p_str: *mut *const c_char);

@@ -29,7 +29,8 @@ impl Launcher<'_> {
         self.kernels.launch(self.stream, kernel, grid, block, 0, params)
     }
 
-    /// Launches with `shared_bytes` of dynamic shared memory (at most 48 KiB).
+    /// Launches with `shared_bytes` of dynamic shared memory (at most 48 KiB, or what the module
+    /// loader raised the kernel's limit to: `Kernel::large_shared_bytes`).
     pub fn launch_shared<P: Copy>(&self, kernel: Kernel, grid: [u32; 3], block: u32, shared_bytes: u32, params: &P) -> Result<()> {
         self.kernels.launch(self.stream, kernel, grid, block, shared_bytes, params)
     }

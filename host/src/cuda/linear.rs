@@ -28,7 +28,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use crate::kernels::Arch;
-use gpu::params::{cast_a16_tile, gemv_tile, gemv_vec_tile, CastA16Params, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SkinnyParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
+use gpu::params::{cast_a16_tile, gemv_tile, gemv_vec_tile, mma_pipe_tile, CastA16Params, matmul_big_tile, matmul_tile, mma_tile, row_scale_tile, skinny_tile, split_reduce_tile, GateUpParams, LinearParams, RowScaleParams, SkinnyParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH, ACT_NONE};
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
@@ -360,7 +360,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
     // split-K: slices of `depth` k elements (whole shared-memory stages)
     let (depth, slices) = match algo {
         LinearAlgo::Big(s) if s > 1 => slice_depth(k, s, matmul_big_tile::BK as usize),
-        LinearAlgo::Mma(_, _, s) if s > 1 => slice_depth(k, s, mma_tile::BK as usize),
+        LinearAlgo::Mma(tm, tn, s) if s > 1 => slice_depth(k, s, if kernel.reads_a16() { mma_pipe_tile::bk(tm, tn) } else { mma_tile::BK } as usize),
         LinearAlgo::Skinny(_, s) if s > 1 => slice_depth(k, s, 32),
         LinearAlgo::Big(0) | LinearAlgo::Mma(_, _, 0) | LinearAlgo::Skinny(_, 0) => return Err(Error::Limit { op: kernel.name(), msg: "split-K needs at least one slice".into() }),
         _ => (0, 1),
@@ -419,6 +419,11 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
             mma_tile::THREADS,
         ),
         LinearAlgo::Skinny(..) => unreachable!("launched above"),
+    };
+    // the pipelined kernels stage their operands in dynamic shared memory
+    let shared = match algo {
+        LinearAlgo::Mma(tm, tn, _) if kernel.reads_a16() => mma_pipe_tile::shared_bytes(tm, tn),
+        _ => shared,
     };
     l.launch_shared(kernel, grid, block, shared, &main)?;
     if let Some(ws) = part {

@@ -45,6 +45,13 @@ impl Kernels {
                 .get_function(k.name())
                 .map_err(|e| Error::Unavailable(format!("kernel {} is missing from the {} PTX ({})", k.name(), chosen.arch, e)))?;
             funcs[k as usize] = f.to_raw();
+            let shared = k.large_shared_bytes();
+            if shared > 0 {
+                // SAFETY: a function handle of the live module; the attribute takes an int
+                unsafe { cust::sys::cuFuncSetAttribute(f.to_raw(), cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32) }
+                    .ok_or_cuda(&format!("cuFuncSetAttribute ({} KiB of shared memory for {} on {})", shared / 1024, k.name(), device))
+                    .map_err(|e| Error::Unavailable(e.to_string()))?;
+            }
         }
         Ok((Kernels { funcs, arch: chosen.arch, module }, why))
     }

@@ -363,3 +363,53 @@ fn bf16_precision_linears_stay_within_one_activation_rounding() {
         }
     }
 }
+
+/// `Precision::Bf16`'s SwiGLU product in one pipelined kernel (`gate_up_pipe_*`: 128 × 128 and
+/// 64 × 128 tiles, the gate's and the up projection's rows interleaved by eights) against the
+/// CPU's f32 `silu(a·gateᵀ) ⊙ (a·upᵀ)`. Each product may move by one activation rounding
+/// (`δ = 2^-8 · Σ|a·w|`, as above); the output by at most `1.1·δg·(|u| + δu) + (|silu(g)| +
+/// 1.1·δg)·δu` (silu's slope stays below 1.1), plus 1e-5 · √k. Rows up to 3·10⁵ check the f16
+/// row scales. On compute_80 the result must differ from the f32 mode's.
+#[test]
+fn bf16_precision_gate_up_stays_within_one_activation_rounding() {
+    let cpu = cpu();
+    for g in common::gpus("bf16 precision gate/up") {
+        let a16 = common::tensor_cores(&*g);
+        for (i, &(m, n, k)) in [(512usize, 1100usize, 256usize), (1030, 2100, 136), (600, 6144, 512)].iter().enumerate() {
+            let seed = 8000 + i as u32 * 10;
+            let mut a = random(m * k, seed);
+            for (r, row) in a.chunks_mut(k).enumerate() {
+                if r % 5 == 2 {
+                    row.iter_mut().for_each(|v| *v *= 3.0e5);
+                }
+            }
+            let (gw, uw) = (random(n * k, seed + 1), random(n * k, seed + 2));
+            for dtype in [DType::F16, DType::BF16] {
+                let name = format!("bf16 precision gate/up m={} n={} k={} w={} on {}", m, n, k, dtype, g.describe());
+                let lin = |b: &dyn Backend, a: &[f32], w: &[f32]| -> Vec<f32> { b.download_f32(&b.linear(&b.upload_f32(&[m, k], a).unwrap(), &upload(b, &[n, k], w, dtype).unwrap(), None).unwrap()).unwrap() };
+                let op = |b: &dyn Backend| -> Vec<f32> {
+                    let at = b.upload_f32(&[m, k], &a).unwrap();
+                    b.download_f32(&b.gate_up_silu(&at, &upload(b, &[n, k], &gw, dtype).unwrap(), &upload(b, &[n, k], &uw, dtype).unwrap()).unwrap()).unwrap()
+                };
+                let (gv, uv, want) = (lin(&*cpu, &a, &gw), lin(&*cpu, &a, &uw), op(&*cpu));
+                let aa: Vec<f32> = a.iter().map(|v| v.abs()).collect();
+                let (gd, ud) = (lin(&*cpu, &aa, &gw.iter().map(|v| v.abs()).collect::<Vec<_>>()), lin(&*cpu, &aa, &uw.iter().map(|v| v.abs()).collect::<Vec<_>>()));
+                g.set_precision(qwen3_vl::Precision::F32);
+                let f32_mode = op(&*g);
+                g.set_precision(qwen3_vl::Precision::Bf16);
+                g.set_poison_outputs(true);
+                let got = op(&*g);
+                g.set_precision(qwen3_vl::Precision::F32);
+                for j in 0..got.len() {
+                    let (dg, du) = (gd[j] as f64 / 256.0, ud[j] as f64 / 256.0);
+                    let silu = gv[j] as f64 / (1.0 + (-(gv[j] as f64)).exp());
+                    let bound = 1.1 * dg * ((uv[j] as f64).abs() + du) + (silu.abs() + 1.1 * dg) * du + 1e-5 * (k as f64).sqrt();
+                    let d = (got[j] as f64 - want[j] as f64).abs();
+                    assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
+                }
+                let moved = got.iter().zip(&f32_mode).any(|(x, y)| x.to_bits() != y.to_bits());
+                assert_eq!(moved, a16, "{}: the bf16 mode must {} the f32 mode's result", name, if a16 { "differ from" } else { "equal" });
+            }
+        }
+    }
+}

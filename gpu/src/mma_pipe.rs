@@ -39,7 +39,7 @@ use crate::math::{Bf16, F16};
 use crate::mem::{ld_f32x4, shared_addr, F32x4};
 use crate::mma::{cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
 use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
-use crate::params::{CastA16Params, LinearParams};
+use crate::params::{CastA16Params, GateUpParams, LinearParams};
 use cuda_std::shared::dynamic_shared_mem;
 use cuda_std::{kernel, shared_array, thread};
 
@@ -63,8 +63,26 @@ fn chunk_offset<const C: usize>(row: usize, c: usize) -> usize {
     16 * (row * C + (c ^ sw))
 }
 
+/// The operands of [`pipe_core`]: 16-bit activations `[m, k]` (row stride `lda`), weights
+/// `[n, k]` (and a second matrix of the same shape for a pair), the block's `k` range.
+struct PipeArgs {
+    a: *const u8,
+    lda: usize,
+    w: *const u8,
+    w2: *const u8,
+    m: usize,
+    n: usize,
+    k: usize,
+    kb: usize,
+    ke: usize,
+}
+
+/// The block's `TM × TN` accumulator tile (see the module docs), rows from `block_idx.y · TM`.
+/// Its staged weight rows are `block_idx.x · TN + r`; with `PAIR`, groups of 8 alternate
+/// between `w` and `w2` at `block_idx.x · TN / 2 + 8 · (group / 2) + r % 8`, so a thread's
+/// n tiles `2j` and `2j + 1` hold the two matrices' sums for the same output columns.
 #[inline(always)]
-unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize>(p: LinearParams) {
+unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const PAIR: bool>(x: &PipeArgs) -> [[[f32; 4]; NT]; MT] {
     // KB = mma_pipe_tile::bk(TM, TN) (the kernels below pass it), C = KB / 8 chunks per row
     let (depth, chunks) = (KB, C);
     // [STAGES][rows][KB elements] of 16 bits for the activations, then the weights
@@ -80,13 +98,14 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
-    let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
-    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
-    let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
-    let (a, w) = (p.a as *const u8, p.w as *const u8);
+    let (m, n, k, lda) = (x.m, x.n, x.k, x.lda);
+    let row0 = thread::block_idx_y() as usize * TM;
+    let col0 = thread::block_idx_x() as usize * if PAIR { TN / 2 } else { TN };
+    let (kb, ke) = (x.kb, x.ke);
+    let (a, w) = (x.a, x.w);
     let (a_sh, w_sh) = (shared_addr(a_s), shared_addr(w_s));
     let (a_chunks, w_chunks) = (TM * chunks / THREADS as usize, TN * chunks / THREADS as usize);
-    // stage `buf` of k elements [k0, k0 + BK): both operands, asynchronously
+    // stage `buf` of k elements [k0, k0 + KB): both operands, asynchronously
     let load = |buf: usize, k0: usize| {
         for i in 0..a_chunks {
             let ch = tid + THREADS as usize * i;
@@ -97,10 +116,16 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
         }
         for i in 0..w_chunks {
             let ch = tid + THREADS as usize * i;
-            let (r, kk) = (col0 + ch / chunks, k0 + 8 * (ch % chunks));
+            let (rs, kk) = (ch / chunks, k0 + 8 * (ch % chunks));
+            let (mat, r) = if PAIR {
+                let g = rs / 8;
+                (if g % 2 == 0 { w } else { x.w2 }, col0 + 8 * (g / 2) + rs % 8)
+            } else {
+                (w, col0 + rs)
+            };
             let ok = r < n && kk < k;
-            let src = if ok { w.add((r * k + kk) * 2) } else { w };
-            cp_async_16(w_sh + (buf * w_buf + chunk_offset::<C>(ch / chunks, ch % chunks)) as u64, src, if ok { 16 } else { 0 });
+            let src = if ok { mat.add((r * k + kk) * 2) } else { w };
+            cp_async_16(w_sh + (buf * w_buf + chunk_offset::<C>(rs, ch % chunks)) as u64, src, if ok { 16 } else { 0 });
         }
     };
 
@@ -123,7 +148,7 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
             load(ahead % NSTAGES, kb + ahead * depth);
         }
         cp_async_commit();
-        // 4. BK / 16 k steps of mma over the warp's tile
+        // 4. KB / 16 k steps of mma over the warp's tile
         let cur = step % NSTAGES;
         for ks in 0..depth / 16 {
             let mut af = [[0u32; 4]; MT];
@@ -145,14 +170,80 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
             }
         }
     }
+    acc
+}
+
+#[inline(always)]
+unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize>(p: LinearParams) {
+    let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
+    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
+    let acc = pipe_core::<W, TM, TN, KB, C, false>(&x);
     // 5. epilogue (row scales undone, bias, activation, residual), one mma tile at a time
-    for mt in 0..mts {
-        for nt in 0..nts {
+    let lane = thread::thread_idx_x() as usize % 32;
+    let warp = thread::thread_idx_x() as usize / 32;
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
+    for mt in 0..TM / 32 {
+        for nt in 0..TN / 32 {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
             store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
         }
     }
+}
+
+/// `c = silu(a · gateᵀ) ⊙ (a · upᵀ)` over 16-bit activations ([`GateUpParams`]: `a` from
+/// `cast_a16_*`, row stride `lda`; f16 row scales undone first): [`pipe_core`] with the two
+/// matrices' rows interleaved by eights, `TN / 2` output columns per block.
+#[inline(always)]
+unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize>(p: GateUpParams) {
+    let (m, n) = (p.m as usize, p.n as usize);
+    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.gate as *const u8, w2: p.up as *const u8, m, n, k: p.k as usize, kb: 0, ke: p.k as usize };
+    let acc = pipe_core::<W, TM, TN, KB, C, true>(&x);
+    let lane = thread::thread_idx_x() as usize % 32;
+    let warp = thread::thread_idx_x() as usize / 32;
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * (TN / 2));
+    let (c, row_scale) = (p.c as *mut f32, p.row_scale as *const f32);
+    for mt in 0..TM / 32 {
+        for j in 0..TN / 64 {
+            let (g, u) = (acc[mt][2 * j], acc[mt][2 * j + 1]);
+            let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = col0 + wn * (TN / 8) + j * 8 + 2 * (lane % 4);
+            for i in 0..4 {
+                let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
+                if rr < m && cc < n {
+                    let s = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(rr) } else { 1.0 };
+                    *c.add(rr * n + cc) = crate::math::silu_mul(g[i] / s, u[i] / s);
+                }
+            }
+        }
+    }
+}
+
+/// SwiGLU's gate and up projections with the SiLU product, bf16 activations and weights,
+/// 128 × 128 tiles (64 columns of each). See [`gate_up_pipe`].
+#[kernel]
+pub unsafe fn gate_up_pipe_bf16(p: GateUpParams) {
+    gate_up_pipe::<Bf16, 128, 128, 32, 4>(p)
+}
+
+/// [`gate_up_pipe_bf16`] with f16 (row-scaled activations).
+#[kernel]
+pub unsafe fn gate_up_pipe_f16(p: GateUpParams) {
+    gate_up_pipe::<F16, 128, 128, 32, 4>(p)
+}
+
+/// [`gate_up_pipe_bf16`] with 64 × 128 tiles.
+#[kernel]
+pub unsafe fn gate_up_pipe_64x128_bf16(p: GateUpParams) {
+    gate_up_pipe::<Bf16, 64, 128, 64, 8>(p)
+}
+
+/// [`gate_up_pipe_f16`] with 64 × 128 tiles.
+#[kernel]
+pub unsafe fn gate_up_pipe_64x128_f16(p: GateUpParams) {
+    gate_up_pipe::<F16, 64, 128, 64, 8>(p)
 }
 
 /// `c = act(a · wᵀ + bias) + residual`, bf16 activations and weights, 128 × 128 tiles. See the

@@ -169,6 +169,10 @@ kernel_table! {
     MatmulMmaPipe64x64Bf16 = "matmul_mma_pipe_64x64_bf16" @ Compute80,
     MatmulMmaPipe64x64SplitF16 = "matmul_mma_pipe_64x64_split_f16" @ Compute80,
     MatmulMmaPipe64x64SplitBf16 = "matmul_mma_pipe_64x64_split_bf16" @ Compute80,
+    GateUpPipeF16 = "gate_up_pipe_f16" @ Compute80,
+    GateUpPipeBf16 = "gate_up_pipe_bf16" @ Compute80,
+    GateUpPipe64x128F16 = "gate_up_pipe_64x128_f16" @ Compute80,
+    GateUpPipe64x128Bf16 = "gate_up_pipe_64x128_bf16" @ Compute80,
     CastA16F16 = "cast_a16_f16" @ Compute80,
     CastA16Bf16 = "cast_a16_bf16" @ Compute80,
     MatmulSkinnyM16A16F16 = "matmul_skinny_m16_a16_f16" @ Compute80,
@@ -275,10 +279,26 @@ impl Kernel {
         by_half(dtype, false, [set[0], set[1], set[0], set[1]], "matmul_mma_pipe")
     }
 
+    /// The pipelined SwiGLU gate/up product over 16-bit activations with `(rows, columns)`
+    /// tiles (128 × 128 or 64 × 128, half the columns from each matrix) for weights of `dtype`.
+    pub fn gate_up_pipe(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
+        use Kernel::*;
+        let set = match tile {
+            (128, 128) => [GateUpPipeF16, GateUpPipeBf16],
+            (64, 128) => [GateUpPipe64x128F16, GateUpPipe64x128Bf16],
+            other => return Err(Error::Limit { op: "gate_up_pipe", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
+        };
+        by_half(dtype, false, [set[0], set[1], set[0], set[1]], "gate_up_pipe")
+    }
+
     /// Whether this kernel reads its activations as 16-bit values (from `cast_a16_*`).
     pub fn reads_a16(self) -> bool {
         use Kernel::*;
-        matches!(self, MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16)
+        matches!(
+            self,
+            MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16
+                | GateUpPipeF16 | GateUpPipeBf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16
+        )
     }
 
     /// The dynamic shared memory this kernel always launches with (the module loader raises the
@@ -289,7 +309,7 @@ impl Kernel {
         use Kernel::*;
         match self {
             MatmulMmaPipeF16 | MatmulMmaPipeBf16 => shared_bytes(128, 128),
-            MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 => shared_bytes(64, 128),
+            MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 => shared_bytes(64, 128),
             MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 => shared_bytes(64, 64),
             _ => 0,
         }
@@ -302,7 +322,7 @@ impl Kernel {
             self,
             MatmulMmaF16 | MatmulMma64x128F16 | MatmulMma64x64F16 | MatmulMma64x64SplitF16 | MatmulSkinnyM16F16 | MatmulSkinnyM32F16
                 | MatmulSkinnyM16A16F16 | MatmulSkinnyM32A16F16
-                | MatmulMmaPipeF16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64SplitF16
+                | MatmulMmaPipeF16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64SplitF16 | GateUpPipeF16 | GateUpPipe64x128F16
         )
     }
 

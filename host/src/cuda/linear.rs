@@ -489,6 +489,31 @@ pub fn gate_up_skinny(l: &Launcher<'_>, wdtype: DType, rows: u32, a: &DeviceBuff
     l.launch(kernel, [grid_dim(kernel, "x", ceil_div(n, 8 * skinny_tile::NT / 2), MAX_GRID_X)?, 1, 1], skinny_tile::THREADS, &p)
 }
 
+/// `c[m, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` by the pipelined kernel with `tile` over 16-bit
+/// activations `a` `[m, k]` (from [`cast_a16`], with the f16 `row_scale` it applied).
+#[allow(clippy::too_many_arguments)]
+pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &DeviceBuffer, gate: &DeviceBuffer, up: &DeviceBuffer, c: &DeviceBuffer, row_scale: Option<&DeviceBuffer>, (m, n, k): (usize, usize, usize)) -> Result<()> {
+    let kernel = Kernel::gate_up_pipe(wdtype, tile)?;
+    need(kernel, "a", a, m * k * 2)?;
+    need(kernel, "gate", gate, n * k * wdtype.size_of())?;
+    need(kernel, "up", up, n * k * wdtype.size_of())?;
+    need(kernel, "c", c, m * n * 4)?;
+    if k % 8 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte rows (k = {})", k) });
+    }
+    match (wdtype, row_scale) {
+        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4)?,
+        (DType::F16, None) => return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() }),
+        _ => {}
+    }
+    let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: 0, m: fits_u32(kernel, "m", m)?, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, eps: 0.0, _pad: 0, row_scale: row_scale.map_or(0, |s| s.addr()) };
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let grid = [grid_dim(kernel, "x", ceil_div(n, tile.1 as usize / 2), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tile.0 as usize), MAX_GRID_Y)?, 1];
+    l.launch_shared(kernel, grid, mma_tile::THREADS, mma_pipe_tile::shared_bytes(tile.0, tile.1), &p)
+}
+
 impl CudaBackend {
     /// `x` RMS-normed by `norm` (weight, epsilon), or `x` itself: the unfused paths' first step.
     pub(super) fn rms_normed(&self, x: &Tensor, norm: Option<(&Tensor, f32)>) -> Result<Tensor> {
@@ -636,6 +661,22 @@ impl CudaBackend {
                 let out = self.output(m * n)?;
                 gate_up_skinny(&l, gate.dtype(), rows, xb, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
                 return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
+            }
+            // 16-bit activations: both products and the gate in one pipelined kernel, its tile
+            // picked as for one product of 2n columns (when that needs no split-K)
+            let l = self.enter()?;
+            if l.a16 {
+                if let LinearAlgo::Mma(tm, tn, 1) = self.pick_linear(m, 2 * n, k, gate.dtype()) {
+                    if tn == 128 {
+                        let xb = self.buffer(OP, x)?;
+                        let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
+                        let a16 = self.pool.alloc(m * k * 2)?;
+                        cast_a16(&l, gate.dtype(), xb, scales.as_ref(), &a16, (m, k))?;
+                        let out = self.output(m * n)?;
+                        gate_up_pipe(&l, gate.dtype(), (tm, tn), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
+                        return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
+                    }
+                }
             }
             // prefill-sized (or odd-k) inputs: the norm, two products and the elementwise gate
             return self.silu_mul_op(&self.linear_op(x, gate, None, None)?, &self.linear_op(x, up, None, None)?);

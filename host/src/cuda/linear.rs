@@ -122,7 +122,8 @@ impl LinearAlgo {
 
     /// The kernel the backend uses for `m` rows, `n` outputs and `k` inputs with weights of
     /// `dtype` when the module of `arch` is loaded on a device of `sms` multiprocessors. The
-    /// tensor-core tile is the largest that still gives every multiprocessor a block.
+    /// tensor-core tile is the largest that still gives nearly every multiprocessor a block
+    /// ([`TILE_FILL`]).
     pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
         if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
             return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16), skinny_slices(n, k, sms));
@@ -131,8 +132,12 @@ impl LinearAlgo {
             if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
                 let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
                 let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
-                let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= sms as usize).unwrap_or(last);
-                LinearAlgo::Mma(tm, tn, split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()))
+                // a tile that leaves a few multiprocessors idle still beats the next smaller one
+                let fill = sms as usize * TILE_FILL.0 / TILE_FILL.1;
+                let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= fill).unwrap_or(last);
+                // only the smallest tile splits k (a larger one was taken because it nearly fills the device)
+                let slices = if (tm, tn) == last { split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()) } else { 1 };
+                LinearAlgo::Mma(tm, tn, slices)
             } else if m >= BIG_MIN_ROWS {
                 let blocks = ceil_div(m, matmul_big_tile::BM as usize) * ceil_div(n, matmul_big_tile::BN as usize);
                 LinearAlgo::Big(split_slices(blocks, k, matmul_big_tile::BK as usize, sms, BIG_SPLIT))
@@ -146,6 +151,10 @@ impl LinearAlgo {
         }
     }
 }
+
+/// The share of the multiprocessors (numerator, denominator) a tensor-core tile must give a
+/// block for [`LinearAlgo::pick`] to take it over the next smaller one.
+pub const TILE_FILL: (usize, usize) = (15, 16);
 
 /// Whether the few-row tensor-core kernels are used (`QWEN3_VL_SKINNY=0` turns them off: an A/B
 /// aid for benchmarks; read once).

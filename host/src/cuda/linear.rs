@@ -331,6 +331,16 @@ fn row_scales(l: &Launcher<'_>, a: &DeviceBuffer, out: &DeviceBuffer, (m, k): (u
     l.launch(kernel, [grid_dim(kernel, "x", m, MAX_GRID_X)?, 1, 1], row_scale_tile::THREADS, &p)
 }
 
+/// Checks that an f16 tensor-core `kernel` (weights or activations of `dtype`) gets the `[m]`
+/// row scales of its activations ([`row_scales`]).
+fn f16_row_scales(kernel: Kernel, dtype: DType, row_scale: Option<&DeviceBuffer>, m: usize) -> Result<()> {
+    match (dtype, row_scale) {
+        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4),
+        (DType::F16, None) => Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() }),
+        _ => Ok(()),
+    }
+}
+
 /// `out[m, k]` = `a` `[m, k]` f32 (times `row_scale` `[m]` with f16) rounded to `dtype`, the
 /// operand of the `matmul_mma_pipe_*` kernels (`k % 8 == 0`).
 pub fn cast_a16(l: &Launcher<'_>, dtype: DType, a: &DeviceBuffer, row_scale: Option<&DeviceBuffer>, out: &DeviceBuffer, (m, k): (usize, usize)) -> Result<()> {
@@ -344,11 +354,7 @@ pub fn cast_a16(l: &Launcher<'_>, dtype: DType, a: &DeviceBuffer, row_scale: Opt
     if k % 8 != 0 {
         return Err(Error::Limit { op: kernel.name(), msg: format!("k = {} is not a multiple of 8", k) });
     }
-    match (dtype, row_scale) {
-        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4)?,
-        (DType::F16, None) => return Err(Error::Limit { op: kernel.name(), msg: "f16 activations need their row scales (row_scales)".into() }),
-        _ => {}
-    }
+    f16_row_scales(kernel, dtype, row_scale, m)?;
     let p = CastA16Params { a: a.addr(), out: out.addr(), row_scale: row_scale.map_or(0, |s| s.addr()), m: fits_u32(kernel, "m", m)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, _pad: 0 };
     if m == 0 || k == 0 {
         return Ok(());
@@ -486,11 +492,7 @@ pub fn gate_up_skinny(l: &Launcher<'_>, wdtype: DType, rows: u32, a: &DeviceBuff
     if m > rows as usize || !LinearAlgo::vector_rows(k, wdtype) {
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs at most {} rows and 16-byte weight rows (m = {}, k = {} of {})", rows, m, k, wdtype) });
     }
-    match (wdtype, row_scale) {
-        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4)?,
-        (DType::F16, None) => return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() }),
-        _ => {}
-    }
+    f16_row_scales(kernel, wdtype, row_scale, m)?;
     let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: 0, m: m as u32, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, eps: 0.0, _pad: 0, row_scale: row_scale.map_or(0, |s| s.addr()) };
     if m == 0 || n == 0 {
         return Ok(());
@@ -510,11 +512,7 @@ pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &Devic
     if k % 8 != 0 {
         return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte rows (k = {})", k) });
     }
-    match (wdtype, row_scale) {
-        (DType::F16, Some(s)) => need(kernel, "row_scale", s, m * 4)?,
-        (DType::F16, None) => return Err(Error::Limit { op: kernel.name(), msg: "f16 tensor-core kernels need the activations' row scales (row_scales)".into() }),
-        _ => {}
-    }
+    f16_row_scales(kernel, wdtype, row_scale, m)?;
     let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: 0, m: fits_u32(kernel, "m", m)?, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, eps: 0.0, _pad: 0, row_scale: row_scale.map_or(0, |s| s.addr()) };
     if m == 0 || n == 0 {
         return Ok(());

@@ -413,3 +413,48 @@ fn bf16_precision_gate_up_stays_within_one_activation_rounding() {
         }
     }
 }
+
+/// `Precision::Bf16`'s norm-fed products (`rms_norm_a16_bf16` writes the normed rows in bf16
+/// straight for the pipelined GEMM and the fused gate/up) against the CPU: `rms_norm_linear` and
+/// `rms_norm_gate_up_silu` on prefill-sized rows, bounded as above with the CPU's normed rows as
+/// the activations (one rounding of each).
+#[test]
+fn bf16_precision_normed_products_stay_within_one_activation_rounding() {
+    let cpu = cpu();
+    for g in common::gpus("bf16 precision normed products") {
+        let a16 = common::tensor_cores(&*g);
+        let (m, n, k) = (600usize, 3000usize, 512usize);
+        let (x, nw, w, u) = (random(m * k, 9001), random(k, 9002), random(n * k, 9003), random(n * k, 9004));
+        let nw: Vec<f32> = nw.iter().map(|v| 1.0 + v).collect();
+        let up = |b: &dyn Backend, v: &[f32], rows: usize| upload(b, &[rows, k], v, DType::BF16).unwrap();
+        let xn = cpu.download_f32(&cpu.rms_norm(&cpu.upload_f32(&[m, k], &x).unwrap(), &cpu.upload_f32(&[k], &nw).unwrap(), 1e-6).unwrap()).unwrap();
+        let lin = |a: &[f32], w: &[f32]| cpu.download_f32(&cpu.linear(&cpu.upload_f32(&[m, k], a).unwrap(), &up(&*cpu, w, n), None).unwrap()).unwrap();
+        let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+        let (wv, uv, wd, ud) = (lin(&xn, &w), lin(&xn, &u), lin(&abs(&xn), &abs(&w)), lin(&abs(&xn), &abs(&u)));
+        let run = |b: &dyn Backend| -> (Vec<f32>, Vec<f32>) {
+            let (xt, nt) = (b.upload_f32(&[m, k], &x).unwrap(), b.upload_f32(&[k], &nw).unwrap());
+            let l = b.download_f32(&b.rms_norm_linear(&xt, &nt, 1e-6, &up(b, &w, n), None).unwrap()).unwrap();
+            let s = b.download_f32(&b.rms_norm_gate_up_silu(&xt, &nt, 1e-6, &up(b, &w, n), &up(b, &u, n)).unwrap()).unwrap();
+            (l, s)
+        };
+        let want = run(&*cpu);
+        g.set_precision(qwen3_vl::Precision::F32);
+        let f32_mode = run(&*g);
+        g.set_precision(qwen3_vl::Precision::Bf16);
+        g.set_poison_outputs(true);
+        let got = run(&*g);
+        g.set_precision(qwen3_vl::Precision::F32);
+        let name = format!("bf16 precision normed products m={} n={} k={} on {}", m, n, k, g.describe());
+        for j in 0..m * n {
+            let (dw, du) = (wd[j] as f64 / 256.0 + 1e-5 * (k as f64).sqrt(), ud[j] as f64 / 256.0 + 1e-5 * (k as f64).sqrt());
+            let d = (got.0[j] as f64 - want.0[j] as f64).abs();
+            assert!(d <= dw, "{}: rms_norm_linear element {}: got {} want {} (|diff| {:.3e} > {:.3e})", name, j, got.0[j], want.0[j], d, dw);
+            let silu = wv[j] as f64 / (1.0 + (-(wv[j] as f64)).exp());
+            let bound = 1.1 * dw * ((uv[j] as f64).abs() + du) + (silu.abs() + 1.1 * dw) * du;
+            let d = (got.1[j] as f64 - want.1[j] as f64).abs();
+            assert!(d <= bound, "{}: rms_norm_gate_up_silu element {}: got {} want {} (|diff| {:.3e} > {:.3e})", name, j, got.1[j], want.1[j], d, bound);
+        }
+        let moved = |a: &[f32], b: &[f32]| a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(moved(&got.0, &f32_mode.0) && moved(&got.1, &f32_mode.1), a16, "{}: the bf16 mode must {} the f32 mode's results", name, if a16 { "differ from" } else { "equal" });
+    }
+}

@@ -39,7 +39,8 @@ use crate::math::{Bf16, F16};
 use crate::mem::{ld_f32x4, shared_addr, F32x4};
 use crate::mma::{cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
 use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
-use crate::params::{CastA16Params, GateUpParams, LinearParams};
+use crate::params::{CastA16Params, GateUpParams, LinearParams, RmsNormParams};
+use crate::reduce::block_sum;
 use cuda_std::shared::dynamic_shared_mem;
 use cuda_std::{kernel, shared_array, thread};
 
@@ -325,4 +326,50 @@ pub unsafe fn cast_a16_bf16(p: CastA16Params) {
 #[kernel]
 pub unsafe fn cast_a16_f16(p: CastA16Params) {
     cast_a16::<F16>(p)
+}
+
+/// RMSNorm of each row of `x` rounded to bf16 into `y` (`[rows, n]` 16-bit: the operand of
+/// `matmul_mma_pipe_*_bf16` and `gate_up_pipe_*_bf16`): `rms_norm_f32` then `cast_a16_bf16` in
+/// one pass, the same f32 values rounded once.
+///
+/// Parameters: [`RmsNormParams`] with `y` 16-bit; `n % 8 == 0`, `x` and `w` 16-byte aligned
+/// (the launcher checks). Thread mapping: one block of `ROW_THREADS` per row (grid = rows);
+/// threads stride over the row's 16-byte vectors for Σ x², reduce (`block_sum`), then write 8
+/// outputs (16 bytes) per step. Safety: every thread reaches the barriers of `block_sum`.
+#[kernel]
+pub unsafe fn rms_norm_a16_bf16(p: RmsNormParams) {
+    let scratch = shared_array![f32; 32];
+    let tid = thread::thread_idx_x() as usize;
+    let step = thread::block_dim_x() as usize;
+    let n = p.n as usize;
+    let row = thread::block_idx_x() as usize;
+    let x = (p.x as *const f32).add(row * n);
+    let w = p.w as *const f32;
+    // 1. Σ x², 16 bytes at a time
+    let mut ss = 0.0f32;
+    let mut i = tid;
+    while i < n / 4 {
+        let v = ld_f32x4(x.add(4 * i));
+        for e in v {
+            ss += e * e;
+        }
+        i += step;
+    }
+    let scale = crate::math::rms_scale(block_sum(ss, scratch) / n as f32, p.eps);
+    // 2. y = bf16(x · scale · w), 8 at a time
+    let y = (p.y as *mut u8).add(row * n * 2);
+    let mut i = tid;
+    while i < n / 8 {
+        let (v0, v1) = (ld_f32x4(x.add(8 * i)), ld_f32x4(x.add(8 * i + 4)));
+        let (g0, g1) = (ld_f32x4(w.add(8 * i)), ld_f32x4(w.add(8 * i + 4)));
+        let o = |v: f32, g: f32| v * scale * g;
+        let q = [
+            Bf16::pack(o(v0[0], g0[0]), o(v0[1], g0[1])),
+            Bf16::pack(o(v0[2], g0[2]), o(v0[3], g0[3])),
+            Bf16::pack(o(v1[0], g1[0]), o(v1[1], g1[1])),
+            Bf16::pack(o(v1[2], g1[2]), o(v1[3], g1[3])),
+        ];
+        *(y.add(16 * i) as *mut U32x4) = U32x4(q);
+        i += step;
+    }
 }

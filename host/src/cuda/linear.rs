@@ -605,13 +605,46 @@ impl CudaBackend {
         Ok(Self::wrap(out_shape, DType::F32, out))
     }
 
+    /// `rms_norm(x)` `[m, k]` rounded to bf16 by one kernel ([`super::norm::rms_norm_a16`]) when
+    /// a norm is given, the weights are bf16 and the rows are whole 16-byte vectors; else `None`
+    /// (the caller norms and casts in two steps).
+    fn normed_a16(&self, l: &Launcher<'_>, x: &Tensor, norm: Option<(&Tensor, f32)>, dtype: DType, (m, k): (usize, usize)) -> Result<Option<DeviceBuffer>> {
+        let (nw, eps) = match norm {
+            Some(n) if dtype == DType::BF16 && k % 8 == 0 => n,
+            _ => return Ok(None),
+        };
+        ops::rms_norm_dims(x, nw)?;
+        let (xb, wb) = (self.buffer("rms_norm", x)?, self.buffer("rms_norm", nw)?);
+        if (xb.addr() | wb.addr()) % 16 != 0 {
+            return Ok(None);
+        }
+        let out = self.pool.alloc(m * k * 2)?;
+        super::norm::rms_norm_a16(l, xb, wb, &out, m, k, eps)?;
+        Ok(Some(out))
+    }
+
     pub(super) fn rms_norm_linear_op(&self, x: &Tensor, norm: &Tensor, eps: f32, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        const OP: &str = "linear";
         if w.dtype().is_quantized() {
             return self.qlinear_op(x, Some((norm, eps)), w, bias, ACT_NONE, None);
         }
         let (m, n, k) = ops::linear_dims(x, w, bias)?;
         match self.pick_linear(m, n, k, w.dtype()) {
             LinearAlgo::GemvVec if norm_fits(m, k) => self.linear_normed(LinearAlgo::GemvVec, x, Some((norm, eps)), w, bias, None),
+            // 16-bit activations: the norm writes them for the pipelined GEMM
+            algo @ LinearAlgo::Mma(_, _, s) if self.a16.load(std::sync::atomic::Ordering::Relaxed) => {
+                let l = self.enter()?;
+                match self.normed_a16(&l, x, Some((norm, eps)), w.dtype(), (m, k))? {
+                    Some(a16) => {
+                        let bb = bias.map(|b| self.buffer(OP, b)).transpose()?;
+                        let out = self.output(m * n)?;
+                        let ws = if s > 1 { Some(self.output(s as usize * m * n)?) } else { None };
+                        linear(&l, algo, w.dtype(), &a16, self.buffer(OP, w)?, bb, None, None, ACT_NONE, &out, ws.as_ref(), None, (m, n, k))?;
+                        Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out))
+                    }
+                    None => self.linear_op(&self.rms_norm_op(x, norm, eps)?, w, bias, None),
+                }
+            }
             // prefill-sized inputs (or rows the stage cannot hold): the norm, then the product
             _ => self.linear_op(&self.rms_norm_op(x, norm, eps)?, w, bias, None),
         }
@@ -659,31 +692,34 @@ impl CudaBackend {
         let algo = self.pick_linear(m, n, k, gate.dtype());
         let fused = algo == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
+            // 16-bit activations: both products and the gate in one pipelined kernel, its tile
+            // picked as for one product of 2n columns (when that needs no split-K); the norm
+            // writes the bf16 activations itself
+            let l = self.enter()?;
+            if let (true, LinearAlgo::Mma(tm, 128, 1)) = (l.a16 && matches!(algo, LinearAlgo::Mma(..)), self.pick_linear(m, 2 * n, k, gate.dtype())) {
+                let (a16, scales) = match self.normed_a16(&l, x, norm, gate.dtype(), (m, k))? {
+                    Some(a16) => (a16, None),
+                    None => {
+                        let x = &self.rms_normed(x, norm)?;
+                        let xb = self.buffer(OP, x)?;
+                        let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
+                        let a16 = self.pool.alloc(m * k * 2)?;
+                        cast_a16(&l, gate.dtype(), xb, scales.as_ref(), &a16, (m, k))?;
+                        (a16, scales)
+                    }
+                };
+                let out = self.output(m * n)?;
+                gate_up_pipe(&l, gate.dtype(), (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
+                return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
+            }
             let x = &self.rms_normed(x, norm)?;
             if let LinearAlgo::Skinny(rows, _) = algo {
                 // a batched decode step: one few-row kernel for both products
-                let l = self.enter()?;
                 let xb = self.buffer(OP, x)?;
                 let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
                 let out = self.output(m * n)?;
                 gate_up_skinny(&l, gate.dtype(), rows, xb, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
                 return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
-            }
-            // 16-bit activations: both products and the gate in one pipelined kernel, its tile
-            // picked as for one product of 2n columns (when that needs no split-K)
-            let l = self.enter()?;
-            if l.a16 {
-                if let LinearAlgo::Mma(tm, tn, 1) = self.pick_linear(m, 2 * n, k, gate.dtype()) {
-                    if tn == 128 {
-                        let xb = self.buffer(OP, x)?;
-                        let scales = self.row_scales_for(&l, algo, gate.dtype(), xb, (m, k))?;
-                        let a16 = self.pool.alloc(m * k * 2)?;
-                        cast_a16(&l, gate.dtype(), xb, scales.as_ref(), &a16, (m, k))?;
-                        let out = self.output(m * n)?;
-                        gate_up_pipe(&l, gate.dtype(), (tm, tn), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
-                        return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
-                    }
-                }
             }
             // prefill-sized (or odd-k) inputs: the norm, two products and the elementwise gate
             return self.silu_mul_op(&self.linear_op(x, gate, None, None)?, &self.linear_op(x, up, None, None)?);

@@ -252,6 +252,29 @@ fn scatter_rows_agrees_for_replace_and_add() {
 }
 
 #[test]
+fn blend_rows_agrees_and_checks_its_ids() {
+    // the checks are the shared shape rules: the CPU says them with no GPU here
+    let c = cpu();
+    let table = c.upload_f32(&[5, 3], &random(15, 30)).unwrap();
+    let e = c.blend_rows(&table, &[0, 5], &[0.5, 0.5], 2).unwrap_err().to_string();
+    assert!(e.contains("id 5 is outside the 5 rows"), "{}", e);
+    let e = c.blend_rows(&table, &[0, 1, 2], &[0.5, 0.5, 0.5], 2).unwrap_err().to_string();
+    assert!(e.contains("rows of 2 entries"), "{}", e);
+    let g = match gpu("blend_rows") {
+        Some(g) => g,
+        None => return,
+    };
+    // the vision tower's shape class (four corners a row) and odd widths
+    for &(vocab, width, rows, per_row) in &[(1, 1, 1, 1), (7, 63, 5, 3), (2304, 1024, 300, 4), (49, 257, 64, 4)] {
+        let table = random(vocab * width, 31);
+        let ids: Vec<u32> = (0..rows * per_row).map(|i| ((i * 7 + 3) % vocab) as u32).collect();
+        let weights = random(rows * per_row, 32);
+        let op = |b: &dyn Backend| -> Result<Tensor> { b.blend_rows(&b.upload_f32(&[vocab, width], &table)?, &ids, &weights, per_row) };
+        agree(&format!("blend_rows {}x{} rows={} k={}", vocab, width, rows, per_row), &*g, &op, 1e-6, 1e-5);
+    }
+}
+
+#[test]
 fn layer_norm_agrees() {
     let g = match gpu("layer_norm") {
         Some(g) => g,

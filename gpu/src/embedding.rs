@@ -1,10 +1,13 @@
-//! Row gathers and scatters: the embedding lookup (rows of a token table widened to f32) and
-//! the row scatter that places image embeddings and DeepStack features into a sequence.
+//! Row gathers and scatters: the embedding lookup (rows of a token table widened to f32), the
+//! row blend (weighted sums of table rows: the vision tower's interpolated position
+//! embeddings) and the row scatter that places image embeddings and DeepStack features into a
+//! sequence.
 //!
-//! # Parameters ([`EmbeddingParams`])
+//! # Parameters ([`EmbeddingParams`], [`BlendRowsParams`])
 //! `table [vocab, hidden]` (f32/f16/bf16 by kernel), `ids [rows]` u32 (validated `< vocab` by the
 //! host when they come from it; an id made on the device that is out of range gives a NaN row,
-//! never a read past the table), `out [rows, hidden]` f32.
+//! never a read past the table), `out [rows, hidden]` f32. The blend takes `per_row` ids and
+//! f32 weights per output row.
 //!
 //! # Thread mapping
 //! One block of `ROW_THREADS` per output row (grid = rows); threads stride over `hidden`.
@@ -13,7 +16,7 @@
 //! The launcher validates buffer sizes and the ids. No barriers.
 
 use crate::math::{Bf16, WeightElem, F16};
-use crate::params::{EmbeddingParams, ScatterRowsParams};
+use crate::params::{BlendRowsParams, EmbeddingParams, ScatterRowsParams};
 use cuda_std::{kernel, thread};
 
 #[inline(always)]
@@ -47,6 +50,26 @@ pub unsafe fn embedding_f16(p: EmbeddingParams) {
 #[kernel]
 pub unsafe fn embedding_bf16(p: EmbeddingParams) {
     embedding::<Bf16>(p)
+}
+
+/// `out[r] = Σ_j weights[r · per_row + j] · table[ids[r · per_row + j]]` over an f32 table, the
+/// terms added in order of `j` (as the host composite does). See the module docs.
+#[kernel]
+pub unsafe fn blend_rows_f32(p: BlendRowsParams) {
+    let r = thread::block_idx_x() as usize;
+    let (width, per_row, vocab) = (p.width as usize, p.per_row as usize, p.vocab as usize);
+    let (ids, weights) = ((p.ids as *const u32).add(r * per_row), (p.weights as *const f32).add(r * per_row));
+    let (table, dst) = (p.table as *const f32, (p.out as *mut f32).add(r * width));
+    let mut i = thread::thread_idx_x() as usize;
+    while i < width {
+        let mut acc = 0.0f32;
+        for j in 0..per_row {
+            let id = *ids.add(j) as usize;
+            acc += if id < vocab { *table.add(id * width + i) * *weights.add(j) } else { f32::NAN };
+        }
+        *dst.add(i) = acc;
+        i += thread::block_dim_x() as usize;
+    }
 }
 
 /// `out[rows[i]] = src[i]` (or `+=` when `add`), one block per scattered row, threads striding

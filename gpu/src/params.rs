@@ -203,6 +203,26 @@ pub struct EmbeddingParams {
     pub _pad: u32,
 }
 
+/// `out[r, :] = Σ_{j < per_row} weights[r · per_row + j] · table[ids[r · per_row + j], :]` for
+/// `r < rows`, `j` in order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlendRowsParams {
+    /// `[vocab, width]` f32.
+    pub table: u64,
+    /// `[rows · per_row]` u32 row ids (checked `< vocab` by the host; one out of range gives a
+    /// NaN row, never a read past the table).
+    pub ids: u64,
+    /// `[rows · per_row]` f32.
+    pub weights: u64,
+    /// `[rows, width]` f32.
+    pub out: u64,
+    pub rows: u32,
+    pub width: u32,
+    pub vocab: u32,
+    pub per_row: u32,
+}
+
 /// `out[rows[i], :] (+)= src[i, :]` for `i < count`; `out` already holds a copy of `x`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

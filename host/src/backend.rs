@@ -533,6 +533,23 @@ pub trait Backend: Send + Sync {
         self.embedding(table, &self.download_u32(ids)?)
     }
 
+    /// `out[r] = Σ_j weights[r · per_row + j] · table[ids[r · per_row + j]]`, `j` in order, for
+    /// the f32 `table [vocab, width]`: `[ids.len() / per_row, width]` rows blended from the table
+    /// (the vision tower's bilinearly interpolated position embeddings: four corners a row).
+    fn blend_rows(&self, table: &Tensor, ids: &[u32], weights: &[f32], per_row: usize) -> Result<Tensor> {
+        let (rows, width) = ops::blend_rows_dims(table, ids, weights, per_row)?;
+        let picked = self.download_f32(&self.embedding(table, ids)?)?; // [rows · per_row, width]
+        let mut out = vec![0.0f32; rows * width];
+        for (o, (p, w)) in out.chunks_mut(width.max(1)).zip(picked.chunks(per_row * width.max(1)).zip(weights.chunks(per_row))) {
+            for (src, &wt) in p.chunks(width.max(1)).zip(w) {
+                for (x, &v) in o.iter_mut().zip(src) {
+                    *x += v * wt;
+                }
+            }
+        }
+        self.upload_f32(&[rows, width], &out)
+    }
+
     /// `residual + a · wᵀ (+ bias)`: a linear layer with the residual add in its epilogue.
     fn linear_residual(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
         self.add(residual, &self.linear(a, w, bias)?)

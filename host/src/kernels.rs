@@ -121,6 +121,7 @@ kernel_table! {
     RopeF32 = "rope_f32" @ Compute61,
     AttentionF32 = "attention_f32" @ Compute61,
     ScatterRowsF32 = "scatter_rows_f32" @ Compute61,
+    BlendRowsF32 = "blend_rows_f32" @ Compute61,
     LayerNormF32 = "layer_norm_f32" @ Compute61,
     GeluTanhF32 = "gelu_tanh_f32" @ Compute61,
     GeluErfF32 = "gelu_erf_f32" @ Compute61,

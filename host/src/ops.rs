@@ -186,6 +186,25 @@ pub fn expect_f32(op: &'static str, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// `(rows, width)` of [`crate::Backend::blend_rows`], after checking the f32 `table [vocab,
+/// width]`, `ids` and `weights` of one length, a whole number of rows of `per_row` (at least 1)
+/// entries, and every id `< vocab`.
+pub fn blend_rows_dims(table: &Tensor, ids: &[u32], weights: &[f32], per_row: usize) -> Result<(usize, usize)> {
+    const OP: &str = "blend_rows";
+    expect_f32(OP, table)?;
+    if table.shape().len() != 2 {
+        return Err(Error::shape(OP, &[table.shape()], "table must be [vocab, width]"));
+    }
+    let (vocab, width) = (table.shape()[0], table.shape()[1]);
+    if per_row == 0 || ids.len() != weights.len() || ids.len() % per_row != 0 {
+        return Err(Error::Limit { op: OP, msg: format!("{} ids and {} weights are not rows of {} entries", ids.len(), weights.len(), per_row) });
+    }
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(Error::Limit { op: OP, msg: format!("id {} is outside the {} rows of the table", bad, vocab) });
+    }
+    Ok((ids.len() / per_row, width))
+}
+
 /// `(rows, hidden)` of an embedding lookup, after checking `table [vocab, hidden]` and the ids.
 pub fn embedding_dims(table: &Tensor, ids: &[u32]) -> Result<(usize, usize)> {
     const OP: &str = "embedding";

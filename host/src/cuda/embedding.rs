@@ -1,5 +1,5 @@
 //! Row gathers, scatters and copies (`gpu/src/embedding.rs`, plus driver copies): the embedding
-//! lookup, image rows into the prompt, and the KV-cache and row/column copies.
+//! lookup, the row blend, image rows into the prompt, and the KV-cache and row/column copies.
 
 use super::attention::rope_cast_f16;
 use super::elementwise::cast_f16;
@@ -7,7 +7,7 @@ use super::launch::{fits_u32, grid_dim, need, Launcher, OkOrCuda, MAX_GRID_X};
 use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{EmbeddingParams, ScatterRowsParams, ROW_THREADS};
+use gpu::params::{BlendRowsParams, EmbeddingParams, ScatterRowsParams, ROW_THREADS};
 
 /// Gathers `rows` rows of `hidden` from `table` (of `dtype`, `vocab` rows) by the u32 `ids`.
 #[allow(clippy::too_many_arguments)]
@@ -26,6 +26,30 @@ pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: us
         _pad: 0,
     };
     if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
+/// `out [rows, width]` = rows of the f32 `table [vocab, width]` blended by `ids` and `weights`
+/// (`[rows · per_row]` each, in one buffer: the u32 ids, then the f32 weights).
+#[allow(clippy::too_many_arguments)]
+pub fn blend_rows(l: &Launcher<'_>, table: &DeviceBuffer, vocab: usize, ids_weights: &DeviceBuffer, out: &DeviceBuffer, rows: usize, width: usize, per_row: usize) -> Result<()> {
+    let kernel = Kernel::BlendRowsF32;
+    need(kernel, "table", table, vocab * width * 4)?;
+    need(kernel, "ids and weights", ids_weights, 2 * rows * per_row * 4)?;
+    need(kernel, "out", out, rows * width * 4)?;
+    let p = BlendRowsParams {
+        table: table.addr(),
+        ids: ids_weights.addr(),
+        weights: ids_weights.addr() + (rows * per_row * 4) as u64,
+        out: out.addr(),
+        rows: fits_u32(kernel, "rows", rows)?,
+        width: fits_u32(kernel, "width", width)?,
+        vocab: fits_u32(kernel, "vocab", vocab)?,
+        per_row: fits_u32(kernel, "per_row", per_row)?,
+    };
+    if rows == 0 || width == 0 {
         return Ok(());
     }
     l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
@@ -61,6 +85,18 @@ impl CudaBackend {
         let out = self.output(rows * hidden)?;
         embedding(&l, table.dtype(), self.buffer(OP, table)?, vocab, self.buffer(OP, ids)?, &out, rows, hidden)?;
         Ok(Self::wrap(vec![rows, hidden], DType::F32, out))
+    }
+
+    pub(super) fn blend_rows_op(&self, table: &Tensor, ids: &[u32], weights: &[f32], per_row: usize) -> Result<Tensor> {
+        const OP: &str = "blend_rows";
+        let (rows, width) = ops::blend_rows_dims(table, ids, weights, per_row)?;
+        // one upload for both: the ids, then the weights' bits
+        let packed: Vec<u32> = ids.iter().copied().chain(weights.iter().map(|w| w.to_bits())).collect();
+        let iw = self.upload_raw(packed.as_ptr() as *const u8, packed.len() * 4)?;
+        let l = self.enter()?;
+        let out = self.output(rows * width)?;
+        blend_rows(&l, self.buffer(OP, table)?, table.shape()[0], &iw, &out, rows, width, per_row)?;
+        Ok(Self::wrap(vec![rows, width], DType::F32, out))
     }
 
     pub(super) fn write_rows_op(&self, dst: &mut Tensor, row0: usize, src: &Tensor) -> Result<()> {

@@ -338,6 +338,10 @@ impl Backend for CudaBackend {
         self.narrow_cols_op(x, col0, width)
     }
 
+    fn blend_rows(&self, table: &Tensor, ids: &[u32], weights: &[f32], per_row: usize) -> Result<Tensor> {
+        self.blend_rows_op(table, ids, weights, per_row)
+    }
+
     fn scatter_rows(&self, x: &Tensor, rows: &[usize], src: &Tensor, add: bool) -> Result<Tensor> {
         self.scatter_rows_op(x, rows, src, add)
     }

@@ -88,13 +88,13 @@ impl Sizes {
         let kv_layer = 2 * alloc(context * kvd * kv_dtype.size_of());
         let embed = w(&format!("{}embed_tokens.weight", text::PREFIX), &[t.vocab_size, h]);
         let head = f32s(h) + if cfg.tie_word_embeddings { embed } else { w("lm_head.weight", &[t.vocab_size, h]) };
-        // 2. the vision tower (the position table stays in host memory)
+        // 2. the vision tower (the position table as f32)
         let v = &cfg.vision;
         let (vh, vi) = (v.hidden_size, v.intermediate_size);
         let row = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
         let vp = vision::PREFIX;
         let linear = |name: &str, out: usize, inp: usize| w(&format!("{}.weight", name), &[out, inp]) + f32s(out);
-        let mut vision = w(&format!("{}patch_embed.proj.weight", vp), &[vh, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size]) + f32s(vh);
+        let mut vision = w(&format!("{}patch_embed.proj.weight", vp), &[vh, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size]) + f32s(vh) + f32s(v.num_position_embeddings * vh);
         for k in 0..v.depth {
             let p = format!("{}blocks.{}.", vp, k);
             let qkv = src.stored_bytes(&format!("{}attn.qkv.weight", p), &[3 * vh, vh]);

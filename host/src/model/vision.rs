@@ -157,7 +157,7 @@ pub fn tower_tokens(grids: &[[usize; 3]], merge: usize) -> usize {
 pub struct VisionModel {
     pub cfg: VisionConfig,
     patch_embed: Linear, // [hidden, C·T·P·P]
-    pos_embed: Vec<f32>, // [num_position_embeddings, hidden], host f32 (interpolated per grid)
+    pos_embed: Tensor, // [num_position_embeddings, hidden] f32 (interpolated per grid)
     blocks: Vec<Block>,
     merger: Merger,
     deepstack: Vec<Merger>,
@@ -195,7 +195,7 @@ impl VisionModel {
             w: ld.weight(&conv, &[h, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size])?.reshape(&[h, row])?,
             b: ld.f32(&format!("{}patch_embed.proj.bias", PREFIX), &[h])?,
         };
-        let pos_embed = ld.host_f32(&format!("{}pos_embed.weight", PREFIX), &[cfg.num_position_embeddings, h])?;
+        let pos_embed = ld.f32(&format!("{}pos_embed.weight", PREFIX), &[cfg.num_position_embeddings, h])?;
         let mut blocks = Vec::with_capacity(cfg.depth);
         for k in 0..cfg.depth {
             let p = format!("{}blocks.{}.", PREFIX, k);
@@ -244,9 +244,9 @@ impl VisionModel {
     pub fn embed_patches(&self, b: &dyn Backend, patches: &Tensor, grids: &[[usize; 3]]) -> Result<Tensor> {
         let (rows, row_len) = patches.rows_cols();
         self.check_grids(rows, row_len, grids)?;
-        let x = self.patch_embed.forward(b, patches)?; // [N, hidden]
-        let pos = self.position_embeddings(grids); // [N, hidden]
-        b.add(&x, &b.upload_f32(&[rows, self.cfg.hidden_size], &pos)?)
+        let (ids, weights) = self.position_corners(grids);
+        let pos = b.blend_rows(&self.pos_embed, &ids, &weights, 4)?; // [N, hidden]
+        self.patch_embed.forward_residual(b, patches, &pos)
     }
 
     /// The backend the tower runs on when the caller's is `b`: `b`, or the host when the tower
@@ -263,7 +263,7 @@ impl VisionModel {
     /// Weight bytes of the tower on its backend (rounded as `b`'s pool allocates when the tower
     /// is on `b`).
     pub fn placed_bytes(&self, b: &dyn Backend) -> usize {
-        let mut all: Vec<&Tensor> = vec![&self.patch_embed.w, &self.patch_embed.b];
+        let mut all: Vec<&Tensor> = vec![&self.patch_embed.w, &self.patch_embed.b, &self.pos_embed];
         for blk in &self.blocks {
             for l in [&blk.q, &blk.k, &blk.v, &blk.proj, &blk.fc1, &blk.fc2] {
                 all.extend([&l.w, &l.b]);
@@ -350,16 +350,18 @@ impl VisionModel {
         let c = &self.cfg;
         let (hidden, heads) = (c.hidden_size, c.num_heads);
         let d = hidden / heads;
-        // 1. patch + position embeddings: x [N, hidden]
-        let mut x = self.embed_patches(b, patches, grids)?;
-        let n = x.shape()[0];
-        // 2. 2-D rotary tables over (row, col): cos, sin [N, d / 2]
+        // 1. what the host prepares (uploads wait for the device's queue, so they all go before
+        //    the first launch): 2-D rotary tables over (row, col), cos, sin [N, d / 2]; the
+        //    attention mask, a diagonal block per (image, frame) since attention never crosses
+        //    them, made once for every block
+        let (n, row_len) = patches.rows_cols();
+        self.check_grids(n, row_len, grids)?;
         let (cos, sin) = self.rotary_tables(grids);
         let (cos, sin) = (b.upload_f32(&[n, d / 2], &cos)?, b.upload_f32(&[n, d / 2], &sin)?);
-        // attention never crosses images (or frames): a diagonal block per (image, frame), the
-        // mask made once for every block
         let segments: Vec<usize> = grids.iter().flat_map(|g| std::iter::repeat(g[1] * g[2]).take(g[0])).collect();
         let mask = BlockMask::block_diagonal(b, &segments)?;
+        // 2. patch + position embeddings: x [N, hidden]
+        let mut x = self.embed_patches(b, patches, grids)?;
         let scale = 1.0 / (d as f32).sqrt();
         let group = c.spatial_merge_size * c.spatial_merge_size;
         let mut deepstack = Vec::new();
@@ -385,39 +387,29 @@ impl VisionModel {
         Ok(VisionOutput { embeds, deepstack })
     }
 
-    /// Learned position embeddings bilinearly interpolated to each grid (corners floor and
-    /// min(floor + 1, side - 1) of `linspace(0, side - 1, n)`), repeated over t, in merge order.
-    fn position_embeddings(&self, grids: &[[usize; 3]]) -> Vec<f32> {
-        let hidden = self.cfg.hidden_size;
+    /// The bilinear interpolation of the learned position embeddings to each grid, as
+    /// [`Backend::blend_rows`] takes it: per patch (merge order, repeated over t) the table rows
+    /// of its four corners and their weights. The corners are floor and min(floor + 1, side - 1)
+    /// of `linspace(0, side - 1, n)` along each axis.
+    fn position_corners(&self, grids: &[[usize; 3]]) -> (Vec<u32>, Vec<f32>) {
         let side = (self.cfg.num_position_embeddings as f64).sqrt() as usize;
         let m = self.cfg.spatial_merge_size;
-        let table = &self.pos_embed;
-        let mut out = Vec::new();
+        let (mut ids, mut weights) = (Vec::new(), Vec::new());
         for g in grids {
             let (t, h, w) = (g[0], g[1], g[2]);
             let (hi, wi) = (linspace(side, h), linspace(side, w));
-            // row-major [h * w, hidden] interpolation
-            let mut grid = vec![0.0f32; h * w * hidden];
-            for (i, &hy) in hi.iter().enumerate() {
-                let (h0, dh) = (hy as usize, hy - (hy as usize) as f32);
-                let h1 = (h0 + 1).min(side - 1);
-                for (j, &wx) in wi.iter().enumerate() {
-                    let (w0, dw) = (wx as usize, wx - (wx as usize) as f32);
-                    let w1 = (w0 + 1).min(side - 1);
-                    let corners = [(h0 * side + w0, (1.0 - dh) * (1.0 - dw)), (h0 * side + w1, (1.0 - dh) * dw), (h1 * side + w0, dh * (1.0 - dw)), (h1 * side + w1, dh * dw)];
-                    let dst = &mut grid[(i * w + j) * hidden..(i * w + j + 1) * hidden];
-                    for (idx, wt) in corners.iter() {
-                        for (o, &v) in dst.iter_mut().zip(&table[idx * hidden..(idx + 1) * hidden]) {
-                            *o += v * wt;
-                        }
-                    }
-                }
-            }
             for _ in 0..t {
-                for_each_merge_order(h, w, m, |r, col| out.extend_from_slice(&grid[(r * w + col) * hidden..(r * w + col + 1) * hidden]));
+                for_each_merge_order(h, w, m, |r, col| {
+                    let (hy, wx) = (hi[r], wi[col]);
+                    let (h0, dh) = (hy as usize, hy - (hy as usize) as f32);
+                    let (w0, dw) = (wx as usize, wx - (wx as usize) as f32);
+                    let (h1, w1) = ((h0 + 1).min(side - 1), (w0 + 1).min(side - 1));
+                    ids.extend([h0 * side + w0, h0 * side + w1, h1 * side + w0, h1 * side + w1].iter().map(|&i| i as u32));
+                    weights.extend([(1.0 - dh) * (1.0 - dw), (1.0 - dh) * dw, dh * (1.0 - dw), dh * dw]);
+                });
             }
         }
-        out
+        (ids, weights)
     }
 
     /// cos, sin `[N, head_dim / 2]`: the first half of each row rotates by the patch's row, the
@@ -426,16 +418,18 @@ impl VisionModel {
         let d = self.cfg.hidden_size / self.cfg.num_heads;
         let dim = d / 2;
         let inv: Vec<f32> = (0..dim / 2).map(|j| (1.0 / 10_000f64.powf((2 * j) as f64 / dim as f64)) as f32).collect();
+        // the angles of each position along a side, computed once and copied per patch
+        let longest = grids.iter().map(|g| g[1].max(g[2])).max().unwrap_or(0);
+        let angles = |f: fn(f32) -> f32| -> Vec<f32> { (0..longest).flat_map(|p| inv.iter().map(move |&v| f(p as f32 * v))).collect() };
+        let (cos_at, sin_at) = (angles(f32::cos), angles(f32::sin));
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        let q = inv.len();
         for g in grids {
             for _ in 0..g[0] {
                 for_each_merge_order(g[1], g[2], self.cfg.spatial_merge_size, |r, col| {
                     for &p in &[r, col] {
-                        for &f in &inv {
-                            let a = p as f32 * f;
-                            cos.push(a.cos());
-                            sin.push(a.sin());
-                        }
+                        cos.extend_from_slice(&cos_at[p * q..(p + 1) * q]);
+                        sin.extend_from_slice(&sin_at[p * q..(p + 1) * q]);
                     }
                 });
             }

@@ -111,6 +111,43 @@ fn a_batch_gives_each_request_its_tokens_alone() {
 }
 
 #[test]
+fn recorded_decode_steps_give_the_plain_launches_tokens() {
+    // decode-only steps are recorded once per batch size and replayed (CUDA graphs) with their
+    // inputs rewritten in place; sequences finishing at different steps change the batch size
+    for b in common::backends("engine recorded decode steps") {
+        let model = load("tied_gqa", &*b);
+        let kv = b.default_kv_dtype();
+        let ps = prompts(model.config.text.vocab_size, 6);
+        for seeded in [false, true] {
+            let sampler = |i: usize| {
+                let mut p = SamplingParams::greedy();
+                if seeded {
+                    p = SamplingParams { temperature: 0.9, top_k: 20, seed: 7 + i as u64, ..p };
+                }
+                Sampler::new(p)
+            };
+            let mut outs = Vec::new();
+            for record in [true, false] {
+                let mut e = Engine::new(&model, &*b, EngineConfig::new(8, 2048, kv)).unwrap();
+                e.set_recording(record);
+                for (i, p) in ps.iter().enumerate() {
+                    e.add(Request { prompt: p.clone(), images: None, max_new: 6 + 3 * i, sampler: sampler(i), stop_ids: vec![] }).unwrap();
+                }
+                let got = run(&mut e, vec![], None);
+                if record && common::kernels_arch(&*b).is_some() {
+                    assert!(e.recorded_steps() > 0, "{}: no decode step was recorded", b.describe());
+                }
+                if !record {
+                    assert_eq!(e.recorded_steps(), 0);
+                }
+                outs.push(got);
+            }
+            assert_eq!(outs[0], outs[1], "{}, seeded sampling {}: recorded and plain steps", b.describe(), seeded);
+        }
+    }
+}
+
+#[test]
 fn preemption_and_cancellation_keep_the_answers_and_free_the_blocks() {
     for b in common::backends("engine preemption") {
         let model = load("untied_mha", &*b);

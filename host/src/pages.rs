@@ -27,27 +27,37 @@ impl Pages {
     /// one key, that its blocks hold its keys and that every block lies inside the caches, then
     /// uploads the tables to `b`.
     pub fn new(b: &dyn Backend, block: usize, slots: usize, rows: &[(&[u32], usize)]) -> Result<Pages> {
-        const OP: &str = "pages";
-        let bad = |msg: String| Error::Limit { op: OP, msg };
-        if block == 0 || !block.is_power_of_two() || slots > u32::MAX as usize {
-            return Err(bad(format!("blocks of {} rows in caches of {} rows: the block must be a power of two", block, slots)));
-        }
         let stride = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(1);
-        let mut table = vec![0u32; rows.len() * stride];
-        let mut lens = Vec::with_capacity(rows.len());
-        for (i, &(blocks, len)) in rows.iter().enumerate() {
-            if len == 0 || len > blocks.len() * block {
-                return Err(bad(format!("row {} sees {} keys in {} blocks of {}", i, len, blocks.len(), block)));
-            }
-            if let Some(&id) = blocks.iter().find(|&&id| (id as usize + 1) * block > slots) {
-                return Err(bad(format!("row {}: block {} lies outside the {} cache rows", i, id, slots)));
-            }
-            table[i * stride..i * stride + blocks.len()].copy_from_slice(blocks);
-            lens.push(len as u32);
-        }
+        let (table, lens) = tables(block, slots, stride, rows)?;
         let dev_table = b.upload_u32(&[rows.len(), stride], &table)?;
         let dev_lens = b.upload_u32(&[rows.len()], &lens)?;
         Ok(Pages { block, slots, stride, table, lens, dev_table, dev_lens })
+    }
+
+    /// Tables of a fixed size on `b` for `rows` query rows of at most `stride` blocks each, to be
+    /// filled by [`Pages::write`] before each use: a recorded step reads them where they are.
+    /// Every row sees key 0 of block 0 until then.
+    pub fn with_capacity(b: &dyn Backend, block: usize, slots: usize, rows: usize, stride: usize) -> Result<Pages> {
+        let stride = stride.max(1);
+        let first: Vec<(&[u32], usize)> = vec![(&[0u32][..], 1); rows];
+        let (table, lens) = tables(block, slots, stride, &first)?;
+        let dev_table = b.upload_u32(&[rows, stride], &table)?;
+        let dev_lens = b.upload_u32(&[rows], &lens)?;
+        Ok(Pages { block, slots, stride, table, lens, dev_table, dev_lens })
+    }
+
+    /// Rewrites the tables in place for `rows` (checked as [`Pages::new`] checks them; as many
+    /// rows as the tables have, each of at most [`Pages::stride`] blocks).
+    pub fn write(&mut self, b: &dyn Backend, rows: &[(&[u32], usize)]) -> Result<()> {
+        if rows.len() != self.lens.len() {
+            return Err(Error::Limit { op: "pages", msg: format!("{} rows for tables of {}", rows.len(), self.lens.len()) });
+        }
+        let (table, lens) = tables(self.block, self.slots, self.stride, rows)?;
+        b.write_u32(&mut self.dev_table, &table)?;
+        b.write_u32(&mut self.dev_lens, &lens)?;
+        self.table = table;
+        self.lens = lens;
+        Ok(())
     }
 
     /// Query rows.
@@ -95,6 +105,32 @@ impl Pages {
     pub fn lens(&self) -> &Tensor {
         &self.dev_lens
     }
+}
+
+/// The host tables of `rows` (see [`Pages::new`]) at `stride` entries a row: `[rows, stride]`
+/// block ids (unused entries 0) and `[rows]` key counts, after the checks.
+fn tables(block: usize, slots: usize, stride: usize, rows: &[(&[u32], usize)]) -> Result<(Vec<u32>, Vec<u32>)> {
+    const OP: &str = "pages";
+    let bad = |msg: String| Error::Limit { op: OP, msg };
+    if block == 0 || !block.is_power_of_two() || slots > u32::MAX as usize {
+        return Err(bad(format!("blocks of {} rows in caches of {} rows: the block must be a power of two", block, slots)));
+    }
+    let mut table = vec![0u32; rows.len() * stride];
+    let mut lens = Vec::with_capacity(rows.len());
+    for (i, &(blocks, len)) in rows.iter().enumerate() {
+        if len == 0 || len > blocks.len() * block {
+            return Err(bad(format!("row {} sees {} keys in {} blocks of {}", i, len, blocks.len(), block)));
+        }
+        if blocks.len() > stride {
+            return Err(bad(format!("row {} holds {} blocks, more than the table's {}", i, blocks.len(), stride)));
+        }
+        if let Some(&id) = blocks.iter().find(|&&id| (id as usize + 1) * block > slots) {
+            return Err(bad(format!("row {}: block {} lies outside the {} cache rows", i, id, slots)));
+        }
+        table[i * stride..i * stride + blocks.len()].copy_from_slice(blocks);
+        lens.push(len as u32);
+    }
+    Ok((table, lens))
 }
 
 /// Rows `slots` of a cache `[cap, kv_heads, d]` (f32 or f16) as `[slots.len(), kv_heads, d]`

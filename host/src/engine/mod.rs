@@ -22,6 +22,7 @@
 //! whose prefix ends inside them keeps only the blocks before its first image token.
 
 pub mod blocks;
+pub mod graph;
 pub mod paged;
 
 use crate::backend::DeviceSampling;
@@ -32,6 +33,7 @@ use crate::model::vision::VisionOutput;
 use crate::model::{Model, Pos3};
 use crate::{Backend, DType, Error, Result, Tensor};
 use blocks::{chain, BlockPool};
+use graph::{DecodeSteps, Pick, Picked};
 use gpu::params::CURSOR_FIELDS;
 use paged::{PagedKv, PagedStep, StepRows};
 use std::collections::hash_map::RandomState;
@@ -226,6 +228,8 @@ pub struct Engine<'a> {
     running: Vec<Seq>,
     next_id: SeqId,
     stats: EngineStats,
+    /// Decode-only steps, recorded per batch size where the backend records.
+    decode_steps: DecodeSteps,
 }
 
 impl<'a> Engine<'a> {
@@ -237,7 +241,19 @@ impl<'a> Engine<'a> {
         }
         let blocks = (cfg.kv_tokens.max(1) + cfg.block.max(1) - 1) / cfg.block.max(1);
         let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
-        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg })
+        let decode_steps = DecodeSteps::new(!model.is_split());
+        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps })
+    }
+
+    /// Turns recording and replaying of decode-only steps on or off (on by default; never for a
+    /// model split over the device and the host). Plain launches give the same tokens.
+    pub fn set_recording(&mut self, on: bool) {
+        self.decode_steps.set_recording(on && !self.model.is_split());
+    }
+
+    /// Decode steps recorded now (one per batch size kept).
+    pub fn recorded_steps(&self) -> usize {
+        self.decode_steps.recorded()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -534,7 +550,18 @@ impl<'a> Engine<'a> {
                 step_rows.prefill.push((r0, p.n, slots));
             }
         }
-        // 3. the forward
+        // 3. a decode-only step: recorded per batch size (see `graph`)
+        let mut picks: Vec<(usize, u32)> = Vec::new(); // (part, token)
+        if parts.iter().all(|p| p.decode) {
+            let pick = if self.greedy_on_device(&parts) { Pick::Greedy } else { Pick::Host };
+            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, pick)? {
+                Picked::Tokens(t) => t,
+                Picked::Logits(l) => self.sample_host(&l, &parts)?,
+            };
+            picks.extend(tokens.into_iter().enumerate());
+            return Ok(self.finish_step(&parts, picks));
+        }
+        // 4. otherwise the forward over decode rows and prefill chunks
         let mut x = m.text.embed(b, &ids)?; // [rows, hidden]
         let vision = vision_of.and_then(|i| self.running[i].vision.as_ref());
         if let Some(v) = vision {
@@ -552,9 +579,8 @@ impl<'a> Engine<'a> {
             })?;
             h.expect("set by the forward")
         };
-        // 4. logits of the rows that end their sequence's known tokens, and the picks
+        // 5. logits of the rows that end their sequence's known tokens, and the picks
         let nd = step_rows.decode.len(); // the decode parts come first
-        let mut picks: Vec<(usize, u32)> = Vec::new(); // (part, token)
         if nd > 0 {
             let logits = m.text.logits(b, &b.take_rows(&h, 0, nd)?)?; // [nd, vocab]
             for (k, t) in self.sample(&logits, &parts[..nd])?.into_iter().enumerate() {
@@ -569,11 +595,16 @@ impl<'a> Engine<'a> {
             }
             r0 += p.n;
         }
-        for p in &parts {
+        Ok(self.finish_step(&parts, picks))
+    }
+
+    /// After a step's forward over `parts`: their rows are cached (and whole blocks registered),
+    /// and the `picks` (part, token) become events: new tokens, finished sequences.
+    fn finish_step(&mut self, parts: &[Part], picks: Vec<(usize, u32)>) -> Vec<Event> {
+        for p in parts {
             self.running[p.seq].cached = p.from + p.n;
             self.register_written(p.seq);
         }
-        // 5. new tokens, finished sequences
         let mut events = Vec::new();
         let mut done: Vec<usize> = Vec::new();
         for (k, t) in picks {
@@ -615,7 +646,7 @@ impl<'a> Engine<'a> {
             let mut s = self.running.remove(i);
             self.pool.give(&mut s.blocks);
         }
-        Ok(events)
+        events
     }
 
     /// The next token of each part's sequence from `logits [parts.len(), vocab]`: on the device
@@ -625,13 +656,25 @@ impl<'a> Engine<'a> {
     fn sample(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
         let (b, n) = (self.backend, self.model.sampled_vocab());
         let rows = parts.len();
-        let greedy = Some(DeviceSampling::greedy());
-        if parts.iter().all(|p| self.running[p.seq].sampler.device_sampling(b.max_device_top_k()) == greedy) {
+        if self.greedy_on_device(parts) {
             let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
             let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?;
             b.sample_step(logits, &DeviceSampling::greedy(), n, &mut ids, &mut cur)?;
             return b.download_u32(&ids);
         }
+        self.sample_host(logits, parts)
+    }
+
+    /// Whether every part's sequence samples greedily, which the device does.
+    fn greedy_on_device(&self, parts: &[Part]) -> bool {
+        let greedy = Some(DeviceSampling::greedy());
+        parts.iter().all(|p| self.running[p.seq].sampler.device_sampling(self.backend.max_device_top_k()) == greedy)
+    }
+
+    /// [`Engine::sample`] on the host, each sequence with its own sampler.
+    fn sample_host(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
+        let (b, n) = (self.backend, self.model.sampled_vocab());
+        let rows = parts.len();
         let all = b.download_f32(logits)?;
         let vocab = all.len() / rows.max(1);
         let mut out = Vec::with_capacity(rows);

@@ -73,16 +73,41 @@ pub struct StepRows {
 }
 
 /// A [`LayerKv`] over a paged cache for one forward: the step's block tables and gather ids,
-/// made per backend on first use (a model split over a device and the host has layers on both).
+/// made per backend on first use (a model split over a device and the host has layers on both),
+/// or lent by the caller (a recorded step's tables, rewritten in place before each replay).
 pub struct PagedStep<'a> {
     kv: &'a mut PagedKv,
     rows: &'a StepRows,
-    made: Vec<(*const u8, Option<Pages>, Vec<Tensor>)>,
+    made: Vec<(*const u8, Tables<'a>, Vec<Tensor>)>,
+}
+
+/// The decode rows' block tables on one backend.
+enum Tables<'a> {
+    None,
+    Made(Pages),
+    Lent(&'a Pages),
+}
+
+impl Tables<'_> {
+    fn get(&self) -> Option<&Pages> {
+        match self {
+            Tables::None => None,
+            Tables::Made(p) => Some(p),
+            Tables::Lent(p) => Some(p),
+        }
+    }
 }
 
 impl<'a> PagedStep<'a> {
     pub fn new(kv: &'a mut PagedKv, rows: &'a StepRows) -> PagedStep<'a> {
         PagedStep { kv, rows, made: Vec::new() }
+    }
+
+    /// A decode-only step (`rows.prefill` empty) whose block tables on `b` are `pages`, already
+    /// written for `rows.decode`.
+    pub fn lent(kv: &'a mut PagedKv, rows: &'a StepRows, b: &dyn Backend, pages: &'a Pages) -> PagedStep<'a> {
+        let key = b as *const dyn Backend as *const u8;
+        PagedStep { kv, rows, made: vec![(key, Tables::Lent(pages), Vec::new())] }
     }
 
     /// The block tables and the prefill chunks' key ids on `b`.
@@ -92,10 +117,10 @@ impl<'a> PagedStep<'a> {
             return Ok(i);
         }
         let pages = if self.rows.decode.is_empty() {
-            None
+            Tables::None
         } else {
             let rows: Vec<(&[u32], usize)> = self.rows.decode.iter().map(|(bl, n)| (bl.as_slice(), *n)).collect();
-            Some(Pages::new(b, self.kv.block, self.kv.blocks * self.kv.block, &rows)?)
+            Tables::Made(Pages::new(b, self.kv.block, self.kv.blocks * self.kv.block, &rows)?)
         };
         let ids = self.rows.prefill.iter().map(|(_, _, slots)| b.upload_u32(&[slots.len()], slots)).collect::<Result<Vec<_>>>()?;
         self.made.push((key, pages, ids));
@@ -114,7 +139,7 @@ impl LayerKv for PagedStep<'_> {
         let nd = self.rows.decode.len();
         let (_, pages, ids) = &self.made[at];
         // 2. decode rows: each against its own blocks
-        let dec = match pages {
+        let dec = match pages.get() {
             Some(p) if nd == t => return b.attention_paged(&q, k, v, sc, p, scale),
             Some(p) => Some(b.attention_paged(&b.take_rows(&q, 0, nd)?, k, v, sc, p, scale)?),
             None => None,

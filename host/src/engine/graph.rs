@@ -1,0 +1,152 @@
+//! Decode-only steps, recorded once per batch size and replayed (CUDA graphs): a step's inputs
+//! (token ids, cursors, block tables) live in tensors of a fixed size per batch size, written
+//! from the host before each step, so a recording made by the first step of `n` rows replays
+//! every later one. A backend that records nothing (the CPU), a model split over the device and
+//! the host, or a recording that failed run the same body as plain launches: one path either way.
+
+use super::paged::{PagedKv, PagedStep, StepRows};
+use crate::backend::{DeviceSampling, Recording};
+use crate::model::Model;
+use crate::{Backend, Pages, Result, Tensor};
+use gpu::params::CURSOR_FIELDS;
+
+/// Batch sizes whose inputs and recordings are kept at once (the least recently used goes; each
+/// recording holds the device memory of one step of its rows, the logits included).
+pub const KEPT_BATCH_SIZES: usize = 4;
+
+/// How a step's next tokens are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// Greedily, on the device, inside the step.
+    Greedy,
+    /// On the host, from the step's logits.
+    Host,
+}
+
+/// What a step produced: the next token of each row, or the rows' logits `[rows, vocab]`.
+pub enum Picked {
+    Tokens(Vec<u32>),
+    Logits(Tensor),
+}
+
+/// The fixed-size inputs of steps of `rows` rows, and their recording.
+struct Slot {
+    rows: usize,
+    /// `[rows]` u32: the token each row feeds.
+    ids: Tensor,
+    /// `[rows, 4]` u32: its (t, h, w) position and cache row.
+    cursor: Tensor,
+    /// The rows' block tables, as wide as the whole cache.
+    pages: Pages,
+    /// The logits of the last [`Pick::Host`] step (in the recording's memory when recorded).
+    logits: Option<Tensor>,
+    recording: Option<(Pick, Recording)>,
+    /// Picks whose recording failed (not retried; plain launches instead).
+    unrecordable: Vec<Pick>,
+    last_used: u64,
+}
+
+/// The engine's decode-only steps (see the module docs).
+pub struct DecodeSteps {
+    slots: Vec<Slot>,
+    clock: u64,
+    record: bool,
+}
+
+impl DecodeSteps {
+    /// `record`: whether steps may be recorded (never for a model split over the device and the
+    /// host: its step crosses to the host and back).
+    pub fn new(record: bool) -> DecodeSteps {
+        DecodeSteps { slots: Vec::new(), clock: 0, record }
+    }
+
+    /// Turns recording on or off (off drops the recordings); the tokens are the same either way.
+    pub fn set_recording(&mut self, on: bool) {
+        self.record = on;
+        if !on {
+            for s in &mut self.slots {
+                s.recording = None;
+            }
+        }
+    }
+
+    /// Recordings held now (for tests and logs).
+    pub fn recorded(&self) -> usize {
+        self.slots.iter().filter(|s| s.recording.is_some()).count()
+    }
+
+    /// The slot for steps of `rows` rows on `b`, made (and the least recently used one dropped)
+    /// when there is none.
+    fn slot(&mut self, b: &dyn Backend, kv: &PagedKv, rows: usize) -> Result<&mut Slot> {
+        self.clock += 1;
+        if let Some(i) = self.slots.iter().position(|s| s.rows == rows) {
+            self.slots[i].last_used = self.clock;
+            return Ok(&mut self.slots[i]);
+        }
+        if self.slots.len() >= KEPT_BATCH_SIZES {
+            let oldest = (0..self.slots.len()).min_by_key(|&i| self.slots[i].last_used).expect("slots are kept");
+            self.slots.swap_remove(oldest);
+        }
+        let slots_total = kv.blocks() * kv.block();
+        self.slots.push(Slot {
+            rows,
+            ids: b.upload_u32(&[rows], &vec![0; rows])?,
+            cursor: b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?,
+            pages: Pages::with_capacity(b, kv.block(), slots_total, rows, kv.blocks())?,
+            logits: None,
+            recording: None,
+            unrecordable: Vec::new(),
+            last_used: self.clock,
+        });
+        Ok(self.slots.last_mut().expect("pushed above"))
+    }
+
+    /// Runs the decode step of `rows` (decode rows only: each row a sequence of its own, with
+    /// its blocks and the keys it sees, its own included), feeding `ids` at `cursor` (`[rows,
+    /// 4]`: position, cache row), and returns the next tokens (`Pick::Greedy`) or the logits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], pick: Pick) -> Result<Picked> {
+        let n = rows.decode.len();
+        debug_assert!(rows.prefill.is_empty(), "a decode-only step");
+        let record = self.record;
+        let slot = self.slot(b, kv, n)?;
+        // 1. the inputs, in place
+        b.write_u32(&mut slot.ids, ids)?;
+        b.write_u32(&mut slot.cursor, cursor)?;
+        let tables: Vec<(&[u32], usize)> = rows.decode.iter().map(|(bl, keys)| (bl.as_slice(), *keys)).collect();
+        slot.pages.write(b, &tables)?;
+        // 2. the step: replayed, recorded then replayed, or run as plain launches
+        let Slot { ids, cursor, pages, logits, recording, unrecordable, .. } = slot;
+        let (pages, vocab) = (&*pages, m.sampled_vocab());
+        let mut body = || -> Result<()> {
+            let x = m.text.embed_ids(b, ids)?; // [rows, hidden]
+            let mut step = PagedStep::lent(kv, rows, b, pages);
+            let h = m.text.forward_kv(b, x, cursor, &mut step, None)?;
+            let l = m.text.logits(b, &h)?; // [rows, vocab]
+            match pick {
+                Pick::Greedy => b.sample_step(&l, &DeviceSampling::greedy(), vocab, ids, cursor),
+                Pick::Host => {
+                    *logits = Some(l);
+                    Ok(())
+                }
+            }
+        };
+        let replayable = matches!(recording, Some((p, _)) if *p == pick);
+        if !replayable && record && !unrecordable.contains(&pick) {
+            *recording = None;
+            match b.record(&mut body)? {
+                Some(r) => *recording = Some((pick, r)),
+                None => unrecordable.push(pick),
+            }
+        }
+        match recording {
+            Some((p, r)) if *p == pick && record => b.replay(r)?,
+            _ => b.within(&mut body)?,
+        }
+        // 3. what it produced
+        match pick {
+            Pick::Greedy => Ok(Picked::Tokens(b.download_u32(ids)?)),
+            Pick::Host => Ok(Picked::Logits(logits.clone().ok_or_else(|| crate::Error::Device { op: "engine decode step", msg: "the step produced no logits".into() })?)),
+        }
+    }
+}

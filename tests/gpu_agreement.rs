@@ -481,3 +481,50 @@ fn bf16_precision_normed_products_stay_within_one_activation_rounding() {
         assert_eq!(moved(&got.0, &f32_mode.0) && moved(&got.1, &f32_mode.1), a16, "{}: the bf16 mode must {} the f32 mode's results", name, if a16 { "differ from" } else { "equal" });
     }
 }
+
+/// `Precision::Bf16`'s LayerNorm-fed products (`layer_norm_a16_bf16` writes the normed rows in
+/// bf16 once for every pipelined GEMM of `layer_norm_linears`: the vision tower's q, k, v and
+/// its MLP's GELU layer) against the CPU, bounded by one rounding of the activations; the f32
+/// mode agrees with the CPU as a plain linear layer does.
+#[test]
+fn bf16_precision_layer_normed_products_stay_within_one_activation_rounding() {
+    let cpu = cpu();
+    for g in common::gpus("bf16 precision layer-normed products") {
+        let a16 = common::tensor_cores(&*g);
+        let (m, n, k) = (700usize, 1040usize, 512usize);
+        let (x, nw, nb, w, u, bias) = (random(m * k, 9101), random(k, 9102), random(k, 9103), random(n * k, 9104), random(n * k, 9105), random(n, 9106));
+        let nw: Vec<f32> = nw.iter().map(|v| 1.0 + v).collect();
+        let up = |b: &dyn Backend, v: &[f32]| upload(b, &[n, k], v, DType::BF16).unwrap();
+        let run = |b: &dyn Backend| -> Vec<Vec<f32>> {
+            let (xt, wt, bt, biast) = (b.upload_f32(&[m, k], &x).unwrap(), b.upload_f32(&[k], &nw).unwrap(), b.upload_f32(&[k], &nb).unwrap(), b.upload_f32(&[n], &bias).unwrap());
+            let (wq, wu) = (up(b, &w), up(b, &u));
+            let outs = b.layer_norm_linears(&xt, (&wt, &bt, 1e-6), &[(&wq, Some(&biast), None), (&wu, None, Some(qwen3_vl::Gelu::Tanh))]).unwrap();
+            outs.iter().map(|t| b.download_f32(t).unwrap()).collect()
+        };
+        let want = run(&*cpu);
+        // the bound: the normed rows rounded once (2^-8 of each product term), GELU's slope < 1.13
+        let xn = cpu.download_f32(&cpu.layer_norm(&cpu.upload_f32(&[m, k], &x).unwrap(), &cpu.upload_f32(&[k], &nw).unwrap(), &cpu.upload_f32(&[k], &nb).unwrap(), 1e-6).unwrap()).unwrap();
+        let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+        let lin = |a: &[f32], w: &[f32]| cpu.download_f32(&cpu.linear(&cpu.upload_f32(&[m, k], a).unwrap(), &up(&*cpu, w), None).unwrap()).unwrap();
+        let (wd, ud) = (lin(&abs(&xn), &abs(&w)), lin(&abs(&xn), &abs(&u)));
+        g.set_precision(qwen3_vl::Precision::F32);
+        let f32_mode = run(&*g);
+        g.set_precision(qwen3_vl::Precision::Bf16);
+        g.set_poison_outputs(true);
+        let got = run(&*g);
+        g.set_precision(qwen3_vl::Precision::F32);
+        let name = format!("bf16 precision layer-normed products m={} n={} k={} on {}", m, n, k, g.describe());
+        let slack = 1e-5 * (k as f64).sqrt();
+        for j in 0..m * n {
+            for (o, (d, scale)) in [(0, (wd[j] as f64, 1.0)), (1, (ud[j] as f64, 1.13))] {
+                let bound = scale * (d / 256.0 + slack);
+                let diff = (got[o][j] as f64 - want[o][j] as f64).abs();
+                assert!(diff <= bound, "{}: product {} element {}: got {} want {} (|diff| {:.3e} > {:.3e})", name, o, j, got[o][j], want[o][j], diff, bound);
+                let f32_diff = (f32_mode[o][j] as f64 - want[o][j] as f64).abs();
+                assert!(f32_diff <= 1e-3 * (1.0 + (want[o][j] as f64).abs()), "{}: f32 mode, product {} element {}: got {} want {}", name, o, j, f32_mode[o][j], want[o][j]);
+            }
+        }
+        let moved = |a: &[f32], b: &[f32]| a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(moved(&got[0], &f32_mode[0]) && moved(&got[1], &f32_mode[1]), a16, "{}: the bf16 mode must {} the f32 mode's results", name, if a16 { "differ from" } else { "equal" });
+    }
+}

@@ -39,7 +39,7 @@ use crate::math::{Bf16, F16};
 use crate::mem::{ld_f32x4, shared_addr, F32x4};
 use crate::mma::{cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
 use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
-use crate::params::{CastA16Params, GateUpParams, LinearParams, RmsNormParams};
+use crate::params::{CastA16Params, GateUpParams, LayerNormParams, LinearParams, RmsNormParams};
 use crate::reduce::block_sum;
 use cuda_std::shared::dynamic_shared_mem;
 use cuda_std::{kernel, shared_array, thread};
@@ -350,9 +350,11 @@ pub unsafe fn rms_norm_a16_bf16(p: RmsNormParams) {
     let mut i = tid;
     while i < n / 4 {
         let v = ld_f32x4(x.add(4 * i));
-        for e in v {
-            ss += e * e;
-        }
+        // (four statements, not a loop over the array: that kept it in local memory)
+        ss += v[0] * v[0];
+        ss += v[1] * v[1];
+        ss += v[2] * v[2];
+        ss += v[3] * v[3];
         i += step;
     }
     let scale = crate::math::rms_scale(block_sum(ss, scratch) / n as f32, p.eps);
@@ -368,6 +370,67 @@ pub unsafe fn rms_norm_a16_bf16(p: RmsNormParams) {
             Bf16::pack(o(v0[2], g0[2]), o(v0[3], g0[3])),
             Bf16::pack(o(v1[0], g1[0]), o(v1[1], g1[1])),
             Bf16::pack(o(v1[2], g1[2]), o(v1[3], g1[3])),
+        ];
+        *(y.add(16 * i) as *mut U32x4) = U32x4(q);
+        i += step;
+    }
+}
+
+/// LayerNorm of each row of `x` rounded to bf16 into `y` (`[rows, n]` 16-bit: the operand of
+/// `matmul_mma_pipe_*_bf16`): `layer_norm_f32` then `cast_a16_bf16` in one pass, each output the
+/// same f32 expression (`math::layer_norm_elem`) rounded once.
+///
+/// Parameters: [`LayerNormParams`] with `y` 16-bit; `n % 8 == 0`, `x`, `w` and `b` 16-byte
+/// aligned (the launcher checks). Thread mapping: one block of `ROW_THREADS` per row (grid =
+/// rows); threads stride over the row's 16-byte vectors for Σ x, then Σ (x - mean)², reduce
+/// (`block_sum`), then write 8 outputs (16 bytes) per step. Safety: every thread reaches the
+/// barriers of both `block_sum`s.
+#[kernel]
+pub unsafe fn layer_norm_a16_bf16(p: LayerNormParams) {
+    let scratch = shared_array![f32; 32];
+    let tid = thread::thread_idx_x() as usize;
+    let step = thread::block_dim_x() as usize;
+    let n = p.n as usize;
+    let row = thread::block_idx_x() as usize;
+    let x = (p.x as *const f32).add(row * n);
+    let (w, b) = (p.w as *const f32, p.b as *const f32);
+    // 1. the mean, then the variance about it, 16 bytes at a time
+    let mut s = 0.0f32;
+    let mut i = tid;
+    while i < n / 4 {
+        let v = ld_f32x4(x.add(4 * i));
+        s += v[0];
+        s += v[1];
+        s += v[2];
+        s += v[3];
+        i += step;
+    }
+    let mean = block_sum(s, scratch) / n as f32;
+    let mut ss = 0.0f32;
+    let mut i = tid;
+    while i < n / 4 {
+        let v = ld_f32x4(x.add(4 * i));
+        let d = [v[0] - mean, v[1] - mean, v[2] - mean, v[3] - mean];
+        ss += d[0] * d[0];
+        ss += d[1] * d[1];
+        ss += d[2] * d[2];
+        ss += d[3] * d[3];
+        i += step;
+    }
+    let inv = crate::math::rms_scale(block_sum(ss, scratch) / n as f32, p.eps);
+    // 2. y = bf16(layer_norm_elem(x)), 8 at a time
+    let y = (p.y as *mut u8).add(row * n * 2);
+    let mut i = tid;
+    while i < n / 8 {
+        let (v0, v1) = (ld_f32x4(x.add(8 * i)), ld_f32x4(x.add(8 * i + 4)));
+        let (g0, g1) = (ld_f32x4(w.add(8 * i)), ld_f32x4(w.add(8 * i + 4)));
+        let (c0, c1) = (ld_f32x4(b.add(8 * i)), ld_f32x4(b.add(8 * i + 4)));
+        let o = |v: f32, g: f32, c: f32| crate::math::layer_norm_elem(v, mean, inv, g, c);
+        let q = [
+            Bf16::pack(o(v0[0], g0[0], c0[0]), o(v0[1], g0[1], c0[1])),
+            Bf16::pack(o(v0[2], g0[2], c0[2]), o(v0[3], g0[3], c0[3])),
+            Bf16::pack(o(v1[0], g1[0], c1[0]), o(v1[1], g1[1], c1[1])),
+            Bf16::pack(o(v1[2], g1[2], c1[2]), o(v1[3], g1[3], c1[3])),
         ];
         *(y.add(16 * i) as *mut U32x4) = U32x4(q);
         i += step;

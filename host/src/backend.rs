@@ -214,6 +214,18 @@ pub fn attention_block_sparse_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, 
 /// The composite body of [`Backend::attention_paged`] (the CPU path and the test oracle): per
 /// row, its keys, values and their scales gathered out of the caches, then one dense
 /// [`Backend::attention_scaled`].
+/// The default body of [`Backend::layer_norm_linears`]: the norm, then each product.
+pub fn layer_norm_linears_composite<B: Backend + ?Sized>(b: &B, x: &Tensor, norm: (&Tensor, &Tensor, f32), linears: &[(&Tensor, Option<&Tensor>, Option<Gelu>)]) -> Result<Vec<Tensor>> {
+    let h = b.layer_norm(x, norm.0, norm.1, norm.2)?;
+    linears
+        .iter()
+        .map(|&(w, bias, gelu)| match gelu {
+            Some(kind) => b.linear_gelu(&h, w, bias, kind),
+            None => b.linear(&h, w, bias),
+        })
+        .collect()
+}
+
 pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
     let (t, heads, _, d) = ops::paged_dims(q, k_pool, v_pool, pages)?;
     ops::kv_scale_dims("attention_paged", k_pool, scales)?;
@@ -573,6 +585,13 @@ pub trait Backend: Send + Sync {
     /// [`Backend::gate_up_silu`] of `rms_norm(x, norm, eps)`.
     fn rms_norm_gate_up_silu(&self, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         self.gate_up_silu(&self.rms_norm(x, norm, eps)?, gate, up)
+    }
+
+    /// `layer_norm(x, w, b, eps)` through each of `linears` (weight, bias, and a GELU for
+    /// [`Backend::linear_gelu`]): the vision tower's q, k and v of one normed input, and its
+    /// MLP's first layer.
+    fn layer_norm_linears(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), linears: &[(&Tensor, Option<&Tensor>, Option<Gelu>)]) -> Result<Vec<Tensor>> {
+        layer_norm_linears_composite(self, x, norm, linears)
     }
 
     /// The decoder's step between the fused QKV projection and attention: splits

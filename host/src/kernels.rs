@@ -175,6 +175,7 @@ kernel_table! {
     GateUpPipe64x128F16 = "gate_up_pipe_64x128_f16" @ Compute80,
     GateUpPipe64x128Bf16 = "gate_up_pipe_64x128_bf16" @ Compute80,
     RmsNormA16Bf16 = "rms_norm_a16_bf16" @ Compute80,
+    LayerNormA16Bf16 = "layer_norm_a16_bf16" @ Compute80,
     CastA16F16 = "cast_a16_f16" @ Compute80,
     CastA16Bf16 = "cast_a16_bf16" @ Compute80,
     MatmulSkinnyM16A16F16 = "matmul_skinny_m16_a16_f16" @ Compute80,

@@ -650,6 +650,47 @@ impl CudaBackend {
         }
     }
 
+    /// With 16-bit activations (`Precision::Bf16`), bf16 weights and tiles for every product:
+    /// the norm rounds its rows to bf16 once ([`super::norm::layer_norm_a16`]) and each
+    /// pipelined GEMM reads them (GELU in its epilogue); else the composite.
+    pub(super) fn layer_norm_linears_op(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), linears: &[(&Tensor, Option<&Tensor>, Option<crate::backend::Gelu>)]) -> Result<Vec<Tensor>> {
+        const OP: &str = "layer_norm_linears";
+        let (m, k) = ops::layer_norm_dims(x, norm.0, norm.1)?;
+        let mut algos = Vec::with_capacity(linears.len());
+        for &(w, bias, _) in linears {
+            let (_, n, _) = ops::linear_dims(x, w, bias)?;
+            algos.push(self.pick_linear(m, n, k, w.dtype()));
+        }
+        let a16 = self.a16.load(std::sync::atomic::Ordering::Relaxed)
+            && k % 8 == 0
+            && linears.iter().zip(&algos).all(|((w, ..), algo)| w.dtype() == DType::BF16 && matches!(algo, LinearAlgo::Mma(..)));
+        let (xb, wb, bb) = (self.buffer(OP, x)?, self.buffer(OP, norm.0)?, self.buffer(OP, norm.1)?);
+        if !a16 || (xb.addr() | wb.addr() | bb.addr()) % 16 != 0 {
+            return crate::backend::layer_norm_linears_composite(self, x, norm, linears);
+        }
+        let l = self.enter()?;
+        let h = self.pool.alloc(m * k * 2)?;
+        super::norm::layer_norm_a16(&l, xb, wb, bb, &h, m, k, norm.2)?;
+        let mut outs = Vec::with_capacity(linears.len());
+        for (&(w, bias, gelu), &algo) in linears.iter().zip(&algos) {
+            let n = w.shape()[0];
+            let act = match gelu {
+                None => ACT_NONE,
+                Some(crate::backend::Gelu::Tanh) => ACT_GELU_TANH,
+                Some(crate::backend::Gelu::Erf) => ACT_GELU_ERF,
+            };
+            let out = self.output(m * n)?;
+            let ws = match algo {
+                LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.output(s as usize * m * n)?),
+                _ => None,
+            };
+            let bias = bias.map(|b| self.buffer(OP, b)).transpose()?;
+            linear(&l, algo, DType::BF16, &h, self.buffer(OP, w)?, bias, None, None, act, &out, ws.as_ref(), None, (m, n, k))?;
+            outs.push(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
+        }
+        Ok(outs)
+    }
+
     pub(super) fn linear_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
         if w.dtype().is_quantized() {
             return self.qlinear_op(a, None, w, bias, ACT_NONE, residual);

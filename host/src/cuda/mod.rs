@@ -338,6 +338,10 @@ impl Backend for CudaBackend {
         self.narrow_cols_op(x, col0, width)
     }
 
+    fn layer_norm_linears(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), linears: &[(&Tensor, Option<&Tensor>, Option<Gelu>)]) -> Result<Vec<Tensor>> {
+        self.layer_norm_linears_op(x, norm, linears)
+    }
+
     fn blend_rows(&self, table: &Tensor, ids: &[u32], weights: &[f32], per_row: usize) -> Result<Tensor> {
         self.blend_rows_op(table, ids, weights, per_row)
     }

@@ -52,6 +52,25 @@ pub fn layer_norm(l: &Launcher<'_>, x: &DeviceBuffer, w: &DeviceBuffer, b: &Devi
     l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
 }
 
+/// LayerNorm of `rows` rows of `cols` f32 rounded to bf16 into `y` (`[rows, cols]` 16-bit, as
+/// [`rms_norm_a16`]); `cols % 8 == 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_a16(l: &Launcher<'_>, x: &DeviceBuffer, w: &DeviceBuffer, b: &DeviceBuffer, y: &DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()> {
+    let kernel = Kernel::LayerNormA16Bf16;
+    need(kernel, "x", x, rows * cols * 4)?;
+    need(kernel, "w", w, cols * 4)?;
+    need(kernel, "b", b, cols * 4)?;
+    need(kernel, "y", y, rows * cols * 2)?;
+    if cols % 8 != 0 || (x.addr() | w.addr() | b.addr()) % 16 != 0 {
+        return Err(crate::Error::Limit { op: kernel.name(), msg: format!("needs rows of whole 16-byte vectors (cols = {}) and 16-byte aligned x, w and b", cols) });
+    }
+    let p = LayerNormParams { x: x.addr(), w: w.addr(), b: b.addr(), y: y.addr(), rows: fits_u32(kernel, "rows", rows)?, n: fits_u32(kernel, "cols", cols)?, eps, _pad: 0 };
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
 /// Softmax of `rows` rows of `cols` f32.
 pub fn softmax(l: &Launcher<'_>, x: &DeviceBuffer, y: &DeviceBuffer, rows: usize, cols: usize) -> Result<()> {
     let kernel = Kernel::SoftmaxF32;

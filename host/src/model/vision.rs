@@ -52,6 +52,12 @@ impl Norm {
     fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
         b.layer_norm(x, &self.w, &self.b, LN_EPS)
     }
+    /// The normed `x` through each linear layer (with its GELU, if any), the norm fused where
+    /// the backend can.
+    fn through(&self, b: &dyn Backend, x: &Tensor, linears: &[(&Linear, Option<Gelu>)]) -> Result<Vec<Tensor>> {
+        let ls: Vec<(&Tensor, Option<&Tensor>, Option<Gelu>)> = linears.iter().map(|(l, g)| (&l.w, Some(&l.b), *g)).collect();
+        b.layer_norm_linears(x, (&self.w, &self.b, LN_EPS), &ls)
+    }
 }
 
 struct Block {
@@ -89,12 +95,12 @@ impl Merger {
     /// `x [n, hidden]` (n a multiple of m²) → `[n / m², out_hidden]`.
     fn forward(&self, b: &dyn Backend, x: &Tensor, group: usize) -> Result<Tensor> {
         let (n, hidden) = x.rows_cols();
-        let x = if self.post_shuffle {
-            self.norm.forward(b, &x.reshape(&[n / group, group * hidden])?)?
+        let h = if self.post_shuffle {
+            self.norm.through(b, &x.reshape(&[n / group, group * hidden])?, &[(&self.fc1, Some(Gelu::Erf))])?.remove(0)
         } else {
-            self.norm.forward(b, x)?.reshape(&[n / group, group * hidden])?
+            let x = self.norm.forward(b, x)?.reshape(&[n / group, group * hidden])?;
+            self.fc1.forward_gelu(b, &x, Gelu::Erf)?
         };
-        let h = self.fc1.forward_gelu(b, &x, Gelu::Erf)?;
         self.fc2.forward(b, &h)
     }
 }
@@ -368,15 +374,13 @@ impl VisionModel {
         for (k, blk) in self.blocks.iter().enumerate() {
             // 3. attention: x += proj(attn(rope(q), rope(k), v)) within each segment, the rotary
             //    embedding applied by the attention op
-            let h = blk.norm1.forward(b, &x)?;
-            let q = blk.q.forward(b, &h)?.reshape(&[n, heads, d])?;
-            let kk = blk.k.forward(b, &h)?.reshape(&[n, heads, d])?;
-            let v = blk.v.forward(b, &h)?.reshape(&[n, heads, d])?;
-            let o = b.attention_block_sparse(&q, &kk, &v, &mask, scale, Some((&cos, &sin)))?.reshape(&[n, hidden])?;
+            let qkv = blk.norm1.through(b, &x, &[(&blk.q, None), (&blk.k, None), (&blk.v, None)])?;
+            let [q, kk, v] = [0, 1, 2].map(|i| qkv[i].reshape(&[n, heads, d]));
+            let o = b.attention_block_sparse(&q?, &kk?, &v?, &mask, scale, Some((&cos, &sin)))?.reshape(&[n, hidden])?;
             x = blk.proj.forward_residual(b, &o, &x)?;
             // 4. MLP: x += fc2(gelu_tanh(fc1(norm2(x))))
-            let h = blk.norm2.forward(b, &x)?;
-            x = blk.fc2.forward_residual(b, &blk.fc1.forward_gelu(b, &h, Gelu::Tanh)?, &x)?;
+            let h = blk.norm2.through(b, &x, &[(&blk.fc1, Some(Gelu::Tanh))])?.remove(0);
+            x = blk.fc2.forward_residual(b, &h, &x)?;
             // 5. DeepStack features from the configured blocks
             if let Some(j) = c.deepstack_visual_indexes.iter().position(|&i| i == k) {
                 deepstack.push(self.deepstack[j].forward(b, &x, group)?);

@@ -528,3 +528,81 @@ fn bf16_precision_layer_normed_products_stay_within_one_activation_rounding() {
         assert_eq!(moved(&got[0], &f32_mode[0]) && moved(&got[1], &f32_mode[1]), a16, "{}: the bf16 mode must {} the f32 mode's results", name, if a16 { "differ from" } else { "equal" });
     }
 }
+
+/// `Precision::Bf16`'s MLP blocks with a 16-bit middle: `rms_norm_swiglu_residual` (the gate/up
+/// kernel writes `silu(g) ⊙ u` in bf16 for the down projection) and `layer_norm_gelu_mlp` (fc1
+/// writes `gelu(·)` in bf16 for fc2) against the CPU, on prefill-sized rows. The bound: the
+/// normed rows rounded once (2^-8 of each first-layer term, carried through the SiLU product or
+/// GELU's slope < 1.13), the middle rounded once (2^-8 of each second-layer term) and the
+/// second layer's weights times the first one's error; the f32 mode agrees as a linear layer.
+#[test]
+fn bf16_precision_mlp_blocks_stay_within_two_activation_roundings() {
+    for g in common::gpus("bf16 precision MLP blocks") {
+        // the middles' tiles: gate/up 64 × 128 (fc1 64 × 64: the composite), gate/up 128 × 128
+        // and fc1 64 × 128, both 128 × 128
+        for (m, n) in [(600, 1536), (600, 3072), (1024, 2048)] {
+            check_mlp_blocks(&*g, common::tensor_cores(&*g), (m, n, 512));
+        }
+    }
+}
+
+fn check_mlp_blocks(g: &dyn Backend, a16: bool, (m, n, k): (usize, usize, usize)) {
+    let cpu = cpu();
+    let (x, nw, nb) = (random(m * k, 9201), random(k, 9202), random(k, 9203));
+    let (w1, w2, w3, b1, b2) = (random(n * k, 9204), random(n * k, 9205), random(k * n, 9206), random(n, 9207), random(k, 9208));
+    let nw: Vec<f32> = nw.iter().map(|v| 1.0 + v).collect();
+    let up = |b: &dyn Backend, v: &[f32], s: [usize; 2]| upload(b, &s, v, DType::BF16).unwrap();
+    let run = |b: &dyn Backend| -> [Vec<f32>; 2] {
+        let (xt, nwt, nbt) = (b.upload_f32(&[m, k], &x).unwrap(), b.upload_f32(&[k], &nw).unwrap(), b.upload_f32(&[k], &nb).unwrap());
+        let (g1, u1, d1) = (up(b, &w1, [n, k]), up(b, &w2, [n, k]), up(b, &w3, [k, n]));
+        let (b1t, b2t) = (b.upload_f32(&[n], &b1).unwrap(), b.upload_f32(&[k], &b2).unwrap());
+        let s = b.rms_norm_swiglu_residual(&xt, &nwt, 1e-6, &g1, &u1, &d1).unwrap();
+        let v = b.layer_norm_gelu_mlp(&xt, (&nwt, &nbt, 1e-6), (&g1, Some(&b1t)), qwen3_vl::Gelu::Tanh, (&d1, Some(&b2t))).unwrap();
+        [b.download_f32(&s).unwrap(), b.download_f32(&v).unwrap()]
+    };
+    let want = run(&*cpu);
+    // the bound's parts, from the CPU's normed rows and middles
+    let t = |v: &[f32], s: &[usize]| cpu.upload_f32(s, v).unwrap();
+    let lin = |a: &[f32], w: &[f32], out: usize, inner: usize| cpu.download_f32(&cpu.linear(&t(a, &[m, inner]), &up(&*cpu, w, [out, inner]), None).unwrap()).unwrap();
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let xr = cpu.download_f32(&cpu.rms_norm(&t(&x, &[m, k]), &t(&nw, &[k]), 1e-6).unwrap()).unwrap();
+    let xl = cpu.download_f32(&cpu.layer_norm(&t(&x, &[m, k]), &t(&nw, &[k]), &t(&nb, &[k]), 1e-6).unwrap()).unwrap();
+    let slack = 1e-5 * (k as f64).sqrt();
+    // swiglu: the first layer's error in g and u, carried through silu(g)·u
+    let (gv, uv, gd, ud) = (lin(&xr, &w1, n, k), lin(&xr, &w2, n, k), lin(&abs(&xr), &abs(&w1), n, k), lin(&abs(&xr), &abs(&w2), n, k));
+    let (mut h_abs, mut h_err) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+    for j in 0..m * n {
+        let (dg, du) = (gd[j] as f64 / 256.0 + slack, ud[j] as f64 / 256.0 + slack);
+        let silu = gv[j] as f64 / (1.0 + (-(gv[j] as f64)).exp());
+        h_abs[j] = (silu * uv[j] as f64).abs() as f32;
+        h_err[j] = (1.1 * dg * ((uv[j] as f64).abs() + du) + (silu.abs() + 1.1 * dg) * du) as f32;
+    }
+    // gelu: fc1's error through the slope
+    let (fv, fd) = (lin(&xl, &w1, n, k), lin(&abs(&xl), &abs(&w1), n, k));
+    let gelu = |v: f64| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
+    let a_abs: Vec<f32> = (0..m * n).map(|j| gelu(fv[j] as f64 + b1[j % n] as f64).abs() as f32).collect();
+    let a_err: Vec<f32> = fd.iter().map(|d| (1.13 * (*d as f64 / 256.0 + slack)) as f32).collect();
+    // per block: Σ |second-layer terms| and the first layer's error through the second
+    let terms = [lin(&h_abs, &abs(&w3), k, n), lin(&a_abs, &abs(&w3), k, n)];
+    let carried = [lin(&h_err, &abs(&w3), k, n), lin(&a_err, &abs(&w3), k, n)];
+    g.set_precision(qwen3_vl::Precision::F32);
+    let f32_mode = run(g);
+    g.set_precision(qwen3_vl::Precision::Bf16);
+    g.set_poison_outputs(true);
+    let got = run(g);
+    g.set_precision(qwen3_vl::Precision::F32);
+    let name = format!("bf16 precision MLP blocks m={} n={} k={} on {}", m, n, k, g.describe());
+    let slack2 = 1e-5 * (n as f64).sqrt();
+    for o in 0..2 {
+        for j in 0..m * k {
+            let (sum, w) = (terms[o][j] as f64, want[o][j] as f64);
+            let bound = 1.01 * sum / 256.0 + carried[o][j] as f64 + slack2;
+            let diff = (got[o][j] as f64 - w).abs();
+            assert!(diff <= bound, "{}: block {} element {}: got {} want {} (|diff| {:.3e} > {:.3e})", name, o, j, got[o][j], w, diff, bound);
+            let f32_tol = 1e-3 * (1.0 + w.abs()) + sum / 16384.0;
+            assert!((f32_mode[o][j] as f64 - w).abs() <= f32_tol, "{}: f32 mode, block {} element {}: got {} want {}", name, o, j, f32_mode[o][j], w);
+        }
+    }
+    let moved = |a: &[f32], b: &[f32]| a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits());
+    assert_eq!(moved(&got[0], &f32_mode[0]) && moved(&got[1], &f32_mode[1]), a16, "{}: the bf16 mode must {} the f32 mode's results", name, if a16 { "differ from" } else { "equal" });
+}

@@ -10,6 +10,8 @@
 //! [`LinearParams`] as for `matmul_mma_*` (`gpu/src/mma.rs`), except that `a` holds `[m, k]`
 //! 16-bit activations of the weights' type (from `cast_a16_*`, row stride `lda`, a multiple of
 //! 8); with f16 weights `row_scale` is the factor the cast applied, undone before the epilogue.
+//! The `*_c16_*` variants write their output in bf16 (`c` `[m, n]` 16-bit, `n` even, no
+//! residual): the next pipelined GEMM's activations, rounded once in the epilogue.
 //!
 //! # Tiling
 //! A block computes a `TM × TN` tile of `c` (128 × 128, 64 × 128, 64 × 64; split-K over grid
@@ -175,7 +177,7 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
 }
 
 #[inline(always)]
-unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize>(p: LinearParams) {
+unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize, const C16: bool>(p: LinearParams) {
     let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
     let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
     let acc = pipe_core::<W, TM, TN, KB, C, false>(&x);
@@ -188,7 +190,21 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
         for nt in 0..TN / 32 {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
-            store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
+            if C16 {
+                // bias and activation, then each row's column pair rounded into one 32-bit word
+                // of the 16-bit output (`n` even, row stride `ldc`)
+                let d = acc[mt][nt];
+                let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+                for h in 0..2 {
+                    let rr = r + 8 * h;
+                    if rr < m && col < n {
+                        let v = W::pack(crate::matmul::finish(&p, d[2 * h], rr, col), crate::matmul::finish(&p, d[2 * h + 1], rr, col + 1));
+                        *((p.c as *mut u8).add((rr * ldc + col) * 2) as *mut u32) = v;
+                    }
+                }
+            } else {
+                store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
+            }
         }
     }
 }
@@ -197,7 +213,7 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
 /// `cast_a16_*`, row stride `lda`; f16 row scales undone first): [`pipe_core`] with the two
 /// matrices' rows interleaved by eights, `TN / 2` output columns per block.
 #[inline(always)]
-unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize>(p: GateUpParams) {
+unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const C16: bool>(p: GateUpParams) {
     let (m, n) = (p.m as usize, p.n as usize);
     let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.gate as *const u8, w2: p.up as *const u8, m, n, k: p.k as usize, kb: 0, ke: p.k as usize };
     let acc = pipe_core::<W, TM, TN, KB, C, true>(&x);
@@ -211,6 +227,18 @@ unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: u
             let (g, u) = (acc[mt][2 * j], acc[mt][2 * j + 1]);
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 8) + j * 8 + 2 * (lane % 4);
+            if C16 {
+                // each row's column pair rounded into one 32-bit word of the 16-bit output (`n`
+                // even; no row scales: bf16 only)
+                for h in 0..2 {
+                    let rr = r + 8 * h;
+                    if rr < m && col < n {
+                        let v = W::pack(crate::math::silu_mul(g[2 * h], u[2 * h]), crate::math::silu_mul(g[2 * h + 1], u[2 * h + 1]));
+                        *((p.c as *mut u8).add((rr * n + col) * 2) as *mut u32) = v;
+                    }
+                }
+                continue;
+            }
             for i in 0..4 {
                 let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
                 if rr < m && cc < n {
@@ -226,74 +254,100 @@ unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: u
 /// 128 × 128 tiles (64 columns of each). See [`gate_up_pipe`].
 #[kernel]
 pub unsafe fn gate_up_pipe_bf16(p: GateUpParams) {
-    gate_up_pipe::<Bf16, 128, 128, 32, 4>(p)
+    gate_up_pipe::<Bf16, 128, 128, 32, 4, false>(p)
 }
 
 /// [`gate_up_pipe_bf16`] with f16 (row-scaled activations).
 #[kernel]
 pub unsafe fn gate_up_pipe_f16(p: GateUpParams) {
-    gate_up_pipe::<F16, 128, 128, 32, 4>(p)
+    gate_up_pipe::<F16, 128, 128, 32, 4, false>(p)
 }
 
 /// [`gate_up_pipe_bf16`] with 64 × 128 tiles.
 #[kernel]
 pub unsafe fn gate_up_pipe_64x128_bf16(p: GateUpParams) {
-    gate_up_pipe::<Bf16, 64, 128, 64, 8>(p)
+    gate_up_pipe::<Bf16, 64, 128, 64, 8, false>(p)
 }
 
 /// [`gate_up_pipe_f16`] with 64 × 128 tiles.
 #[kernel]
 pub unsafe fn gate_up_pipe_64x128_f16(p: GateUpParams) {
-    gate_up_pipe::<F16, 64, 128, 64, 8>(p)
+    gate_up_pipe::<F16, 64, 128, 64, 8, false>(p)
+}
+
+/// [`gate_up_pipe_bf16`] writing the products in bf16 (`c` `[m, n]` 16-bit): the activations of
+/// the down projection's pipelined GEMM, rounded once here instead of by `cast_a16_bf16`.
+#[kernel]
+pub unsafe fn gate_up_pipe_c16_bf16(p: GateUpParams) {
+    gate_up_pipe::<Bf16, 128, 128, 32, 4, true>(p)
+}
+
+/// [`gate_up_pipe_c16_bf16`] with 64 × 128 tiles.
+#[kernel]
+pub unsafe fn gate_up_pipe_64x128_c16_bf16(p: GateUpParams) {
+    gate_up_pipe::<Bf16, 64, 128, 64, 8, true>(p)
+}
+
+/// [`matmul_mma_pipe_bf16`] writing `act(a · wᵀ + bias)` in bf16 (`c` `[m, n]` 16-bit, row
+/// stride `ldc`, no residual): the activations of the next pipelined GEMM, rounded once here.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_c16_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 128, 128, false, 32, 4, true>(p)
+}
+
+/// [`matmul_mma_pipe_c16_bf16`] with 64 × 128 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x128_c16_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 64, 128, false, 64, 8, true>(p)
 }
 
 /// `c = act(a · wᵀ + bias) + residual`, bf16 activations and weights, 128 × 128 tiles. See the
 /// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 128, 128, false, 32, 4>(p)
+    mma_pipe::<Bf16, 128, 128, false, 32, 4, false>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], f16 (row-scaled activations).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_f16(p: LinearParams) {
-    mma_pipe::<F16, 128, 128, false, 32, 4>(p)
+    mma_pipe::<F16, 128, 128, false, 32, 4, false>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 128, false, 64, 8>(p)
+    mma_pipe::<Bf16, 64, 128, false, 64, 8, false>(p)
 }
 
 /// As [`matmul_mma_pipe_f16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 128, false, 64, 8>(p)
+    mma_pipe::<F16, 64, 128, false, 64, 8, false>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 64, false, 64, 8>(p)
+    mma_pipe::<Bf16, 64, 64, false, 64, 8, false>(p)
 }
 
 /// As [`matmul_mma_pipe_f16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 64, false, 64, 8>(p)
+    mma_pipe::<F16, 64, 64, false, 64, 8, false>(p)
 }
 
 /// [`matmul_mma_pipe_64x64_bf16`] over one z-slice of `k` (split-K: raw partial sums).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 64, true, 64, 8>(p)
+    mma_pipe::<Bf16, 64, 64, true, 64, 8, false>(p)
 }
 
 /// [`matmul_mma_pipe_64x64_f16`] over one z-slice of `k` (split-K: raw partial sums).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 64, true, 64, 8>(p)
+    mma_pipe::<F16, 64, 64, true, 64, 8, false>(p)
 }
 
 #[inline(always)]

@@ -226,6 +226,17 @@ pub fn layer_norm_linears_composite<B: Backend + ?Sized>(b: &B, x: &Tensor, norm
         .collect()
 }
 
+/// The default body of [`Backend::rms_norm_swiglu_residual`].
+pub fn rms_norm_swiglu_residual_composite<B: Backend + ?Sized>(b: &B, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+    b.linear_residual(&b.rms_norm_gate_up_silu(x, norm, eps, gate, up)?, down, None, x)
+}
+
+/// The default body of [`Backend::layer_norm_gelu_mlp`].
+pub fn layer_norm_gelu_mlp_composite<B: Backend + ?Sized>(b: &B, x: &Tensor, norm: (&Tensor, &Tensor, f32), fc1: (&Tensor, Option<&Tensor>), kind: Gelu, fc2: (&Tensor, Option<&Tensor>)) -> Result<Tensor> {
+    let h = b.layer_norm_linears(x, norm, &[(fc1.0, fc1.1, Some(kind))])?.remove(0);
+    b.linear_residual(&h, fc2.0, fc2.1, x)
+}
+
 pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
     let (t, heads, _, d) = ops::paged_dims(q, k_pool, v_pool, pages)?;
     ops::kv_scale_dims("attention_paged", k_pool, scales)?;
@@ -592,6 +603,18 @@ pub trait Backend: Send + Sync {
     /// MLP's first layer.
     fn layer_norm_linears(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), linears: &[(&Tensor, Option<&Tensor>, Option<Gelu>)]) -> Result<Vec<Tensor>> {
         layer_norm_linears_composite(self, x, norm, linears)
+    }
+
+    /// `x + down(silu(x' · gateᵀ) ⊙ (x' · upᵀ))` with `x' = rms_norm(x, norm, eps)`: the
+    /// decoder's whole SwiGLU MLP with its residual.
+    fn rms_norm_swiglu_residual(&self, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+        rms_norm_swiglu_residual_composite(self, x, norm, eps, gate, up, down)
+    }
+
+    /// `x + fc2(gelu(fc1(layer_norm(x))))`, each layer `(weight, bias)`: the vision tower's MLP
+    /// with its residual.
+    fn layer_norm_gelu_mlp(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), fc1: (&Tensor, Option<&Tensor>), kind: Gelu, fc2: (&Tensor, Option<&Tensor>)) -> Result<Tensor> {
+        layer_norm_gelu_mlp_composite(self, x, norm, fc1, kind, fc2)
     }
 
     /// The decoder's step between the fused QKV projection and attention: splits

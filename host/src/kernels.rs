@@ -174,6 +174,10 @@ kernel_table! {
     GateUpPipeBf16 = "gate_up_pipe_bf16" @ Compute80,
     GateUpPipe64x128F16 = "gate_up_pipe_64x128_f16" @ Compute80,
     GateUpPipe64x128Bf16 = "gate_up_pipe_64x128_bf16" @ Compute80,
+    GateUpPipeC16Bf16 = "gate_up_pipe_c16_bf16" @ Compute80,
+    GateUpPipe64x128C16Bf16 = "gate_up_pipe_64x128_c16_bf16" @ Compute80,
+    MatmulMmaPipeC16Bf16 = "matmul_mma_pipe_c16_bf16" @ Compute80,
+    MatmulMmaPipe64x128C16Bf16 = "matmul_mma_pipe_64x128_c16_bf16" @ Compute80,
     RmsNormA16Bf16 = "rms_norm_a16_bf16" @ Compute80,
     LayerNormA16Bf16 = "layer_norm_a16_bf16" @ Compute80,
     CastA16F16 = "cast_a16_f16" @ Compute80,
@@ -294,6 +298,20 @@ impl Kernel {
         by_half(dtype, false, [set[0], set[1], set[0], set[1]], "gate_up_pipe")
     }
 
+    /// The pipelined bf16 kernels that write their output in bf16 (the next GEMM's operand):
+    /// the gate/up product (`gate_up`) or a linear layer with `(rows, columns)` tiles (128 × 128
+    /// or 64 × 128); `None` for other tiles.
+    pub fn pipe_c16(gate_up: bool, tile: (u32, u32)) -> Option<Kernel> {
+        use Kernel::*;
+        match (gate_up, tile) {
+            (true, (128, 128)) => Some(GateUpPipeC16Bf16),
+            (true, (64, 128)) => Some(GateUpPipe64x128C16Bf16),
+            (false, (128, 128)) => Some(MatmulMmaPipeC16Bf16),
+            (false, (64, 128)) => Some(MatmulMmaPipe64x128C16Bf16),
+            _ => None,
+        }
+    }
+
     /// Whether this kernel reads its activations as 16-bit values (from `cast_a16_*`).
     pub fn reads_a16(self) -> bool {
         use Kernel::*;
@@ -301,6 +319,7 @@ impl Kernel {
             self,
             MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16
                 | GateUpPipeF16 | GateUpPipeBf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16
+                | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
         )
     }
 
@@ -311,8 +330,8 @@ impl Kernel {
         use gpu::params::mma_pipe_tile::shared_bytes;
         use Kernel::*;
         match self {
-            MatmulMmaPipeF16 | MatmulMmaPipeBf16 => shared_bytes(128, 128),
-            MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 => shared_bytes(64, 128),
+            MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipeC16Bf16 => shared_bytes(128, 128),
+            MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 | MatmulMmaPipe64x128C16Bf16 | GateUpPipe64x128C16Bf16 => shared_bytes(64, 128),
             MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 => shared_bytes(64, 64),
             _ => 0,
         }

@@ -501,16 +501,21 @@ pub fn gate_up_skinny(l: &Launcher<'_>, wdtype: DType, rows: u32, a: &DeviceBuff
 }
 
 /// `c[m, n] = silu(a · gateᵀ) ⊙ (a · upᵀ)` by the pipelined kernel with `tile` over 16-bit
-/// activations `a` `[m, k]` (from [`cast_a16`], with the f16 `row_scale` it applied).
+/// activations `a` `[m, k]` (from [`cast_a16`], with the f16 `row_scale` it applied); `c16`:
+/// `c` in bf16 (bf16 weights, even `n`: the down projection's operand), else f32.
 #[allow(clippy::too_many_arguments)]
-pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &DeviceBuffer, gate: &DeviceBuffer, up: &DeviceBuffer, c: &DeviceBuffer, row_scale: Option<&DeviceBuffer>, (m, n, k): (usize, usize, usize)) -> Result<()> {
-    let kernel = Kernel::gate_up_pipe(wdtype, tile)?;
+pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &DeviceBuffer, gate: &DeviceBuffer, up: &DeviceBuffer, (c, c16): (&DeviceBuffer, bool), row_scale: Option<&DeviceBuffer>, (m, n, k): (usize, usize, usize)) -> Result<()> {
+    let kernel = match c16 {
+        true if wdtype == DType::BF16 => Kernel::pipe_c16(true, tile).ok_or_else(|| Error::Limit { op: "gate_up_pipe", msg: format!("no {}x{} tile kernel with a bf16 output", tile.0, tile.1) })?,
+        true => return Err(Error::DType { op: "gate_up_pipe (bf16 output)", expected: "bf16 weights", got: wdtype }),
+        false => Kernel::gate_up_pipe(wdtype, tile)?,
+    };
     need(kernel, "a", a, m * k * 2)?;
     need(kernel, "gate", gate, n * k * wdtype.size_of())?;
     need(kernel, "up", up, n * k * wdtype.size_of())?;
-    need(kernel, "c", c, m * n * 4)?;
-    if k % 8 != 0 {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte rows (k = {})", k) });
+    need(kernel, "c", c, m * n * if c16 { 2 } else { 4 })?;
+    if k % 8 != 0 || (c16 && n % 2 != 0) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte rows (k = {}) and, for a bf16 output, an even n (n = {})", k, n) });
     }
     f16_row_scales(kernel, wdtype, row_scale, m)?;
     let p = GateUpParams { a: a.addr(), gate: gate.addr(), up: up.addr(), c: c.addr(), norm: 0, m: fits_u32(kernel, "m", m)?, n: fits_u32(kernel, "n", n)?, k: fits_u32(kernel, "k", k)?, lda: fits_u32(kernel, "k", k)?, eps: 0.0, _pad: 0, row_scale: row_scale.map_or(0, |s| s.addr()) };
@@ -519,6 +524,41 @@ pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &Devic
     }
     let grid = [grid_dim(kernel, "x", ceil_div(n, tile.1 as usize / 2), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tile.0 as usize), MAX_GRID_Y)?, 1];
     l.launch_shared(kernel, grid, mma_tile::THREADS, mma_pipe_tile::shared_bytes(tile.0, tile.1), &p)
+}
+
+/// `c[m, n] = act(a · wᵀ + bias)` in bf16 by the pipelined bf16 kernel with `tile` (128 × 128 or
+/// 64 × 128, no split-K) over 16-bit activations `a` `[m, k]`: the next pipelined GEMM's
+/// operand (`n` even).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_c16(l: &Launcher<'_>, tile: (u32, u32), a: &DeviceBuffer, w: &DeviceBuffer, bias: Option<&DeviceBuffer>, act: u32, c: &DeviceBuffer, (m, n, k): (usize, usize, usize)) -> Result<()> {
+    let kernel = Kernel::pipe_c16(false, tile).ok_or_else(|| Error::Limit { op: "linear (bf16 output)", msg: format!("no {}x{} tile kernel with a bf16 output", tile.0, tile.1) })?;
+    need(kernel, "a", a, m * k * 2)?;
+    need(kernel, "w", w, n * k * 2)?;
+    need(kernel, "c", c, m * n * 2)?;
+    if let Some(b) = bias {
+        need(kernel, "bias", b, n * 4)?;
+    }
+    if k % 8 != 0 || n % 2 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("needs 16-byte rows (k = {}) and an even n (n = {})", k, n) });
+    }
+    let p = LinearParams {
+        a: a.addr(),
+        w: w.addr(),
+        bias: bias.map_or(0, |b| b.addr()),
+        residual: 0,
+        c: c.addr(),
+        norm: 0,
+        m: fits_u32(kernel, "m", m)?,
+        n: fits_u32(kernel, "n", n)?,
+        k: fits_u32(kernel, "k", k)?,
+        lda: fits_u32(kernel, "k", k)?,
+        ldc: fits_u32(kernel, "n", n)?,
+        eps: 0.0,
+        act,
+        k_split: 0,
+        row_scale: 0,
+    };
+    launch(l, LinearAlgo::Mma(tile.0, tile.1, 1), kernel, &p, 0, None)
 }
 
 impl CudaBackend {
@@ -691,6 +731,83 @@ impl CudaBackend {
         Ok(outs)
     }
 
+    /// `x + down(silu(gate · x') ⊙ (up · x'))`, `x' = rms_norm(x)`: with 16-bit activations,
+    /// bf16 weights and tiles for both halves, the gate/up kernel writes its product in bf16
+    /// for the down projection's pipelined GEMM (no f32 product, no cast); else the composite.
+    pub(super) fn rms_norm_swiglu_residual_op(&self, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+        const OP: &str = "rms_norm_swiglu_residual";
+        let (m, n, k) = ops::linear_dims(x, gate, None)?;
+        let composite = || crate::backend::rms_norm_swiglu_residual_composite(self, x, norm, eps, gate, up, down);
+        // anything else (shapes the composite reports, other types) takes the composite
+        let n_out = k;
+        if !self.a16.load(std::sync::atomic::Ordering::Relaxed) || [gate, up, down].iter().any(|w| w.dtype() != DType::BF16) || up.shape() != gate.shape() || down.shape() != [k, n] || k % 8 != 0 || n % 8 != 0 || x.shape().len() != 2 {
+            return composite();
+        }
+        let (gu, dn) = (self.pick_linear(m, 2 * n, k, gate.dtype()), self.pick_linear(m, n_out, n, down.dtype()));
+        let tm = match (self.pick_linear(m, n, k, gate.dtype()), gu, dn) {
+            (LinearAlgo::Mma(..), LinearAlgo::Mma(tm, 128, 1), LinearAlgo::Mma(..)) => tm,
+            _ => return composite(),
+        };
+        let l = self.enter()?;
+        let a16 = match self.normed_a16(&l, x, Some((norm, eps)), DType::BF16, (m, k))? {
+            Some(a) => a,
+            None => return composite(),
+        };
+        let h = self.pool.alloc(m * n * 2)?;
+        gate_up_pipe(&l, DType::BF16, (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&h, true), None, (m, n, k))?;
+        let out = self.output(m * n_out)?;
+        let ws = match dn {
+            LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.output(s as usize * m * n_out)?),
+            _ => None,
+        };
+        linear(&l, dn, DType::BF16, &h, self.buffer(OP, down)?, None, Some(self.buffer(OP, x)?), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
+    /// `x + fc2(gelu(fc1(layer_norm(x))))` (the vision MLP): with 16-bit activations, bf16
+    /// weights and tiles for both layers, the norm writes bf16 once and `fc1` writes its
+    /// activated output in bf16 for `fc2`'s pipelined GEMM; else the composite.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layer_norm_gelu_mlp_op(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), fc1: (&Tensor, Option<&Tensor>), kind: crate::backend::Gelu, fc2: (&Tensor, Option<&Tensor>)) -> Result<Tensor> {
+        const OP: &str = "layer_norm_gelu_mlp";
+        let (m, k) = ops::layer_norm_dims(x, norm.0, norm.1)?;
+        let (_, n, _) = ops::linear_dims(x, fc1.0, fc1.1)?;
+        let composite = || crate::backend::layer_norm_gelu_mlp_composite(self, x, norm, fc1, kind, fc2);
+        // anything else (shapes the composite reports, other types) takes the composite
+        let n_out = k;
+        let bias_ok = fc2.1.map_or(true, |b| b.shape() == [k] && b.dtype() == DType::F32);
+        if !self.a16.load(std::sync::atomic::Ordering::Relaxed) || fc1.0.dtype() != DType::BF16 || fc2.0.dtype() != DType::BF16 || fc2.0.shape() != [k, n] || !bias_ok || k % 8 != 0 || n % 8 != 0 || x.shape().len() != 2 {
+            return composite();
+        }
+        let (l1, l2) = (self.pick_linear(m, n, k, DType::BF16), self.pick_linear(m, n_out, n, DType::BF16));
+        let tile = match (l1, l2) {
+            (LinearAlgo::Mma(tm, tn, 1), LinearAlgo::Mma(..)) if Kernel::pipe_c16(false, (tm, tn)).is_some() => (tm, tn),
+            _ => return composite(),
+        };
+        let (xb, wb, bb) = (self.buffer(OP, x)?, self.buffer(OP, norm.0)?, self.buffer(OP, norm.1)?);
+        if (xb.addr() | wb.addr() | bb.addr()) % 16 != 0 {
+            return composite();
+        }
+        let l = self.enter()?;
+        let a16 = self.pool.alloc(m * k * 2)?;
+        super::norm::layer_norm_a16(&l, xb, wb, bb, &a16, m, k, norm.2)?;
+        let h = self.pool.alloc(m * n * 2)?;
+        let act = match kind {
+            crate::backend::Gelu::Tanh => ACT_GELU_TANH,
+            crate::backend::Gelu::Erf => ACT_GELU_ERF,
+        };
+        let b1 = fc1.1.map(|b| self.buffer(OP, b)).transpose()?;
+        linear_c16(&l, tile, &a16, self.buffer(OP, fc1.0)?, b1, act, &h, (m, n, k))?;
+        let out = self.output(m * n_out)?;
+        let ws = match l2 {
+            LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.output(s as usize * m * n_out)?),
+            _ => None,
+        };
+        let b2 = fc2.1.map(|b| self.buffer(OP, b)).transpose()?;
+        linear(&l, l2, DType::BF16, &h, self.buffer(OP, fc2.0)?, b2, Some(xb), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
+        Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
+    }
+
     pub(super) fn linear_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
         if w.dtype().is_quantized() {
             return self.qlinear_op(a, None, w, bias, ACT_NONE, residual);
@@ -750,7 +867,7 @@ impl CudaBackend {
                     }
                 };
                 let out = self.output(m * n)?;
-                gate_up_pipe(&l, gate.dtype(), (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, &out, scales.as_ref(), (m, n, k))?;
+                gate_up_pipe(&l, gate.dtype(), (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&out, false), scales.as_ref(), (m, n, k))?;
                 return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
             }
             let x = &self.rms_normed(x, norm)?;

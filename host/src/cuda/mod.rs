@@ -338,6 +338,14 @@ impl Backend for CudaBackend {
         self.narrow_cols_op(x, col0, width)
     }
 
+    fn rms_norm_swiglu_residual(&self, x: &Tensor, norm: &Tensor, eps: f32, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+        self.rms_norm_swiglu_residual_op(x, norm, eps, gate, up, down)
+    }
+
+    fn layer_norm_gelu_mlp(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), fc1: (&Tensor, Option<&Tensor>), kind: Gelu, fc2: (&Tensor, Option<&Tensor>)) -> Result<Tensor> {
+        self.layer_norm_gelu_mlp_op(x, norm, fc1, kind, fc2)
+    }
+
     fn layer_norm_linears(&self, x: &Tensor, norm: (&Tensor, &Tensor, f32), linears: &[(&Tensor, Option<&Tensor>, Option<Gelu>)]) -> Result<Vec<Tensor>> {
         self.layer_norm_linears_op(x, norm, linears)
     }

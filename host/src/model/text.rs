@@ -454,8 +454,7 @@ impl TextModel {
         let x = lb.linear_residual(&o, &a.o_proj, a.o_bias.as_ref(), &x)?;
         // 2. MLP block: x [t, hidden] += down(silu(gate(norm(x))) * up(norm(x)))
         let m = &w.mlp;
-        let act = lb.rms_norm_gate_up_silu(&x, &w.post_attention_layernorm, c.rms_norm_eps, &m.gate_proj, &m.up_proj)?; // [t, intermediate]
-        let mut x = lb.linear_residual(&act, &m.down_proj, None, &x)?;
+        let mut x = lb.rms_norm_swiglu_residual(&x, &w.post_attention_layernorm, c.rms_norm_eps, &m.gate_proj, &m.up_proj, &m.down_proj)?; // [t, hidden]
         // 3. DeepStack: visual features join the image-token rows after the first layers
         if let Some((fb, ds)) = deepstack {
             if let Some(f) = ds.features.get(l) {

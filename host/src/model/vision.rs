@@ -379,8 +379,7 @@ impl VisionModel {
             let o = b.attention_block_sparse(&q?, &kk?, &v?, &mask, scale, Some((&cos, &sin)))?.reshape(&[n, hidden])?;
             x = blk.proj.forward_residual(b, &o, &x)?;
             // 4. MLP: x += fc2(gelu_tanh(fc1(norm2(x))))
-            let h = blk.norm2.through(b, &x, &[(&blk.fc1, Some(Gelu::Tanh))])?.remove(0);
-            x = blk.fc2.forward_residual(b, &h, &x)?;
+            x = b.layer_norm_gelu_mlp(&x, (&blk.norm2.w, &blk.norm2.b, LN_EPS), (&blk.fc1.w, Some(&blk.fc1.b)), Gelu::Tanh, (&blk.fc2.w, Some(&blk.fc2.b)))?;
             // 5. DeepStack features from the configured blocks
             if let Some(j) = c.deepstack_visual_indexes.iter().position(|&i| i == k) {
                 deepstack.push(self.deepstack[j].forward(b, &x, group)?);

@@ -361,6 +361,25 @@ impl std::fmt::Display for Precision {
 /// A recorded sequence of device work ([`Backend::record`]) that [`Backend::replay`] runs again.
 pub struct Recording(pub Box<dyn std::any::Any + Send>);
 
+/// Runs `body` on `b` through the recording `held` when it is of `kind`: replayed; else, when
+/// `record` and `kind` never failed to record, recorded first (a failure is kept in `failed` and
+/// not retried); else as plain launches ([`Backend::within`]). The decode steps of a session and
+/// of the engine run this way, so a step is the same body recorded or not.
+pub fn run_recorded<K: Copy + PartialEq>(b: &dyn Backend, record: bool, held: &mut Option<(K, Recording)>, failed: &mut Vec<K>, kind: K, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    let replayable = matches!(held, Some((k, _)) if *k == kind);
+    if !replayable && record && !failed.contains(&kind) {
+        *held = None;
+        match b.record(body)? {
+            Some(r) => *held = Some((kind, r)),
+            None => failed.push(kind),
+        }
+    }
+    match held {
+        Some((k, r)) if *k == kind && record => b.replay(r),
+        _ => b.within(body),
+    }
+}
+
 /// A point in a backend's timeline ([`Backend::mark`]): a host instant, and on a device a
 /// recorded event, so that device time is measured on the device.
 pub struct Mark {

@@ -5,7 +5,7 @@
 //! the host, or a recording that failed run the same body as plain launches: one path either way.
 
 use super::paged::{PagedKv, PagedStep, StepRows};
-use crate::backend::{DeviceSampling, Recording};
+use crate::backend::{run_recorded, DeviceSampling, Recording};
 use crate::model::Model;
 use crate::{Backend, Pages, Result, Tensor};
 use gpu::params::CURSOR_FIELDS;
@@ -131,18 +131,7 @@ impl DecodeSteps {
                 }
             }
         };
-        let replayable = matches!(recording, Some((p, _)) if *p == pick);
-        if !replayable && record && !unrecordable.contains(&pick) {
-            *recording = None;
-            match b.record(&mut body)? {
-                Some(r) => *recording = Some((pick, r)),
-                None => unrecordable.push(pick),
-            }
-        }
-        match recording {
-            Some((p, r)) if *p == pick && record => b.replay(r)?,
-            _ => b.within(&mut body)?,
-        }
+        run_recorded(b, record, recording, unrecordable, pick, &mut body)?;
         // 3. what it produced
         match pick {
             Pick::Greedy => Ok(Picked::Tokens(b.download_u32(ids)?)),

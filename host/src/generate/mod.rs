@@ -6,7 +6,7 @@ pub mod sampling;
 
 pub use sampling::{Sampler, SamplingParams};
 
-use crate::backend::{DeviceSampling, Recording};
+use crate::backend::{run_recorded, DeviceSampling, Recording};
 use crate::model::positions::multimodal_positions;
 use crate::model::text::{cursor, Deepstack};
 use crate::model::vision::VisionOutput;
@@ -250,18 +250,7 @@ impl<'a> Session<'a> {
                 }
             }
         };
-        let replayable = matches!(&st.recording, Some((k, _)) if *k == kind);
-        if !replayable && self.record && !st.unrecordable.contains(&kind) {
-            st.recording = None;
-            match b.record(&mut body)? {
-                Some(r) => st.recording = Some((kind, r)),
-                None => st.unrecordable.push(kind),
-            }
-        }
-        match &st.recording {
-            Some((k, r)) if *k == kind && self.record => b.replay(r)?,
-            _ => b.within(&mut body)?,
-        }
+        run_recorded(b, self.record, &mut st.recording, &mut st.unrecordable, kind, &mut body)?;
         // 3. bookkeeping, then the next token
         self.cache.advance(1);
         self.next_pos += 1;

@@ -33,8 +33,10 @@ macro_rules! kernels {
 
             /// See `super::super::dots`. One activation row (decode) takes the rows one after
             /// another ([`gemv_q8_0`], [`gemv_q4_k`], [`gemv_q6_k`]): a single forward stream per
-            /// thread, which the hardware prefetchers follow at the full memory bandwidth
-            /// (interleaving 4 rows reached about 65% of it on the 2-core AMD machine). Several
+            /// thread, which the hardware prefetchers follow at the full memory bandwidth on the
+            /// 2-core AMD machine (interleaving 4 rows reached about 65% of it there); where they
+            /// do not, each block also prefetches the bytes `super::super::gemv_prefetch()` ahead
+            /// of it (the 2-core Intel machine: Q4_K_M decode 10.1 → 15.4 tok/s). Several
             /// rows take tiles of `NR` weight rows (one for `Q8_0` below 4 rows, where it
             /// measured faster); for each block the weights are unpacked once and taken against
             /// all activation rows, `MR` at a time, with integer sums in registers and f32 sums
@@ -44,12 +46,13 @@ macro_rules! kernels {
                 let m = acts.rows;
                 let n = rows.len() / row_bytes;
                 if m == 1 {
+                    let pf = super::super::gemv_prefetch();
                     for (j, o) in res[..n].iter_mut().enumerate() {
                         let w = rows.as_ptr().add(j * row_bytes);
                         *o = match wt {
-                            DType::Q8_0 => gemv_q8_0(w, acts),
-                            DType::Q4K => gemv_q4_k(w, acts),
-                            _ => gemv_q6_k(w, acts),
+                            DType::Q8_0 => gemv_q8_0(w, acts, pf),
+                            DType::Q4K => gemv_q4_k(w, acts, pf),
+                            _ => gemv_q6_k(w, acts, pf),
                         };
                     }
                     return;
@@ -75,15 +78,32 @@ macro_rules! kernels {
                 }
             }
 
+            /// Prefetches the `bytes` (a block's size) that start `pf` bytes after `blk`, one
+            /// 64-byte line at a time; nothing when `pf` is 0. The addresses may lie past the
+            /// weights (the next rows, or nothing: a prefetch never faults), hence the wrapping
+            /// arithmetic.
+            #[inline(always)]
+            unsafe fn prefetch_ahead(blk: *const u8, pf: usize, bytes: usize) {
+                if pf == 0 {
+                    return;
+                }
+                let mut off = 0;
+                while off < bytes {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(pf + off) as *const i8);
+                    off += 64;
+                }
+            }
+
             /// `Q8_0` weight row at `w` against activation row 0: two f32 accumulators (even
             /// and odd blocks), so consecutive blocks do not wait on one another's FMA.
             #[target_feature(enable = $feat)]
-            unsafe fn gemv_q8_0(w: *const u8, acts: &Q8Acts) -> f32 {
+            unsafe fn gemv_q8_0(w: *const u8, acts: &Q8Acts, pf: usize) -> f32 {
                 let nb = acts.k / QK8_0;
                 let (qs, ds) = (acts.qs.as_ptr(), acts.d.as_ptr());
                 let mut f = [_mm256_setzero_ps(); 2];
                 for b in 0..nb {
                     let blk = w.add(b * q8_0::BLOCK_BYTES);
+                    prefetch_ahead(blk, pf, q8_0::BLOCK_BYTES);
                     let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                     let av = _mm256_loadu_si256(qs.add(b * QK8_0) as *const __m256i);
                     let dot = dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
@@ -144,7 +164,7 @@ macro_rules! kernels {
             /// registers; the 8 sub-block products go to 4 integer accumulators (a single chain
             /// of 8 `dpwssd` per block bound the loop by their latency).
             #[target_feature(enable = $feat)]
-            unsafe fn gemv_q4_k(w: *const u8, acts: &Q8Acts) -> f32 {
+            unsafe fn gemv_q4_k(w: *const u8, acts: &Q8Acts, pf: usize) -> f32 {
                 let nb = acts.k / QK_K;
                 let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
                 let low = _mm256_set1_epi8(0x0F);
@@ -154,6 +174,7 @@ macro_rules! kernels {
                 for b in 0..nb {
                     let ap = qs.add(b * QK_K);
                     let blk = w.add(b * q4_k::BLOCK_BYTES);
+                    prefetch_ahead(blk, pf, q4_k::BLOCK_BYTES);
                     let sm = super::super::q4_k_scale_words(blk);
                     let sc = _mm256_permute2x128_si256::<0x00>(sm, sm); // [sc0..sc7 | sc0..sc7]
                     let mins = _mm256_castsi256_si128(_mm256_permute2x128_si256::<0x11>(sm, sm));
@@ -181,7 +202,7 @@ macro_rules! kernels {
 
             /// `Q6_K` weight row at `w` against activation row 0, as [`gemv_q4_k`].
             #[target_feature(enable = $feat)]
-            unsafe fn gemv_q6_k(w: *const u8, acts: &Q8Acts) -> f32 {
+            unsafe fn gemv_q6_k(w: *const u8, acts: &Q8Acts, pf: usize) -> f32 {
                 let nb = acts.k / QK_K;
                 let (qs, ds, bsums) = (acts.qs.as_ptr(), acts.d.as_ptr(), acts.bsums.as_ptr());
                 let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
@@ -192,6 +213,7 @@ macro_rules! kernels {
                 for b in 0..nb {
                     let ap = qs.add(b * QK_K);
                     let blk = w.add(b * q6_k::BLOCK_BYTES);
+                    prefetch_ahead(blk, pf, q6_k::BLOCK_BYTES);
                     let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i));
                     let mut isum = [_mm256_setzero_si256(); 4];
                     for h in 0..2 {

@@ -37,6 +37,44 @@ pub(crate) const PANEL_MIN_ROWS: usize = 4;
 /// benchmarks).
 static PANELS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_CPU_PANELS");
 
+/// How far ahead (bytes) the one-row GEMVs prefetch their weights: 2 KiB on Intel CPUs, whose
+/// hardware prefetchers left the 2-core machine's decode at about half its read bandwidth
+/// (the machine of 2026-11-25, Q4_K_M decode by distance: 0 → 10.1, 1 KiB → 14.4, 2 KiB → 15.4,
+/// 4 KiB → 14.6 tok/s; Q8_0 7.2 → 11.1–11.5 at 2 KiB); none elsewhere (on the 2-core AMD
+/// machine a 2 KiB prefetch made the Q8_0 GEMV 7% slower). `QWEN3_VL_GEMV_PREFETCH=BYTES`
+/// overrides it (0: off; read once; an A/B aid for benchmarks).
+pub(crate) fn gemv_prefetch() -> usize {
+    static CACHED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    let c = CACHED.load(std::sync::atomic::Ordering::Relaxed);
+    if c != usize::MAX {
+        return c;
+    }
+    let by_vendor = if intel() { 2048 } else { 0 };
+    let v = match std::env::var("QWEN3_VL_GEMV_PREFETCH") {
+        Ok(s) => match s.trim().parse::<usize>() {
+            Ok(n) if n <= 1 << 20 => n,
+            _ => {
+                log::warn!("QWEN3_VL_GEMV_PREFETCH={:?} is not a byte count up to 1048576: using {}", s, by_vendor);
+                by_vendor
+            }
+        },
+        Err(_) => by_vendor,
+    };
+    CACHED.store(v, std::sync::atomic::Ordering::Relaxed);
+    v
+}
+
+/// Whether the CPU's vendor string (CPUID leaf 0) is "GenuineIntel".
+fn intel() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+    let r = unsafe { __cpuid(0) };
+    let mut v = [0u8; 12];
+    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    &v == b"GenuineIntel"
+}
+
 use crate::cpu::qlinear::QIsa;
 use crate::quant::act::Q8Acts;
 use crate::DType;

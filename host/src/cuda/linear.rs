@@ -561,12 +561,29 @@ pub fn linear_c16(l: &Launcher<'_>, tile: (u32, u32), a: &DeviceBuffer, w: &Devi
     launch(l, LinearAlgo::Mma(tile.0, tile.1, 1), kernel, &p, 0, None)
 }
 
+/// The epilogue activation (`ACT_*`) of a GELU.
+pub(super) fn gelu_act(kind: crate::backend::Gelu) -> u32 {
+    match kind {
+        crate::backend::Gelu::Tanh => ACT_GELU_TANH,
+        crate::backend::Gelu::Erf => ACT_GELU_ERF,
+    }
+}
+
 impl CudaBackend {
     /// `x` RMS-normed by `norm` (weight, epsilon), or `x` itself: the unfused paths' first step.
     pub(super) fn rms_normed(&self, x: &Tensor, norm: Option<(&Tensor, f32)>) -> Result<Tensor> {
         match norm {
             Some((w, eps)) => self.rms_norm_op(x, w, eps),
             None => Ok(x.clone()),
+        }
+    }
+
+    /// The split-K workspace of `algo` for an `[m, n]` output: room for its slices' partial
+    /// sums, or `None` when it does not split.
+    fn split_workspace(&self, algo: LinearAlgo, (m, n): (usize, usize)) -> Result<Option<DeviceBuffer>> {
+        match algo {
+            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) | LinearAlgo::Skinny(_, s) if s > 1 => Ok(Some(self.output(s as usize * m * n)?)),
+            _ => Ok(None),
         }
     }
 
@@ -634,11 +651,7 @@ impl CudaBackend {
             None => None,
         };
         let out = self.output(m * n)?;
-        let slices = match algo {
-            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) | LinearAlgo::Skinny(_, s) if s > 1 => s as usize,
-            _ => 0,
-        };
-        let ws = if slices > 0 { Some(self.output(slices * m * n)?) } else { None };
+        let ws = self.split_workspace(algo, (m, n))?;
         let scales = self.row_scales_for(&l, algo, w.dtype(), ab, (m, k))?;
         let a16 = self.a16_operand(&l, algo, w.dtype(), ab, scales.as_ref(), (m, k))?;
         linear(&l, algo, w.dtype(), a16.as_ref().unwrap_or(ab), wb, bb, rb, nb, act, &out, ws.as_ref(), scales.as_ref(), (m, n, k))?;
@@ -672,13 +685,13 @@ impl CudaBackend {
         match self.pick_linear(m, n, k, w.dtype()) {
             LinearAlgo::GemvVec if norm_fits(m, k) => self.linear_normed(LinearAlgo::GemvVec, x, Some((norm, eps)), w, bias, None),
             // 16-bit activations: the norm writes them for the pipelined GEMM
-            algo @ LinearAlgo::Mma(_, _, s) if self.a16.load(std::sync::atomic::Ordering::Relaxed) => {
+            algo @ LinearAlgo::Mma(..) if self.a16.load(std::sync::atomic::Ordering::Relaxed) => {
                 let l = self.enter()?;
                 match self.normed_a16(&l, x, Some((norm, eps)), w.dtype(), (m, k))? {
                     Some(a16) => {
                         let bb = bias.map(|b| self.buffer(OP, b)).transpose()?;
                         let out = self.output(m * n)?;
-                        let ws = if s > 1 { Some(self.output(s as usize * m * n)?) } else { None };
+                        let ws = self.split_workspace(algo, (m, n))?;
                         linear(&l, algo, w.dtype(), &a16, self.buffer(OP, w)?, bb, None, None, ACT_NONE, &out, ws.as_ref(), None, (m, n, k))?;
                         Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out))
                     }
@@ -714,16 +727,9 @@ impl CudaBackend {
         let mut outs = Vec::with_capacity(linears.len());
         for (&(w, bias, gelu), &algo) in linears.iter().zip(&algos) {
             let n = w.shape()[0];
-            let act = match gelu {
-                None => ACT_NONE,
-                Some(crate::backend::Gelu::Tanh) => ACT_GELU_TANH,
-                Some(crate::backend::Gelu::Erf) => ACT_GELU_ERF,
-            };
+            let act = gelu.map_or(ACT_NONE, gelu_act);
             let out = self.output(m * n)?;
-            let ws = match algo {
-                LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.output(s as usize * m * n)?),
-                _ => None,
-            };
+            let ws = self.split_workspace(algo, (m, n))?;
             let bias = bias.map(|b| self.buffer(OP, b)).transpose()?;
             linear(&l, algo, DType::BF16, &h, self.buffer(OP, w)?, bias, None, None, act, &out, ws.as_ref(), None, (m, n, k))?;
             outs.push(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
@@ -756,10 +762,7 @@ impl CudaBackend {
         let h = self.pool.alloc(m * n * 2)?;
         gate_up_pipe(&l, DType::BF16, (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&h, true), None, (m, n, k))?;
         let out = self.output(m * n_out)?;
-        let ws = match dn {
-            LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.output(s as usize * m * n_out)?),
-            _ => None,
-        };
+        let ws = self.split_workspace(dn, (m, n_out))?;
         linear(&l, dn, DType::BF16, &h, self.buffer(OP, down)?, None, Some(self.buffer(OP, x)?), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
         Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
     }
@@ -792,17 +795,11 @@ impl CudaBackend {
         let a16 = self.pool.alloc(m * k * 2)?;
         super::norm::layer_norm_a16(&l, xb, wb, bb, &a16, m, k, norm.2)?;
         let h = self.pool.alloc(m * n * 2)?;
-        let act = match kind {
-            crate::backend::Gelu::Tanh => ACT_GELU_TANH,
-            crate::backend::Gelu::Erf => ACT_GELU_ERF,
-        };
+        let act = gelu_act(kind);
         let b1 = fc1.1.map(|b| self.buffer(OP, b)).transpose()?;
         linear_c16(&l, tile, &a16, self.buffer(OP, fc1.0)?, b1, act, &h, (m, n, k))?;
         let out = self.output(m * n_out)?;
-        let ws = match l2 {
-            LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.output(s as usize * m * n_out)?),
-            _ => None,
-        };
+        let ws = self.split_workspace(l2, (m, n_out))?;
         let b2 = fc2.1.map(|b| self.buffer(OP, b)).transpose()?;
         linear(&l, l2, DType::BF16, &h, self.buffer(OP, fc2.0)?, b2, Some(xb), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
         Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
@@ -818,11 +815,7 @@ impl CudaBackend {
 
     pub(super) fn linear_gelu_op(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>, kind: crate::backend::Gelu) -> Result<Tensor> {
         if w.dtype().is_quantized() {
-            let act = match kind {
-                crate::backend::Gelu::Tanh => ACT_GELU_TANH,
-                crate::backend::Gelu::Erf => ACT_GELU_ERF,
-            };
-            return self.qlinear_op(a, None, w, bias, act, None);
+            return self.qlinear_op(a, None, w, bias, gelu_act(kind), None);
         }
         let (m, n, k) = ops::linear_dims(a, w, bias)?;
         let algo = self.pick_linear(m, n, k, w.dtype());
@@ -830,11 +823,7 @@ impl CudaBackend {
             // decode-sized inputs: the product, then the activation
             return self.gelu_op(&self.linear_op(a, w, bias, None)?, kind);
         }
-        let act = match kind {
-            crate::backend::Gelu::Tanh => ACT_GELU_TANH,
-            crate::backend::Gelu::Erf => ACT_GELU_ERF,
-        };
-        self.linear_full(algo, a, None, w, bias, act, None)
+        self.linear_full(algo, a, None, w, bias, gelu_act(kind), None)
     }
 
     /// `silu(x' · gateᵀ) ⊙ (x' · upᵀ)` with `x' = rms_norm(x)` when `norm` is given, else `x`.

@@ -757,6 +757,13 @@ pub trait Backend: Send + Sync {
         Err(Error::Device { op: "replay", msg: "this backend records nothing to replay".into() })
     }
 
+    /// Starts (`true`) or stops a profiler's capture after the work queued so far (CUDA:
+    /// `cuProfilerStart` / `cuProfilerStop`, for `ncu --profile-from-start off`); a no-op on
+    /// backends without one.
+    fn profiler(&self, _on: bool) -> Result<()> {
+        Ok(())
+    }
+
     /// A point in this backend's timeline (after the work queued so far).
     fn mark(&self) -> Result<Mark> {
         Ok(Mark { host: std::time::Instant::now(), device: None })

@@ -140,6 +140,8 @@ driver_api! {
     fn cuStreamGetFlags(h_stream: CUstream, flags: *mut c_uint);
     fn cuStreamGetPriority(h_stream: CUstream, priority: *mut c_int);
     fn cuStreamSynchronize(h_stream: CUstream);
+    fn cuProfilerStart();
+    fn cuProfilerStop();
     fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint);
     fn cuSurfObjectCreate(p_surf_object: *mut CUsurfObject, p_res_desc: *const CUDA_RESOURCE_DESC);
     fn cuSurfObjectDestroy(surf_object: CUsurfObject);

@@ -473,6 +473,16 @@ impl Backend for CudaBackend {
         self.replay_op(r)
     }
 
+    fn profiler(&self, on: bool) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: argument-less driver calls on the current context (entered by synchronize)
+        let r = unsafe { if on { driver::cuProfilerStart() } else { driver::cuProfilerStop() } };
+        match r {
+            cust::sys::CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(Error::Device { op: if on { "cuProfilerStart" } else { "cuProfilerStop" }, msg: format!("{:?}", e) }),
+        }
+    }
+
     fn mark(&self) -> Result<Mark> {
         self.mark_op()
     }

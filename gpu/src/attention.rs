@@ -30,8 +30,9 @@
 //! counter: one launch per decode attention, and the counters stay zero for the next launch
 //! (or graph replay).
 //!
-//! Paged mode (`table` non-zero; the batched decode of many sequences): every query row is a
-//! sequence of its own with keys `0 .. lens[i]` in the KV blocks of its row of `table`, so grid
+//! Paged mode (`table` non-zero; the batched decode of many sequences; with the compute_80
+//! module an f16 cache takes `attention_paged_f16` instead, `attention_paged.rs`): every query
+//! row is a sequence of its own with keys `0 .. lens[i]` in the KV blocks of its row of `table`, so grid
 //! z = `t · ceil(group / MAX_QV)` and a block serves vectors of one row only; a key's cache row
 //! is looked up per key (`Paging::row`), everything else is as above.
 //!
@@ -166,15 +167,15 @@ impl RowScales {
 /// Where logical key `j` of a block's sequence sits in the cache: row `j` (contiguous), or in
 /// paged mode row `table[j >> shift] << shift | (j & mask)`.
 #[derive(Clone, Copy)]
-struct Paging {
+pub(crate) struct Paging {
     /// The sequence's block ids, or null for a contiguous cache.
-    table: *const u32,
-    shift: u32,
+    pub(crate) table: *const u32,
+    pub(crate) shift: u32,
 }
 
 impl Paging {
     #[inline(always)]
-    unsafe fn row(&self, j: usize) -> usize {
+    pub(crate) unsafe fn row(&self, j: usize) -> usize {
         if self.table.is_null() {
             j
         } else {
@@ -424,7 +425,7 @@ unsafe fn split_chunk<C: KvVec8, const QV: usize>(p: &SplitAttnParams, g: usize,
 /// values with those factors, the threads striding over (vector, element) so that the loads of
 /// one chunk are coalesced and independent (read through L2: other blocks wrote them).
 #[inline(always)]
-unsafe fn merge_chunks(p: &SplitAttnParams, g: usize, v0: usize, qvs: usize, active: usize, tid: usize) {
+pub(crate) unsafe fn merge_chunks(p: &SplitAttnParams, g: usize, v0: usize, qvs: usize, active: usize, tid: usize) {
     let factors = shared_array![f32; MAX_QV * MAX_SPLITS];
     let (heads, d, splits) = (p.heads as usize, p.d as usize, p.splits as usize);
     let group = heads / p.kv_heads as usize;

@@ -26,6 +26,8 @@ mod reduce;
 pub mod activation;
 #[cfg(target_os = "cuda")]
 pub mod attention;
+#[cfg(all(target_os = "cuda", feature = "sm80"))]
+pub mod attention_paged;
 #[cfg(target_os = "cuda")]
 pub mod embedding;
 #[cfg(target_os = "cuda")]

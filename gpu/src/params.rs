@@ -702,6 +702,30 @@ pub struct SplitAttnParams {
     pub _pad: u32,
 }
 
+/// Launch shape of `attention_paged_f16` (compute_80): the paged decode kernel that stages
+/// key and value tiles in shared memory with `cp.async` (`gpu/src/attention_paged.rs`). Grid and
+/// partial states as the paged mode of `attention_split_*` (`attn_split_tile::MAX_QV` query
+/// vectors per block, at most `attn_split_tile::MAX_SPLITS` chunks).
+pub mod attn_paged_tile {
+    pub const WARPS: u32 = 4;
+    pub const THREADS: u32 = WARPS * 32;
+    /// Bytes of one staged key tile (and of its value tile): `TILE_BYTES / (2 d)` keys, 32 for
+    /// a head dim of 128.
+    pub const TILE_BYTES: u32 = 8192;
+    /// Tiles in flight.
+    pub const STAGES: u32 = 3;
+    /// Keys each key slot (`d / 8` lanes) scores per tile: every tile is `KEYS_PER_SLOT` keys
+    /// for each of the block's `THREADS / (d / 8)` slots, whatever the head dim.
+    pub const KEYS_PER_SLOT: usize = 4;
+    /// Keys a chunk gets at least (shorter contexts use fewer chunks): two tiles at d 128.
+    pub const MIN_KEYS: usize = 64;
+    /// Bytes of one stage: the key tile, the value tile, and the (key, value) row scales of its
+    /// keys (at most 128 keys: d 32).
+    pub const STAGE: u32 = 2 * TILE_BYTES + 128 * 8;
+    /// Dynamic shared memory: the stages (the merge reuses them).
+    pub const SHARED_BYTES: u32 = STAGES * STAGE;
+}
+
 /// Launch shape of `attention_split_*`.
 pub mod attn_split_tile {
     pub const WARPS: u32 = 4;

@@ -11,7 +11,7 @@ use crate::backend::{attention_block_sparse_composite, attention_paged_composite
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{attention_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
+use gpu::params::{attention_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
 use std::sync::Once;
 
 /// Sizes of an attention launch (validated against each other by `crate::ops`).
@@ -283,7 +283,22 @@ pub fn split_paged_fits(s: &AttnShape) -> bool {
 #[allow(clippy::too_many_arguments)]
 pub fn attention_split(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32, pages: Option<&SplitPages<'_>>) -> Result<()> {
     let kernel = Kernel::by_kv(kv_dtype, [Kernel::AttentionSplitF32, Kernel::AttentionSplitF16])?;
-    let fits = if pages.is_some() { split_paged_fits(s) } else { split_fits(s) };
+    split_launch(l, kernel, kv_dtype, b, partial, counters, s, splits, scale, pages)
+}
+
+/// Paged decode attention by `attention_paged_f16` (compute_80, f16 cache: key and value tiles
+/// staged in shared memory, `gpu/src/attention_paged.rs`): the same shapes, partial states and
+/// counters as the paged mode of [`attention_split`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_paged_staged(l: &Launcher<'_>, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32, pages: &SplitPages<'_>) -> Result<()> {
+    split_launch(l, Kernel::AttentionPagedF16, DType::F16, b, partial, counters, s, splits, scale, Some(pages))
+}
+
+/// The checks, parameters and launch shared by the split kernels and the staged paged one.
+#[allow(clippy::too_many_arguments)]
+fn split_launch(l: &Launcher<'_>, kernel: Kernel, kv_dtype: DType, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32, pages: Option<&SplitPages<'_>>) -> Result<()> {
+    let staged = kernel == Kernel::AttentionPagedF16;
+    let fits = if pages.is_some() { split_paged_fits(s) } else { split_fits(s) && !staged };
     if !fits || splits == 0 || splits > attn_split_tile::MAX_SPLITS {
         return Err(Error::Limit { op: kernel.name(), msg: format!("shape t={} heads={} kv_heads={} d={} splits={} is outside the split kernel's range", s.t, s.heads, s.kv_heads, s.d, splits) });
     }
@@ -329,7 +344,11 @@ pub fn attention_split(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, p
     if s.t == 0 {
         return Ok(());
     }
-    l.launch(kernel, [splits as u32, grid_dim(kernel, "y", s.kv_heads, 65_535)?, grid_dim(kernel, "z", blocks_per_group, 65_535)?], attn_split_tile::THREADS, &params)
+    let grid = [splits as u32, grid_dim(kernel, "y", s.kv_heads, 65_535)?, grid_dim(kernel, "z", blocks_per_group, 65_535)?];
+    if staged {
+        return l.launch_shared(kernel, grid, attn_paged_tile::THREADS, attn_paged_tile::SHARED_BYTES, &params);
+    }
+    l.launch(kernel, grid, attn_split_tile::THREADS, &params)
 }
 
 impl CudaBackend {
@@ -438,15 +457,27 @@ impl CudaBackend {
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the
         // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
         // recorded step keeps it)
-        let fill = ceil_div(4 * self.sms as usize, kv_heads * zblocks);
-        let splits = fill.min(ceil_div(pages.stride() * pages.block(), attn_split_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS);
         let l = self.enter()?;
+        // f16 caches on compute_80: the staged kernel, four blocks per multiprocessor in one
+        // wave (a row and KV head per block when the rows alone fill it: no merge)
+        let staged = flash_mma(&l) && k.dtype() == DType::F16;
+        let splits = if staged {
+            let fill = (4 * self.sms as usize / (kv_heads * zblocks)).max(1);
+            fill.min(ceil_div(pages.stride() * pages.block(), attn_paged_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS)
+        } else {
+            let fill = ceil_div(4 * self.sms as usize, kv_heads * zblocks);
+            fill.min(ceil_div(pages.stride() * pages.block(), attn_split_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS)
+        };
         let out = self.output(t * heads * d)?;
         let partial = self.output(t * heads * splits * (d + 2))?;
         let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
         let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None, kv_scale };
         let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
-        attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale, Some(&sp))?;
+        if staged {
+            attention_paged_staged(&l, &bufs, &partial, &self.counters, &shape, splits, scale, &sp)?;
+        } else {
+            attention_split(&l, k.dtype(), &bufs, &partial, &self.counters, &shape, splits, scale, Some(&sp))?;
+        }
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
     }
 }

@@ -28,6 +28,7 @@
 use crate::math::{gelu_erf, gelu_tanh, Bf16, WeightElem, F16};
 use crate::mem::{ld_shared_f32x4, shared_addr, st_shared_f32, F32x4};
 use crate::params::matmul_tile::{BK, BM, BN};
+use crate::params::split_reduce_tile::MAX_SLICES;
 use crate::params::{matmul_big_tile, LinearParams, SplitReduceParams, ACT_GELU_ERF, ACT_GELU_TANH};
 use cuda_std::{kernel, shared_array, thread};
 
@@ -94,9 +95,20 @@ pub unsafe fn linear_split_reduce_f32(p: SplitReduceParams) {
     }
     let (r, col) = (i / n, i % n);
     let part = p.part as *const f32;
+    // every slice's value loaded before the first add (one memory latency, not one per
+    // slice), then summed in slice order
+    let slices = p.slices as usize;
+    let mut vals = [0.0f32; MAX_SLICES as usize];
+    for z in 0..MAX_SLICES as usize {
+        if z < slices {
+            vals[z] = *part.add(z * m * n + i);
+        }
+    }
     let mut acc = 0.0f32;
-    for z in 0..p.slices as usize {
-        acc += *part.add(z * m * n + i);
+    for z in 0..MAX_SLICES as usize {
+        if z < slices {
+            acc += vals[z];
+        }
     }
     *(p.lin.c as *mut f32).add(r * p.lin.ldc as usize + col) = finish(&p.lin, acc, r, col);
 }

@@ -134,7 +134,9 @@ impl LinearAlgo {
                 let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
                 // a tile that leaves a few multiprocessors idle still beats the next smaller one
                 let fill = sms as usize * TILE_FILL.0 / TILE_FILL.1;
-                let (tm, tn) = mma_tile::TILES.iter().copied().find(|t| blocks(t) >= fill).unwrap_or(last);
+                // at most 64 rows take no 128-row tile (half its products would be of zero
+                // rows: the LM head of a batch-64 step)
+                let (tm, tn) = mma_tile::TILES.iter().copied().filter(|&(tm, _)| m > 64 || tm <= 64).find(|t| blocks(t) >= fill).unwrap_or(last);
                 // only the smallest tile splits k (a larger one was taken because it nearly fills the device)
                 let slices = if (tm, tn) == last { split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()) } else { 1 };
                 LinearAlgo::Mma(tm, tn, slices)
@@ -926,6 +928,14 @@ mod tests {
                 assert!(depth * n as usize >= k && depth * (n as usize - 1) < k, "k {} s {}: depth {} × {}", k, s, depth, n);
             }
         }
+    }
+
+    #[test]
+    fn at_most_64_rows_take_no_128_row_tile() {
+        // the LM head of a batch-64 decode step: 64 × 128 tiles; one row more, 128 × 128
+        assert_eq!(LinearAlgo::pick(64, 151_936, 2048, DType::BF16, Arch::Compute80, 132), LinearAlgo::Mma(64, 128, 1));
+        assert_eq!(LinearAlgo::pick(33, 151_936, 2048, DType::BF16, Arch::Compute80, 132), LinearAlgo::Mma(64, 128, 1));
+        assert_eq!(LinearAlgo::pick(65, 151_936, 2048, DType::BF16, Arch::Compute80, 132), LinearAlgo::Mma(128, 128, 1));
     }
 
     #[test]

@@ -37,7 +37,7 @@
 
 use crate::attention::{merge_chunks, Paging, RowScales};
 use crate::mem::{f16x2_to_f32, last_to_arrive, ld_shared_f32x4, shared_addr};
-use crate::mma::{cp_async_16, cp_async_commit};
+use crate::mma::{cp_async_16, cp_async_commit, cp_async_wait_all};
 use crate::params::attn_paged_tile::{KEYS_PER_SLOT, MIN_KEYS, STAGE, STAGES, THREADS, TILE_BYTES};
 use crate::params::attn_split_tile::MAX_QV;
 use crate::params::SplitAttnParams;
@@ -51,11 +51,6 @@ use cuda_std::{kernel, thread, GpuFloat};
 unsafe fn cp_async_wait_tile() {
     // STAGES is 3: one tile (the next) may stay in flight
     core::arch::asm!("cp.async.wait_group 1;", options(nostack));
-}
-
-#[inline(always)]
-unsafe fn cp_async_wait_all() {
-    core::arch::asm!("cp.async.wait_all;", options(nostack));
 }
 
 /// An asynchronous 8-byte copy from global to shared memory (`bytes` 0 or 8; the rest

@@ -171,7 +171,7 @@ pub(crate) unsafe fn cp_async_commit() {
 }
 
 #[inline(always)]
-unsafe fn cp_async_wait_all() {
+pub(crate) unsafe fn cp_async_wait_all() {
     core::arch::asm!("cp.async.wait_all;", options(nostack));
 }
 

@@ -32,9 +32,9 @@
 //!
 //! Paged mode (`table` non-zero; the batched decode of many sequences; with the compute_80
 //! module an f16 cache takes `attention_paged_f16` instead, `attention_paged.rs`): every query
-//! row is a sequence of its own with keys `0 .. lens[i]` in the KV blocks of its row of `table`, so grid
-//! z = `t · ceil(group / MAX_QV)` and a block serves vectors of one row only; a key's cache row
-//! is looked up per key (`Paging::row`), everything else is as above.
+//! row is a sequence of its own with keys `0 .. lens[i]` in the KV blocks of its row of
+//! `table`, so grid z = `t · ceil(group / MAX_QV)` and a block serves vectors of one row only;
+//! a key's cache row is looked up per key (`Paging::row`), everything else is as above.
 //!
 //! An f16 cache may come with row scales (`kv_scale`, see [`AttentionParams::kv_scale`]): a
 //! key's scale multiplies its score, a value's the key's weight in PV (after the softmax sum),

@@ -454,20 +454,16 @@ impl CudaBackend {
             log_unpaged(&shape);
             return attention_paged_composite(self, q, k, v, scales, pages, scale);
         }
+        let l = self.enter()?;
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the
         // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
-        // recorded step keeps it)
-        let l = self.enter()?;
-        // f16 caches on compute_80: the staged kernel, four blocks per multiprocessor in one
-        // wave (a row and KV head per block when the rows alone fill it: no merge)
+        // recorded step keeps it). f16 caches on compute_80: the staged kernel, whose four blocks per multiprocessor
+        // make one wave (rounded down: a row and KV head per block when the rows alone fill
+        // it, no merge); the split kernel rounds up
         let staged = flash_mma(&l) && k.dtype() == DType::F16;
-        let splits = if staged {
-            let fill = (4 * self.sms as usize / (kv_heads * zblocks)).max(1);
-            fill.min(ceil_div(pages.stride() * pages.block(), attn_paged_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS)
-        } else {
-            let fill = ceil_div(4 * self.sms as usize, kv_heads * zblocks);
-            fill.min(ceil_div(pages.stride() * pages.block(), attn_split_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS)
-        };
+        let (blocks, want) = (kv_heads * zblocks, 4 * self.sms as usize);
+        let (fill, min_keys) = if staged { ((want / blocks).max(1), attn_paged_tile::MIN_KEYS) } else { (ceil_div(want, blocks), attn_split_tile::MIN_KEYS) };
+        let splits = fill.min(ceil_div(pages.stride() * pages.block(), min_keys)).clamp(1, attn_split_tile::MAX_SPLITS);
         let out = self.output(t * heads * d)?;
         let partial = self.output(t * heads * splits * (d + 2))?;
         let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;

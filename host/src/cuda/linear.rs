@@ -617,7 +617,6 @@ impl CudaBackend {
         self.linear_full(algo, a, None, w, bias, ACT_NONE, residual)
     }
 
-    /// The kernel [`crate::Backend::linear`] uses for these shapes on this device's module.
     /// The tile rows of the pipelined gate/up kernel (`gate_up_pipe_*`, 128 columns: 64 of each
     /// matrix) for `m` rows, `n` outputs, `k` inputs, or `None` where the products take other
     /// kernels: the tile picked for one product of `2n` columns when it needs no split-K, and
@@ -632,6 +631,7 @@ impl CudaBackend {
         }
     }
 
+    /// The kernel [`crate::Backend::linear`] uses for these shapes on this device's module.
     pub fn pick_linear(&self, m: usize, n: usize, k: usize, dtype: DType) -> LinearAlgo {
         LinearAlgo::pick(m, n, k, dtype, self.kernels.arch(), self.sms)
     }
@@ -856,8 +856,7 @@ impl CudaBackend {
         let fused = algo == LinearAlgo::GemvVec && norm.map_or(true, |_| norm_fits(m, k));
         if !fused {
             // 16-bit activations: both products and the gate in one pipelined kernel, its tile
-            // picked as for one product of 2n columns (when that needs no split-K); the norm
-            // writes the bf16 activations itself
+            // from `gate_up_tile`; the norm writes the bf16 activations itself
             let l = self.enter()?;
             if let (true, Some(tm)) = (l.a16, self.gate_up_tile(m, n, k, gate.dtype())) {
                 let (a16, scales) = match self.normed_a16(&l, x, norm, gate.dtype(), (m, k))? {

@@ -62,21 +62,6 @@ use crate::params::FlashParams;
 use crate::reduce::shfl_xor;
 use cuda_std::{kernel, shared_array, thread, GpuFloat};
 
-/// `body` once for each listed index below `n`, with `$i` a constant: loops over register
-/// arrays written out, so that every index is known at compile time (a loop the compiler
-/// leaves rolled would index the arrays dynamically and move them to local memory).
-macro_rules! unroll {
-    ($i:ident < $n:expr, [$($k:literal),*], $body:block) => {
-        $(
-            #[allow(clippy::identity_op)]
-            if $k < $n {
-                let $i: usize = $k;
-                $body
-            }
-        )*
-    };
-}
-
 /// The 32-bit shared-memory address of a generic pointer into shared memory.
 #[inline(always)]
 fn smem_addr<T>(p: *const T) -> u32 {

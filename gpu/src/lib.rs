@@ -13,6 +13,22 @@
 )]
 #![allow(clippy::missing_safety_doc)]
 
+/// `body` once for each listed index below `n`, with `$i` a constant: loops over register
+/// arrays written out, so that every index is known at compile time (a loop the compiler
+/// leaves rolled would index the arrays dynamically and move them to local memory).
+#[cfg(target_os = "cuda")]
+macro_rules! unroll {
+    ($i:ident < $n:expr, [$($k:literal),*], $body:block) => {
+        $(
+            #[allow(clippy::identity_op)]
+            if $k < $n {
+                let $i: usize = $k;
+                $body
+            }
+        )*
+    };
+}
+
 pub mod math;
 pub mod params;
 pub mod qmath;

@@ -137,6 +137,11 @@ pub fn f32_to_f16(x: f32) -> u16 {
 #[derive(Clone, Copy)]
 pub struct F32x4(pub [f32; 4]);
 
+/// Two f32 aligned to 8 bytes: one 8-byte vector store (`*(p as *mut F32x2) = ...`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct F32x2(pub [f32; 2]);
+
 /// Four f32 at `p` (16-byte aligned) through a generic address: global memory or a shared
 /// memory stage.
 #[inline(always)]

@@ -47,8 +47,6 @@ use cuda_std::shared::dynamic_shared_mem;
 use cuda_std::{kernel, shared_array, thread};
 
 const NSTAGES: usize = STAGES as usize;
-const MT: usize = 4;
-const NT: usize = 4;
 
 /// Waits until at most `STAGES - 2` committed copy groups are still in flight (the oldest
 /// stage has landed).
@@ -85,8 +83,11 @@ struct PipeArgs {
 /// between `w` and `w2` at `block_idx.x · TN / 2 + 8 · (group / 2) + r % 8`, so a thread's
 /// n tiles `2j` and `2j + 1` hold the two matrices' sums for the same output columns.
 #[inline(always)]
-unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const PAIR: bool>(x: &PipeArgs) -> [[[f32; 4]; NT]; MT] {
-    // KB = mma_pipe_tile::bk(TM, TN) (the kernels below pass it), C = KB / 8 chunks per row
+unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const PAIR: bool, const MT: usize, const NT: usize>(x: &PipeArgs) -> [[[f32; 4]; NT]; MT] {
+    // KB = mma_pipe_tile::bk(TM, TN) (the kernels below pass it), C = KB / 8 chunks per row;
+    // MT = TM / 32 m16 tiles and NT = TN / 32 n8 tiles per warp (the accumulator is exactly
+    // the warp's tile: no unused part to keep in local memory)
+    assert!(MT == TM / 32 && NT == TN / 32);
     let (depth, chunks) = (KB, C);
     // [STAGES][rows][KB elements] of 16 bits for the activations, then the weights
     let (a_buf, w_buf) = (TM * depth * 2, TN * depth * 2);
@@ -97,7 +98,7 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
         let d = dynamic_shared_mem::<u8>();
         (d, d.add(NSTAGES * a_buf))
     };
-    let (mts, nts) = (TM / 32, TN / 32);
+    let (mts, nts) = (MT, NT);
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
@@ -177,17 +178,18 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
 }
 
 #[inline(always)]
-unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize, const C16: bool>(p: LinearParams) {
+unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize, const C16: bool, const MT: usize, const NT: usize>(p: LinearParams) {
     let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
     let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
-    let acc = pipe_core::<W, TM, TN, KB, C, false>(&x);
+    let acc = pipe_core::<W, TM, TN, KB, C, false, MT, NT>(&x);
     // 5. epilogue (row scales undone, bias, activation, residual), one mma tile at a time
     let lane = thread::thread_idx_x() as usize % 32;
     let warp = thread::thread_idx_x() as usize / 32;
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
-    for mt in 0..TM / 32 {
-        for nt in 0..TN / 32 {
+    // (written out: a rolled loop would index `acc` dynamically, through local memory)
+    unroll!(mt < TM / 32, [0, 1, 2, 3], {
+        unroll!(nt < TN / 32, [0, 1, 2, 3], {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
             if C16 {
@@ -195,159 +197,159 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
                 // of the 16-bit output (`n` even, row stride `ldc`)
                 let d = acc[mt][nt];
                 let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
-                for h in 0..2 {
+                unroll!(h < 2, [0, 1], {
                     let rr = r + 8 * h;
                     if rr < m && col < n {
                         let v = W::pack(crate::matmul::finish(&p, d[2 * h], rr, col), crate::matmul::finish(&p, d[2 * h + 1], rr, col + 1));
                         *((p.c as *mut u8).add((rr * ldc + col) * 2) as *mut u32) = v;
                     }
-                }
+                });
             } else {
                 store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
             }
-        }
-    }
+        });
+    });
 }
 
 /// `c = silu(a · gateᵀ) ⊙ (a · upᵀ)` over 16-bit activations ([`GateUpParams`]: `a` from
 /// `cast_a16_*`, row stride `lda`; f16 row scales undone first): [`pipe_core`] with the two
 /// matrices' rows interleaved by eights, `TN / 2` output columns per block.
 #[inline(always)]
-unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const C16: bool>(p: GateUpParams) {
+unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const C16: bool, const MT: usize, const NT: usize>(p: GateUpParams) {
     let (m, n) = (p.m as usize, p.n as usize);
     let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.gate as *const u8, w2: p.up as *const u8, m, n, k: p.k as usize, kb: 0, ke: p.k as usize };
-    let acc = pipe_core::<W, TM, TN, KB, C, true>(&x);
+    let acc = pipe_core::<W, TM, TN, KB, C, true, MT, NT>(&x);
     let lane = thread::thread_idx_x() as usize % 32;
     let warp = thread::thread_idx_x() as usize / 32;
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * (TN / 2));
     let (c, row_scale) = (p.c as *mut f32, p.row_scale as *const f32);
-    for mt in 0..TM / 32 {
-        for j in 0..TN / 64 {
+    unroll!(mt < TM / 32, [0, 1, 2, 3], {
+        unroll!(j < TN / 64, [0, 1], {
             let (g, u) = (acc[mt][2 * j], acc[mt][2 * j + 1]);
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 8) + j * 8 + 2 * (lane % 4);
             if C16 {
                 // each row's column pair rounded into one 32-bit word of the 16-bit output (`n`
                 // even; no row scales: bf16 only)
-                for h in 0..2 {
+                unroll!(h < 2, [0, 1], {
                     let rr = r + 8 * h;
                     if rr < m && col < n {
                         let v = W::pack(crate::math::silu_mul(g[2 * h], u[2 * h]), crate::math::silu_mul(g[2 * h + 1], u[2 * h + 1]));
                         *((p.c as *mut u8).add((rr * n + col) * 2) as *mut u32) = v;
                     }
-                }
-                continue;
+                });
+            } else {
+                unroll!(i < 4, [0, 1, 2, 3], {
+                    let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
+                    if rr < m && cc < n {
+                        let s = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(rr) } else { 1.0 };
+                        *c.add(rr * n + cc) = crate::math::silu_mul(g[i] / s, u[i] / s);
+                    }
+                });
             }
-            for i in 0..4 {
-                let (rr, cc) = (r + 8 * (i / 2), col + i % 2);
-                if rr < m && cc < n {
-                    let s = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(rr) } else { 1.0 };
-                    *c.add(rr * n + cc) = crate::math::silu_mul(g[i] / s, u[i] / s);
-                }
-            }
-        }
-    }
+        });
+    });
 }
 
 /// SwiGLU's gate and up projections with the SiLU product, bf16 activations and weights,
 /// 128 × 128 tiles (64 columns of each). See [`gate_up_pipe`].
 #[kernel]
 pub unsafe fn gate_up_pipe_bf16(p: GateUpParams) {
-    gate_up_pipe::<Bf16, 128, 128, 32, 4, false>(p)
+    gate_up_pipe::<Bf16, 128, 128, 32, 4, false, 4, 4>(p)
 }
 
 /// [`gate_up_pipe_bf16`] with f16 (row-scaled activations).
 #[kernel]
 pub unsafe fn gate_up_pipe_f16(p: GateUpParams) {
-    gate_up_pipe::<F16, 128, 128, 32, 4, false>(p)
+    gate_up_pipe::<F16, 128, 128, 32, 4, false, 4, 4>(p)
 }
 
 /// [`gate_up_pipe_bf16`] with 64 × 128 tiles.
 #[kernel]
 pub unsafe fn gate_up_pipe_64x128_bf16(p: GateUpParams) {
-    gate_up_pipe::<Bf16, 64, 128, 64, 8, false>(p)
+    gate_up_pipe::<Bf16, 64, 128, 64, 8, false, 2, 4>(p)
 }
 
 /// [`gate_up_pipe_f16`] with 64 × 128 tiles.
 #[kernel]
 pub unsafe fn gate_up_pipe_64x128_f16(p: GateUpParams) {
-    gate_up_pipe::<F16, 64, 128, 64, 8, false>(p)
+    gate_up_pipe::<F16, 64, 128, 64, 8, false, 2, 4>(p)
 }
 
 /// [`gate_up_pipe_bf16`] writing the products in bf16 (`c` `[m, n]` 16-bit): the activations of
 /// the down projection's pipelined GEMM, rounded once here instead of by `cast_a16_bf16`.
 #[kernel]
 pub unsafe fn gate_up_pipe_c16_bf16(p: GateUpParams) {
-    gate_up_pipe::<Bf16, 128, 128, 32, 4, true>(p)
+    gate_up_pipe::<Bf16, 128, 128, 32, 4, true, 4, 4>(p)
 }
 
 /// [`gate_up_pipe_c16_bf16`] with 64 × 128 tiles.
 #[kernel]
 pub unsafe fn gate_up_pipe_64x128_c16_bf16(p: GateUpParams) {
-    gate_up_pipe::<Bf16, 64, 128, 64, 8, true>(p)
+    gate_up_pipe::<Bf16, 64, 128, 64, 8, true, 2, 4>(p)
 }
 
 /// [`matmul_mma_pipe_bf16`] writing `act(a · wᵀ + bias)` in bf16 (`c` `[m, n]` 16-bit, row
 /// stride `ldc`, no residual): the activations of the next pipelined GEMM, rounded once here.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_c16_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 128, 128, false, 32, 4, true>(p)
+    mma_pipe::<Bf16, 128, 128, false, 32, 4, true, 4, 4>(p)
 }
 
 /// [`matmul_mma_pipe_c16_bf16`] with 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_c16_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 128, false, 64, 8, true>(p)
+    mma_pipe::<Bf16, 64, 128, false, 64, 8, true, 2, 4>(p)
 }
 
 /// `c = act(a · wᵀ + bias) + residual`, bf16 activations and weights, 128 × 128 tiles. See the
 /// module docs.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 128, 128, false, 32, 4, false>(p)
+    mma_pipe::<Bf16, 128, 128, false, 32, 4, false, 4, 4>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], f16 (row-scaled activations).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_f16(p: LinearParams) {
-    mma_pipe::<F16, 128, 128, false, 32, 4, false>(p)
+    mma_pipe::<F16, 128, 128, false, 32, 4, false, 4, 4>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 128, false, 64, 8, false>(p)
+    mma_pipe::<Bf16, 64, 128, false, 64, 8, false, 2, 4>(p)
 }
 
 /// As [`matmul_mma_pipe_f16`], 64 × 128 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x128_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 128, false, 64, 8, false>(p)
+    mma_pipe::<F16, 64, 128, false, 64, 8, false, 2, 4>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 64, false, 64, 8, false>(p)
+    mma_pipe::<Bf16, 64, 64, false, 64, 8, false, 2, 2>(p)
 }
 
 /// As [`matmul_mma_pipe_f16`], 64 × 64 tiles.
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 64, false, 64, 8, false>(p)
+    mma_pipe::<F16, 64, 64, false, 64, 8, false, 2, 2>(p)
 }
 
 /// [`matmul_mma_pipe_64x64_bf16`] over one z-slice of `k` (split-K: raw partial sums).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_bf16(p: LinearParams) {
-    mma_pipe::<Bf16, 64, 64, true, 64, 8, false>(p)
+    mma_pipe::<Bf16, 64, 64, true, 64, 8, false, 2, 2>(p)
 }
 
 /// [`matmul_mma_pipe_64x64_f16`] over one z-slice of `k` (split-K: raw partial sums).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_f16(p: LinearParams) {
-    mma_pipe::<F16, 64, 64, true, 64, 8, false>(p)
+    mma_pipe::<F16, 64, 64, true, 64, 8, false, 2, 2>(p)
 }
 
 #[inline(always)]

@@ -309,14 +309,15 @@ unsafe fn mma_linear<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: 
         thread::sync_threads();
     }
 
-    // 5. epilogue (bias, activation, residual), one mma tile at a time
-    for mt in 0..mts {
-        for nt in 0..nts {
+    // 5. epilogue (bias, activation, residual), one mma tile at a time (written out: a rolled
+    //    loop would index `acc` dynamically, through local memory)
+    unroll!(mt < mts, [0, 1, 2, 3], {
+        unroll!(nt < nts, [0, 1, 2, 3], {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
             store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
-        }
-    }
+        });
+    });
 }
 
 /// Writes one thread's share of an m16n8 accumulator tile: `d[0..2]` at row `r`, columns

@@ -98,7 +98,6 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
         let d = dynamic_shared_mem::<u8>();
         (d, d.add(NSTAGES * a_buf))
     };
-    let (mts, nts) = (MT, NT);
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
@@ -156,19 +155,19 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
         let cur = step % NSTAGES;
         for ks in 0..depth / 16 {
             let mut af = [[0u32; 4]; MT];
-            for mt in 0..mts {
+            for mt in 0..MT {
                 let r = wm * (TM / 2) + mt * 16 + (lane & 15);
                 af[mt] = ldmatrix_x4(a_sh + (cur * a_buf + chunk_offset::<C>(r, ks * 2 + (lane >> 4))) as u64);
             }
             let mut bf = [[0u32; 2]; NT];
-            for np in 0..nts / 2 {
+            for np in 0..NT / 2 {
                 let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
                 let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset::<C>(r, ks * 2 + ((lane >> 3) & 1))) as u64);
                 bf[2 * np] = [x[0], x[1]];
                 bf[2 * np + 1] = [x[2], x[3]];
             }
-            for mt in 0..mts {
-                for nt in 0..nts {
+            for mt in 0..MT {
+                for nt in 0..NT {
                     W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
                 }
             }

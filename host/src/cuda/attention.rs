@@ -457,9 +457,9 @@ impl CudaBackend {
         let l = self.enter()?;
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the
         // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
-        // recorded step keeps it). f16 caches on compute_80: the staged kernel, whose four blocks per multiprocessor
-        // make one wave (rounded down: a row and KV head per block when the rows alone fill
-        // it, no merge); the split kernel rounds up
+        // recorded step keeps it). f16 caches on compute_80: the staged kernel, whose four
+        // blocks per multiprocessor make one wave (rounded down: a row and KV head per block
+        // when the rows alone fill it, no merge); the split kernel rounds up
         let staged = flash_mma(&l) && k.dtype() == DType::F16;
         let (blocks, want) = (kv_heads * zblocks, 4 * self.sms as usize);
         let (fill, min_keys) = if staged { ((want / blocks).max(1), attn_paged_tile::MIN_KEYS) } else { (ceil_div(want, blocks), attn_split_tile::MIN_KEYS) };

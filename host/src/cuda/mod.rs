@@ -477,10 +477,7 @@ impl Backend for CudaBackend {
         self.synchronize()?;
         // SAFETY: argument-less driver calls on the current context (entered by synchronize)
         let r = unsafe { if on { driver::cuProfilerStart() } else { driver::cuProfilerStop() } };
-        match r {
-            cust::sys::CUresult::CUDA_SUCCESS => Ok(()),
-            e => Err(Error::Device { op: if on { "cuProfilerStart" } else { "cuProfilerStop" }, msg: format!("{:?}", e) }),
-        }
+        r.ok_or_cuda(if on { "cuProfilerStart" } else { "cuProfilerStop" })
     }
 
     fn mark(&self) -> Result<Mark> {

@@ -199,19 +199,54 @@ pub unsafe fn matmul_bf16(p: LinearParams) {
 const GBM: usize = matmul_big_tile::BM as usize;
 const GBN: usize = matmul_big_tile::BN as usize;
 const GBK: usize = matmul_big_tile::BK as usize;
+// `matmul_big`'s k steps are written out for this shape (byte offsets of its shared loads)
+const _: () = assert!(GBM == 128 && GBN == 128 && GBK == 8);
+
+/// Four 16-bit values, 8-byte aligned (one 8-byte load).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct U16x4([u16; 4]);
+
+/// Four consecutive weights at `p` (aligned to four elements) in one 8- or 16-byte load, raw.
+#[inline(always)]
+unsafe fn load4<W: WeightElem>(p: *const W) -> [W; 4] {
+    if core::mem::size_of::<W>() == 4 {
+        core::mem::transmute_copy(&*(p as *const F32x4))
+    } else {
+        core::mem::transmute_copy(&*(p as *const U16x4))
+    }
+}
+
+/// Four f32 from shared memory at 32-bit shared-space address `base + OFF` (16-byte aligned;
+/// `OFF` a literal, folded into the instruction).
+macro_rules! lds128 {
+    ($base:expr, $off:literal) => {{
+        let (x, y, z, w): (f32, f32, f32, f32);
+        core::arch::asm!(
+            concat!("ld.shared.v4.f32 {{{}, {}, {}, {}}}, [{}+", stringify!($off), "];"),
+            out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg32) $base,
+            options(readonly, nostack),
+        );
+        [x, y, z, w]
+    }};
+}
 
 /// # `matmul_big_*`: register-blocked SIMT GEMM
 /// Parameters as for `matmul_*` ([`LinearParams`]).
 ///
 /// Tiling: a block computes a 128 × 128 tile of `c`, walking `k` in stages of 8. A stage holds
 /// `a[128 rows, 8]` and `w[128 rows, 8]` transposed in shared memory (`[k][row]`, weights widened
-/// to f32), two buffers: the next stage is loaded into registers while the current one is used,
-/// then stored into the other buffer (one barrier per stage). Loads past `m`, `n`, `k` are zeros.
+/// to f32), two buffers: the next stage is loaded into registers while the current one is used
+/// (raw: the weights are widened only when stored, so the loads stay in flight through the
+/// math), then stored into the other buffer (one barrier per stage). Loads past `m`, `n`, `k`
+/// are zeros.
 ///
 /// Thread mapping: 256 threads as 16 × 16 (`tx = tid % 16`, `ty = tid / 16`); thread (tx, ty)
 /// owns rows `4ty .. 4ty + 4` and `64 + 4ty ..`, columns `4tx .. 4tx + 4` and `64 + 4tx ..`:
-/// an 8 × 8 register block fed by four 16-byte shared loads per `k`. For staging, thread `t`
-/// loads 4 consecutive `k` of row `t / 2` of each operand.
+/// an 8 × 8 register block fed by four 16-byte shared loads per `k` (the eight `k` of a stage
+/// written out, their offsets in the instructions). For staging, thread `t` loads 4 consecutive
+/// `k` of row `t / 2` of each operand: one 16-byte activation load and one 8-byte (16-bit) or
+/// 16-byte (f32) weight load when `k`, `lda` and the pointers allow, else element by element.
 ///
 /// Safety: the launcher checks sizes; every thread reaches every barrier.
 #[inline(always)]
@@ -227,27 +262,39 @@ unsafe fn matmul_big<W: WeightElem, const SPLIT: bool>(p: LinearParams) {
     let (m, n, k, lda) = (p.m as usize, p.n as usize, p.k as usize, p.lda as usize);
     let (a, w) = (p.a as *const f32, p.w as *const W);
     let (lr, lk) = (tid / 2, (tid % 2) * 4);
-    let load = |k0: usize| -> ([f32; 4], [f32; 4]) {
-        let (mut av, mut wv) = ([0.0f32; 4], [0.0f32; 4]);
-        let (ga, gw) = (row0 + lr, col0 + lr);
-        for j in 0..4 {
-            let gk = k0 + lk + j;
-            if gk < k {
-                if ga < m {
-                    av[j] = *a.add(ga * lda + gk);
-                }
-                if gw < n {
-                    wv[j] = (*w.add(gw * k + gk)).to_f32();
+    let (ga, gw) = (row0 + lr, col0 + lr);
+    // whole four-element groups are aligned vectors (uniform over the grid)
+    let vec = lda % 4 == 0 && k % 4 == 0 && p.a % 16 == 0 && p.w % (4 * core::mem::size_of::<W>()) as u64 == 0;
+    let zero: W = core::mem::zeroed(); // 0.0 in f32, f16 and bf16 alike
+    let load = |k0: usize| -> ([f32; 4], [W; 4]) {
+        let (mut av, mut wv) = ([0.0f32; 4], [zero; 4]);
+        let gk = k0 + lk;
+        if vec && gk < k {
+            // gk and k are multiples of 4: all four are in range
+            if ga < m {
+                av = crate::mem::ld_f32x4(a.add(ga * lda + gk));
+            }
+            if gw < n {
+                wv = load4(w.add(gw * k + gk));
+            }
+        } else {
+            for j in 0..4 {
+                if gk + j < k {
+                    if ga < m {
+                        av[j] = *a.add(ga * lda + gk + j);
+                    }
+                    if gw < n {
+                        wv[j] = *w.add(gw * k + gk + j);
+                    }
                 }
             }
         }
         (av, wv)
     };
-    // (the four scalar loads of a row are consecutive: the compiler merges what it can)
-    let store = |buf: usize, (av, wv): ([f32; 4], [f32; 4])| {
+    let store = |buf: usize, (av, wv): ([f32; 4], [W; 4])| {
         for j in 0..4 {
             st_shared_f32(a_s + 4 * (buf * stage + (lk + j) * GBM + lr) as u64, av[j]);
-            st_shared_f32(w_s + 4 * (buf * stage + (lk + j) * GBN + lr) as u64, wv[j]);
+            st_shared_f32(w_s + 4 * (buf * stage + (lk + j) * GBN + lr) as u64, wv[j].to_f32());
         }
     };
     let mut acc = [[0.0f32; 8]; 8];
@@ -259,20 +306,33 @@ unsafe fn matmul_big<W: WeightElem, const SPLIT: bool>(p: LinearParams) {
     for s in 0..stages {
         let (cur, nxt) = (s % 2, (s + 1) % 2);
         let more = s + 1 < stages;
-        let next = if more { load(kb + (s + 1) * GBK) } else { ([0.0; 4], [0.0; 4]) };
-        for kk in 0..GBK {
-            let ar = a_s + 4 * (cur * stage + kk * GBM) as u64;
-            let wr = w_s + 4 * (cur * stage + kk * GBN) as u64;
-            let (a0, a1) = (ld_shared_f32x4(ar + 16 * ty as u64), ld_shared_f32x4(ar + 4 * (64 + 4 * ty) as u64));
-            let (w0, w1) = (ld_shared_f32x4(wr + 16 * tx as u64), ld_shared_f32x4(wr + 4 * (64 + 4 * tx) as u64));
+        let next = if more { load(kb + (s + 1) * GBK) } else { ([0.0; 4], [zero; 4]) };
+        // this thread's first a and w vectors of the stage (32-bit shared addresses)
+        let ab = (a_s + 4 * (cur * stage + 4 * ty) as u64) as u32;
+        let wb = (w_s + 4 * (cur * stage + 4 * tx) as u64) as u32;
+        let mut fma = |a0: [f32; 4], a1: [f32; 4], w0: [f32; 4], w1: [f32; 4]| {
             let av = [a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]];
             let wv = [w0[0], w0[1], w0[2], w0[3], w1[0], w1[1], w1[2], w1[3]];
-            for i in 0..8 {
-                for j in 0..8 {
+            unroll!(i < 8, [0, 1, 2, 3, 4, 5, 6, 7], {
+                unroll!(j < 8, [0, 1, 2, 3, 4, 5, 6, 7], {
                     acc[i][j] += av[i] * wv[j];
-                }
-            }
+                });
+            });
+        };
+        // k step kk: rows at byte offset 4 · kk · 128, the second four 256 bytes on
+        macro_rules! step {
+            ($o0:literal, $o1:literal) => {
+                fma(lds128!(ab, $o0), lds128!(ab, $o1), lds128!(wb, $o0), lds128!(wb, $o1))
+            };
         }
+        step!(0, 256);
+        step!(512, 768);
+        step!(1024, 1280);
+        step!(1536, 1792);
+        step!(2048, 2304);
+        step!(2560, 2816);
+        step!(3072, 3328);
+        step!(3584, 3840);
         if more {
             store(nxt, next);
         }

@@ -7,7 +7,7 @@
 //!
 //! `QWEN3_VL_PROFILE_STEPS=N` brackets N decode steps of the first run after the warm-up (from
 //! its third decode step on) in the backend's profiler start and stop, for `ncu
-//! --profile-from-start off`.
+//! --profile-from-start off`; the single-stream `bench` does the same with its session.
 
 use super::load::CliResult;
 use qwen3_vl::engine::{Engine, EngineConfig, Event, Request};
@@ -76,7 +76,7 @@ pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt
 
 /// `QWEN3_VL_PROFILE_STEPS`: how many decode steps the second call (the first after the
 /// warm-up) brackets for a profiler; `None` for every other call or when unset.
-fn profile_steps() -> Option<usize> {
+pub(super) fn profile_steps() -> Option<usize> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let n = std::env::var("QWEN3_VL_PROFILE_STEPS").ok()?.parse::<usize>().ok()?;

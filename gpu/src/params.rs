@@ -722,8 +722,12 @@ pub mod attn_paged_tile {
     /// Bytes of one stage: the key tile, the value tile, and the (key, value) row scales of its
     /// keys (at most 128 keys: d 32).
     pub const STAGE: u32 = 2 * TILE_BYTES + 128 * 8;
-    /// Dynamic shared memory: the stages (the merge reuses them).
-    pub const SHARED_BYTES: u32 = STAGES * STAGE;
+    /// Leading block-table entries of its row a block copies to shared memory at its start
+    /// (alongside its other first loads, before it knows its chunk); later lookups past them
+    /// read the table in global memory. 1024 entries: 16k keys in blocks of 16.
+    pub const TABLE_ENTRIES: u32 = 1024;
+    /// Dynamic shared memory: the stages (the merge reuses them), then the table entries.
+    pub const SHARED_BYTES: u32 = STAGES * STAGE + 4 * TABLE_ENTRIES;
 }
 
 /// Launch shape of `attention_split_*`.

@@ -448,10 +448,16 @@ fn bf16_precision_gate_up_stays_within_one_activation_rounding() {
 /// the activations (one rounding of each).
 #[test]
 fn bf16_precision_normed_products_stay_within_one_activation_rounding() {
+    // tiles (600 rows), and few rows (the norm, then the few-row kernel; k split or not)
+    for (m, n, k) in [(600, 3000, 512), (16, 3000, 512), (5, 1000, 2048), (32, 700, 512)] {
+        check_normed_products((m, n, k));
+    }
+}
+
+fn check_normed_products((m, n, k): (usize, usize, usize)) {
     let cpu = cpu();
     for g in common::gpus("bf16 precision normed products") {
         let a16 = common::tensor_cores(&*g);
-        let (m, n, k) = (600usize, 3000usize, 512usize);
         let (x, nw, w, u) = (random(m * k, 9001), random(k, 9002), random(n * k, 9003), random(n * k, 9004));
         let nw: Vec<f32> = nw.iter().map(|v| 1.0 + v).collect();
         let up = |b: &dyn Backend, v: &[f32], rows: usize| upload(b, &[rows, k], v, DType::BF16).unwrap();

@@ -32,8 +32,11 @@ use gpu::params::{cast_a16_tile, gemv_tile, gemv_vec_tile, mma_pipe_tile, CastA1
 
 /// Decode-sized inputs (at most this many rows) use the GEMV kernels.
 pub const GEMV_MAX_ROWS: usize = gemv_tile::MAX_ROWS;
-/// From this many rows the SIMT path takes the 128 × 128-tile matmul.
-pub const BIG_MIN_ROWS: usize = 128;
+/// From this many rows the SIMT path takes the 128 × 128-tile matmul (split-K where its tiles
+/// leave multiprocessors idle), though up to 104 of a tile's rows are then zeros: on the H100
+/// with compute_61 forced, prefill @32 / @64 / @96 went 912 / 1,754 / 2,436 → 2,048 / 3,944 /
+/// 5,505 tok/s against the 64 × 64 tiles (BENCHMARKS.md).
+pub const BIG_MIN_ROWS: usize = 24;
 /// How far split-K cuts `k`: aim at `waves` blocks per multiprocessor, keep at least `min_k`
 /// elements per slice (a slice's fixed cost — the pipeline's fill and the workspace write —
 /// stays small against its loop).

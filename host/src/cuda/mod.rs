@@ -87,10 +87,14 @@ impl CudaBackend {
         let (kernels, kernels_reason) = Kernels::load(ptx, kernels, cc, &name)?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| Error::Unavailable(format!("cannot create a stream: {}", e)))?;
         let pool = Pool::new(ctx.clone());
+        // zeroed on the backend's own stream: a synchronous memset runs on the legacy stream,
+        // which another backend's stream capture in this process (a recorded decode step on
+        // another thread) refuses (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
         let counters = pool.alloc(ARRIVAL_COUNTERS * 4)?;
-        unsafe { cust::sys::cuMemsetD32_v2(counters.addr(), 0, ARRIVAL_COUNTERS) }.ok_or_cuda("cuMemsetD32 (arrival counters)")?;
+        unsafe { cust::sys::cuMemsetD32Async(counters.addr(), 0, ARRIVAL_COUNTERS, stream.as_inner()) }.ok_or_cuda("cuMemsetD32Async (arrival counters)")?;
         let kv_flag = pool.alloc(4)?;
-        unsafe { cust::sys::cuMemsetD32_v2(kv_flag.addr(), 0, 1) }.ok_or_cuda("cuMemsetD32 (KV scale flag)")?;
+        unsafe { cust::sys::cuMemsetD32Async(kv_flag.addr(), 0, 1, stream.as_inner()) }.ok_or_cuda("cuMemsetD32Async (KV scale flag)")?;
+        stream.synchronize().map_err(|e| cuda_err("cuStreamSynchronize (zeroing the arrival counters)", e))?;
         Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false), a16: AtomicBool::new(false) })
     }
 

@@ -131,6 +131,35 @@ fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
     }
 }
 
+/// Batched-decode sizes whose dequantized product splits `k` (the few-row kernel on compute_80
+/// when its column blocks leave multiprocessors idle; the SIMT tiles on compute_61): 16 and 32
+/// rows of a narrow, deep layer, as a batch-16 step's down projection is.
+#[test]
+fn quantized_products_that_split_k_agree_with_the_cpu() {
+    let gs = gpus("quantized split-K");
+    let cpu = cpu();
+    for g in &gs {
+        g.set_poison_outputs(true);
+        let module = common::kernels_arch(&**g).unwrap();
+        for (ti, &dt) in TYPES.iter().enumerate() {
+            for (i, &(m, n, k)) in [(16usize, 256usize, 2048usize), (32, 300, 1024)].iter().enumerate() {
+                let (w, _) = weights(n, k, 50 + i as u32 + 100 * ti as u32, dt);
+                let (up, _) = weights(n, k, 60 + i as u32 + 100 * ti as u32, dt);
+                let x = random(m * k, 70 + i as u32);
+                let extra = random((m * n).max(k).max(n), 80 + i as u32);
+                for op in [Op::Linear { bias: true }, Op::NormGateUp] {
+                    let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
+                    let want: Vec<f64> = run(&*cpu, op, dt, (m, n, k), &x, &w, &up, &extra).unwrap().iter().map(|&v| v as f64).collect();
+                    let got = run(&**g, op, dt, (m, n, k), &x, &w, &up, &extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
+                    let r = diff_over_std(&what, &got, &want);
+                    report(&what, r, PREFILL_TOL);
+                    assert!(r <= PREFILL_TOL, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, PREFILL_TOL);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn quantized_embedding_rows_equal_the_cpu_dequantization() {
     let cpu = cpu();

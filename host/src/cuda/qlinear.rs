@@ -275,7 +275,7 @@ impl CudaBackend {
         let kernel = algo.kernel(DType::F16, l.a16)?;
         // split-K workspace for one chunk's partial sums (when the pick splits)
         let ws = match algo {
-            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) if s > 1 => Some(self.pool.alloc(s as usize * m * chunk * 4)?),
+            LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) | LinearAlgo::Skinny(_, s) if s > 1 => Some(self.pool.alloc(s as usize * m * chunk * 4)?),
             _ => None,
         };
         need(kernel, "a", xb, m * k * 4)?;

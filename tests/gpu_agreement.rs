@@ -30,8 +30,9 @@ const LINEAR_SHAPES: &[(usize, usize, usize)] = &[
 
 #[test]
 fn linear_agrees_for_every_weight_dtype_and_shape() {
-    // every kernel module: compute_61 takes the SIMT tiles (`matmul_big_*` from 128 rows; its
-    // staging loads whole vectors when k is a multiple of 4, element by element otherwise)
+    // every kernel module: compute_61 takes the SIMT tiles (`matmul_big_*` from BIG_MIN_ROWS
+    // rows; its staging loads whole vectors when k is a multiple of 4, element by element
+    // otherwise)
     for g in common::gpus("linear") {
         linear_agrees_on(&*g);
     }

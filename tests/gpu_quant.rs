@@ -93,6 +93,17 @@ fn run(b: &dyn Backend, op: Op, dt: DType, (m, n, k): (usize, usize, usize), x: 
     b.download_f32(&out)
 }
 
+/// Runs `op` on the GPU `g` and on `cpu` and asserts the largest difference is within `tol`
+/// of the CPU result's std.
+#[allow(clippy::too_many_arguments)]
+fn agrees_with_cpu(what: &str, g: &dyn Backend, cpu: &dyn Backend, op: Op, dt: DType, shape: (usize, usize, usize), (x, w, up, extra): (&[f32], &[u8], &[u8], &[f32]), tol: f64) {
+    let want: Vec<f64> = run(cpu, op, dt, shape, x, w, up, extra).unwrap().iter().map(|&v| v as f64).collect();
+    let got = run(g, op, dt, shape, x, w, up, extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
+    let r = diff_over_std(what, &got, &want);
+    report(what, r, tol);
+    assert!(r <= tol, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, tol);
+}
+
 #[test]
 fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
     let gs = gpus("quantized linear");
@@ -110,12 +121,8 @@ fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
                 let ops = [Op::Linear { bias: i % 2 == 0 }, Op::Residual, Op::NormLinear, Op::GateUp, Op::NormGateUp];
                 for op in ops {
                     let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
-                    let want: Vec<f64> = run(&*cpu, op, dt, (m, n, k), &x, &w, &up, &extra).unwrap().iter().map(|&v| v as f64).collect();
-                    let got = run(&**g, op, dt, (m, n, k), &x, &w, &up, &extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
                     let tol = if m <= 8 { DECODE_TOL } else { PREFILL_TOL };
-                    let r = diff_over_std(&what, &got, &want);
-                    report(&what, r, tol);
-                    assert!(r <= tol, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, tol);
+                    agrees_with_cpu(&what, &**g, &*cpu, op, dt, (m, n, k), (&x, &w, &up, &extra), tol);
                 }
                 if m > 8 {
                     // the prefill path against the exact product of the dequantized weights
@@ -149,11 +156,7 @@ fn quantized_products_that_split_k_agree_with_the_cpu() {
                 let extra = random((m * n).max(k).max(n), 80 + i as u32);
                 for op in [Op::Linear { bias: true }, Op::NormGateUp] {
                     let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
-                    let want: Vec<f64> = run(&*cpu, op, dt, (m, n, k), &x, &w, &up, &extra).unwrap().iter().map(|&v| v as f64).collect();
-                    let got = run(&**g, op, dt, (m, n, k), &x, &w, &up, &extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
-                    let r = diff_over_std(&what, &got, &want);
-                    report(&what, r, PREFILL_TOL);
-                    assert!(r <= PREFILL_TOL, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, PREFILL_TOL);
+                    agrees_with_cpu(&what, &**g, &*cpu, op, dt, (m, n, k), (&x, &w, &up, &extra), PREFILL_TOL);
                 }
             }
         }

@@ -144,19 +144,13 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             sess.feed(&prompt(context, vocab, 7))?;
         }
         let mut next = 1000u32;
-        let profile = super::bench_batch::profile_steps();
+        let mut profile = super::bench_batch::ProfileWindow::new();
         let t2 = b.mark()?;
         for i in 0..a.gen_tokens {
-            if let Some(n) = profile {
-                if i == 2 || i == 2 + n {
-                    b.profiler(i == 2)?;
-                }
-            }
+            profile.before_step(b, i)?;
             next = sess.decode(next, &mut greedy)?;
         }
-        if profile.map_or(false, |n| a.gen_tokens > 2 && a.gen_tokens <= 2 + n) {
-            b.profiler(false)?;
-        }
+        profile.finish(b)?;
         let t3 = b.mark()?;
         if run > 0 {
             prefill.push(a.prompt_tokens as f64 / t_prefill);

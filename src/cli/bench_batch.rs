@@ -36,18 +36,11 @@ pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt
     let mut t1 = None;
     let mut started = std::collections::HashSet::new();
     // decode steps to bracket for a profiler in this run (counted from the first decode step)
-    let profile = profile_steps();
+    let mut profile = ProfileWindow::new();
     let mut decode_steps = 0usize;
     while e.has_work() {
-        if let Some(n) = profile {
-            if t1.is_some() && decode_steps == 2 {
-                b.profiler(true)?;
-            }
-            if t1.is_some() && decode_steps == 2 + n {
-                b.profiler(false)?;
-            }
-        }
         if t1.is_some() {
+            profile.before_step(b, decode_steps)?;
             decode_steps += 1;
         }
         for ev in e.step()? {
@@ -64,9 +57,7 @@ pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt
             t1 = Some(b.mark()?);
         }
     }
-    if profile.map_or(false, |n| decode_steps >= 2 && decode_steps < 2 + n) {
-        b.profiler(false)?;
-    }
+    profile.finish(b)?;
     let t2 = b.mark()?;
     let t1 = t1.ok_or("the batch produced no tokens")?;
     let prefill = b.seconds_between(&t0, &t1)?;
@@ -74,9 +65,45 @@ pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt
     Ok(BatchResult { prefill_tokens_per_s: (batch * prompt_tokens) as f64 / prefill, decode_tokens_per_s: (tokens - firsts) as f64 / decode, steps })
 }
 
+/// The decode steps `2 .. 2 + n` of a run bracketed in the backend's profiler start and stop
+/// (`n` from [`profile_steps`]; nothing when it is `None`). Shared by `bench` and `bench --batch`.
+pub(super) struct ProfileWindow {
+    n: Option<usize>,
+    on: bool,
+}
+
+impl ProfileWindow {
+    pub(super) fn new() -> ProfileWindow {
+        ProfileWindow { n: profile_steps(), on: false }
+    }
+
+    /// Before decode step `i` of the run (counted from 0): starts or stops the profiler.
+    pub(super) fn before_step(&mut self, b: &dyn Backend, i: usize) -> qwen3_vl::Result<()> {
+        if let Some(n) = self.n {
+            if i == 2 {
+                b.profiler(true)?;
+                self.on = true;
+            } else if i == 2 + n && self.on {
+                b.profiler(false)?;
+                self.on = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the run's last step: stops a window the run ended inside.
+    pub(super) fn finish(&mut self, b: &dyn Backend) -> qwen3_vl::Result<()> {
+        if self.on {
+            b.profiler(false)?;
+            self.on = false;
+        }
+        Ok(())
+    }
+}
+
 /// `QWEN3_VL_PROFILE_STEPS`: how many decode steps the second call (the first after the
 /// warm-up) brackets for a profiler; `None` for every other call or when unset.
-pub(super) fn profile_steps() -> Option<usize> {
+fn profile_steps() -> Option<usize> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let n = std::env::var("QWEN3_VL_PROFILE_STEPS").ok()?.parse::<usize>().ok()?;

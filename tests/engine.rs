@@ -361,3 +361,65 @@ fn image_prompts_reuse_cached_blocks_keyed_by_the_image() {
         assert_eq!(e.stats().blocks_used, 0);
     }
 }
+
+/// A lone request through [`Engine::generate`] (what `generate` and `chat` run) with sampling:
+/// on the CPU it draws exactly the session's tokens, whether the draws run in the sampling step
+/// (temperature, top-k, top-p: the settings the device takes) or on the host (a repetition
+/// penalty); on a GPU it repeats itself exactly (the draws are numbered by the sequence
+/// position, not by the cache row a block lands in). A chat's next turn then finds the first
+/// turn in the prefix cache, and a generation ended by its callback frees its blocks.
+#[test]
+fn a_lone_request_samples_as_a_session_does() {
+    for b in common::backends("engine generate, sampling") {
+        let model = load("untied_mha", &*b);
+        let kv = b.default_kv_dtype();
+        let vocab = model.config.text.vocab_size;
+        let prompt: Vec<u32> = (0..23).map(|j| ((j * 7919 + 11) % (vocab - 1)) as u32).collect();
+        let on_device = SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, repetition_penalty: 1.0, seed: 1234 };
+        let on_host = SamplingParams { repetition_penalty: 1.2, ..on_device };
+        assert!(Sampler::new(on_device).device_sampling(b.max_device_top_k()).is_some());
+        assert!(Sampler::new(on_host).device_sampling(b.max_device_top_k()).is_none());
+        let cpu = b.kind() == qwen3_vl::DeviceKind::Cpu;
+        for params in [on_device, on_host] {
+            let what = format!("{:?} on {}", params, b.describe());
+            let req = |p: &[u32], n: usize| Request { prompt: p.to_vec(), images: None, max_new: n, sampler: Sampler::new(params), stop_ids: vec![] };
+            let mut e = Engine::new(&model, &*b, EngineConfig::new(1, 256, kv)).unwrap();
+            let g = e.generate(req(&prompt, 24), &mut |_| true).unwrap();
+            assert_eq!((g.tokens.len(), g.prompt_tokens), (24, prompt.len()), "{}", what);
+            if cpu {
+                let mut s = Session::with_kv_dtype(&model, &*b, prompt.len() + 24, kv).unwrap();
+                let want = s.generate(&prompt, 24, &mut Sampler::new(params), &[], &mut |_| true).unwrap();
+                assert_eq!(g.tokens, want.tokens, "{}: the engine against the session", what);
+            }
+            // again, in a fresh engine whose blocks are taken in another order
+            let mut e2 = Engine::new(&model, &*b, EngineConfig::new(1, 256, kv)).unwrap();
+            e2.generate(req(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], 30), &mut |_| true).unwrap();
+            let other: Vec<u32> = (0..40).map(|j| ((j * 31 + 5) % (vocab - 1)) as u32).collect();
+            e2.add(req(&other, 1)).unwrap();
+            assert!(e2.generate(req(&prompt, 24), &mut |_| true).is_err(), "generate refuses to run beside another sequence");
+            e2.abort_all();
+            let again = e2.generate(req(&prompt, 24), &mut |_| true).unwrap();
+            assert_eq!(again.tokens, g.tokens, "{}: the same draws again", what);
+            // a second turn: the first turn's prompt and all but its last token are cached
+            let mut turn2 = prompt.clone();
+            turn2.extend(&g.tokens[..23]);
+            turn2.extend([7, 8, 9]);
+            let before = e.stats().prefix_hit_tokens;
+            let g2 = e.generate(req(&turn2, 5), &mut |_| true).unwrap();
+            assert_eq!(e.stats().prefix_hit_tokens - before, 32, "{}: 46 written tokens, two whole blocks of 16", what);
+            assert_eq!((g2.tokens.len(), g2.cached_tokens, g.cached_tokens), (5, 32, 0));
+            // ended by the callback after 3 tokens: cancelled, its blocks free
+            let mut n = 0;
+            let g3 = e.generate(req(&prompt, 24), &mut |_| {
+                n += 1;
+                n < 3
+            }).unwrap();
+            assert_eq!(g3.tokens.len(), 3, "{}", what);
+            if cpu {
+                assert_eq!(&g3.tokens[..], &g.tokens[..3], "{}: the prefix cache's answer is the same", what);
+            }
+            let s = e.stats();
+            assert_eq!((s.blocks_used, s.running, s.waiting), (0, 0, 0), "{}: every block free", what);
+        }
+    }
+}

@@ -8,6 +8,7 @@
 
 mod common;
 
+use qwen3_vl::engine::{Engine, EngineConfig, ImageInput, Request};
 use qwen3_vl::generate::{Sampler, SamplingParams, Session};
 use qwen3_vl::model::{Images, LoadQuant, Mix, Model, ModelFiles, Offload, Placement, Sizes};
 use qwen3_vl::{Backend, DType, Error};
@@ -58,13 +59,47 @@ fn placements(n: usize) -> Vec<Placement> {
     v
 }
 
-/// Prompt logits and a greedy continuation.
+/// Prompt logits and a greedy continuation (a session's; the engine's, run alone as `generate`
+/// runs it, in blocks of 4 and prefill chunks of 5 rows, must give the same tokens).
 fn run(model: &Model, b: &dyn Backend, prompt: &[u32], images: Option<&Images<'_>>, kv: DType, steps: usize) -> (Vec<f32>, Vec<u32>) {
     let mut s = Session::with_kv_dtype(model, b, prompt.len() + steps, kv).unwrap();
     let logits = s.feed_with_images(prompt, images).unwrap();
     s.reset();
     let g = s.generate_with_images(prompt, images, steps, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap();
+    drop(s); // one cache at a time (the GPU tests hold a budget)
+    let mut cfg = EngineConfig::new(1, prompt.len() + steps, kv);
+    cfg.block = 4;
+    cfg.max_prefill_tokens = 5;
+    let mut e = Engine::new(model, b, cfg).unwrap();
+    let input = images.map(|im| ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), key: None });
+    let req = Request { prompt: prompt.to_vec(), images: input, max_new: steps, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+    assert_eq!(e.generate(req, &mut |_| true).unwrap().tokens, g.tokens, "the engine against the session");
     (logits, g.tokens)
+}
+
+/// Greedy tokens of two requests through one engine, the second added after the first's
+/// prefill, so that steps mix a decode row with a prefill chunk.
+fn two_at_once(model: &Model, b: &dyn Backend, kv: DType, prompts: [&[u32]; 2], steps: usize) -> Vec<Vec<u32>> {
+    let mut cfg = EngineConfig::new(2, 256, kv);
+    cfg.block = 4;
+    cfg.max_prefill_tokens = 5;
+    let mut e = Engine::new(model, b, cfg).unwrap();
+    let req = |p: &[u32]| Request { prompt: p.to_vec(), images: None, max_new: steps, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+    let mut out = vec![Vec::new(), Vec::new()];
+    e.add(req(prompts[0])).unwrap();
+    let mut added = false;
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            if let qwen3_vl::engine::Event::Token { id, token } = ev {
+                out[id as usize].push(token);
+            }
+        }
+        if !added {
+            e.add(req(prompts[1])).unwrap();
+            added = true;
+        }
+    }
+    out
 }
 
 /// The tiny vision fixture's model files, opened.
@@ -98,6 +133,9 @@ fn split_on_two_cpu_backends_equals_the_whole_model() {
                 let split = load(&dir, &*device, &host, Some(&p));
                 assert!(split.is_split());
                 assert_eq!(run(&split, &*device, &prompt, None, kv, 6), want, "{} {} cache, {}", case, kv, p.describe());
+                let other: Vec<u32> = prompt.iter().rev().copied().collect();
+                let want2 = run(&whole, &*device, &other, None, kv, 6).1;
+                assert_eq!(two_at_once(&split, &*device, kv, [&prompt, &other], 6), vec![want.1.clone(), want2], "two at once, {} {} cache, {}", case, kv, p.describe());
                 assert_eq!(split.text.streamed_layers() > 0, p.stream_rows.is_some(), "{}", p.describe());
             }
         }

@@ -452,6 +452,11 @@ impl CudaBackend {
         let zblocks = t * ceil_div(heads / kv_heads, attn_split_tile::MAX_QV);
         if !split_paged_fits(&shape) || kv_heads * zblocks > super::ARRIVAL_COUNTERS || zblocks > 65_535 {
             log_unpaged(&shape);
+            if self.pool.is_recording() {
+                // its slot lists go up from the host, which a recording cannot hold: refuse
+                // before any copy breaks the capture (the caller runs plain launches)
+                return Err(Error::Limit { op: OP, msg: format!("heads {} / kv_heads {} / head_dim {} take the gathering path, which cannot be recorded", heads, kv_heads, d) });
+            }
             return attention_paged_composite(self, q, k, v, scales, pages, scale);
         }
         let l = self.enter()?;

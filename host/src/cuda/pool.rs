@@ -210,6 +210,12 @@ impl Pool {
         arena
     }
 
+    /// Whether this thread is recording (between [`Pool::begin_recording`] and
+    /// [`Pool::end_recording`]).
+    pub fn is_recording(&self) -> bool {
+        matches!(&self.lock().recording, Some((t, _)) if *t == std::thread::current().id())
+    }
+
     /// Stops serving allocations from the recording's arena (the arena keeps its blocks).
     pub fn end_recording(&self) {
         self.lock().recording = None;

@@ -6,6 +6,7 @@
 
 use super::paged::{PagedKv, PagedStep, StepRows};
 use crate::backend::{run_recorded, DeviceSampling, Recording};
+use gpu::params::CURSOR_ROW;
 use crate::model::Model;
 use crate::{Backend, Pages, Result, Tensor};
 use gpu::params::CURSOR_FIELDS;
@@ -15,10 +16,11 @@ use gpu::params::CURSOR_FIELDS;
 pub const KEPT_BATCH_SIZES: usize = 4;
 
 /// How a step's next tokens are chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Pick {
-    /// Greedily, on the device, inside the step.
-    Greedy,
+    /// On the device, inside the step, with settings every row shares (greedy, or temperature,
+    /// top-k / top-p and seed; each row's draw numbered by its sequence position).
+    Device(DeviceSampling),
     /// On the host, from the step's logits.
     Host,
 }
@@ -36,6 +38,9 @@ struct Slot {
     ids: Tensor,
     /// `[rows, 4]` u32: its (t, h, w) position and cache row.
     cursor: Tensor,
+    /// `[rows, 4]` u32: each row's draw number for [`Pick::Device`] in its last field (the
+    /// index of the token fed in its sequence, as [`crate::generate::Session`] numbers draws).
+    draws: Tensor,
     /// The rows' block tables, as wide as the whole cache.
     pages: Pages,
     /// The logits of the last [`Pick::Host`] step (in the recording's memory when recorded).
@@ -92,6 +97,7 @@ impl DecodeSteps {
             rows,
             ids: b.upload_u32(&[rows], &vec![0; rows])?,
             cursor: b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?,
+            draws: b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?,
             pages: Pages::with_capacity(b, kv.block(), slots_total, rows, kv.blocks())?,
             logits: None,
             recording: None,
@@ -103,9 +109,10 @@ impl DecodeSteps {
 
     /// Runs the decode step of `rows` (decode rows only: each row a sequence of its own, with
     /// its blocks and the keys it sees, its own included), feeding `ids` at `cursor` (`[rows,
-    /// 4]`: position, cache row), and returns the next tokens (`Pick::Greedy`) or the logits.
+    /// 4]`: position, cache row), and returns the next tokens (`Pick::Device`, row `i`'s draw
+    /// numbered `draws[i]`) or the logits.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], pick: Pick) -> Result<Picked> {
+    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], draws: &[u32], pick: Pick) -> Result<Picked> {
         let n = rows.decode.len();
         debug_assert!(rows.prefill.is_empty(), "a decode-only step");
         let record = self.record;
@@ -113,10 +120,15 @@ impl DecodeSteps {
         // 1. the inputs, in place
         b.write_u32(&mut slot.ids, ids)?;
         b.write_u32(&mut slot.cursor, cursor)?;
+        if let Pick::Device(s) = pick {
+            if !s.is_greedy() {
+                b.write_u32(&mut slot.draws, &draw_cursor(draws))?;
+            }
+        }
         let tables: Vec<(&[u32], usize)> = rows.decode.iter().map(|(bl, keys)| (bl.as_slice(), *keys)).collect();
         slot.pages.write(b, &tables)?;
         // 2. the step: replayed, recorded then replayed, or run as plain launches
-        let Slot { ids, cursor, pages, logits, recording, unrecordable, .. } = slot;
+        let Slot { ids, cursor, draws, pages, logits, recording, unrecordable, .. } = slot;
         let (pages, vocab) = (&*pages, m.sampled_vocab());
         let mut body = || -> Result<()> {
             let x = m.text.embed_ids(b, ids)?; // [rows, hidden]
@@ -124,7 +136,7 @@ impl DecodeSteps {
             let h = m.text.forward_kv(b, x, cursor, &mut step, None)?;
             let l = m.text.logits(b, &h)?; // [rows, vocab]
             match pick {
-                Pick::Greedy => b.sample_step(&l, &DeviceSampling::greedy(), vocab, ids, cursor),
+                Pick::Device(s) => b.sample_step(&l, &s, vocab, ids, draws),
                 Pick::Host => {
                     *logits = Some(l);
                     Ok(())
@@ -134,8 +146,18 @@ impl DecodeSteps {
         run_recorded(b, record, recording, unrecordable, pick, &mut body)?;
         // 3. what it produced
         match pick {
-            Pick::Greedy => Ok(Picked::Tokens(b.download_u32(ids)?)),
+            Pick::Device(_) => Ok(Picked::Tokens(b.download_u32(ids)?)),
             Pick::Host => Ok(Picked::Logits(logits.clone().ok_or_else(|| crate::Error::Device { op: "engine decode step", msg: "the step produced no logits".into() })?)),
         }
     }
+}
+
+/// Draw numbers as the sampler reads them: `[n, 4]` u32 cursors with each number in the row
+/// field.
+pub fn draw_cursor(draws: &[u32]) -> Vec<u32> {
+    let mut c = vec![0; draws.len() * CURSOR_FIELDS];
+    for (i, &d) in draws.iter().enumerate() {
+        c[i * CURSOR_FIELDS + CURSOR_ROW] = d;
+    }
+    c
 }

@@ -21,6 +21,7 @@
 //! key): a prompt whose cached prefix covers all its image tokens skips the vision tower, one
 //! whose prefix ends inside them keeps only the blocks before its first image token.
 
+mod alone;
 pub mod blocks;
 pub mod graph;
 pub mod paged;
@@ -553,8 +554,9 @@ impl<'a> Engine<'a> {
         // 3. a decode-only step: recorded per batch size (see `graph`)
         let mut picks: Vec<(usize, u32)> = Vec::new(); // (part, token)
         if parts.iter().all(|p| p.decode) {
-            let pick = if self.greedy_on_device(&parts) { Pick::Greedy } else { Pick::Host };
-            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, pick)? {
+            let pick = self.device_sampling(&parts).map_or(Pick::Host, Pick::Device);
+            let draws: Vec<u32> = parts.iter().map(|p| p.from as u32).collect();
+            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, &draws, pick)? {
                 Picked::Tokens(t) => t,
                 Picked::Logits(l) => self.sample_host(&l, &parts)?,
             };
@@ -650,25 +652,29 @@ impl<'a> Engine<'a> {
     }
 
     /// The next token of each part's sequence from `logits [parts.len(), vocab]`: on the device
-    /// when every sequence samples greedily, else on the host with each sequence's sampler
-    /// (draw number: the cache row of the token whose logits these are, as in
-    /// [`crate::generate::Session`]).
+    /// when every sequence samples with the same settings the device takes, else on the host
+    /// with each sequence's sampler. Either way a draw is numbered by the index of the token
+    /// whose logits these are in its sequence, as in [`crate::generate::Session`], so a
+    /// sequence draws the same tokens alone or in any batch.
     fn sample(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
         let (b, n) = (self.backend, self.model.sampled_vocab());
         let rows = parts.len();
-        if self.greedy_on_device(parts) {
+        if let Some(s) = self.device_sampling(parts) {
+            let draws: Vec<u32> = parts.iter().map(|p| (p.from + p.n - 1) as u32).collect();
             let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
-            let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?;
-            b.sample_step(logits, &DeviceSampling::greedy(), n, &mut ids, &mut cur)?;
+            let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &graph::draw_cursor(&draws))?;
+            b.sample_step(logits, &s, n, &mut ids, &mut cur)?;
             return b.download_u32(&ids);
         }
         self.sample_host(logits, parts)
     }
 
-    /// Whether every part's sequence samples greedily, which the device does.
-    fn greedy_on_device(&self, parts: &[Part]) -> bool {
-        let greedy = Some(DeviceSampling::greedy());
-        parts.iter().all(|p| self.running[p.seq].sampler.device_sampling(self.backend.max_device_top_k()) == greedy)
+    /// The device's sampling settings when every part's sequence samples with the same ones
+    /// (always so for a lone sequence without penalties); `None` sends the step to the host.
+    fn device_sampling(&self, parts: &[Part]) -> Option<DeviceSampling> {
+        let max_k = self.backend.max_device_top_k();
+        let first = self.running[parts.first()?.seq].sampler.device_sampling(max_k)?;
+        parts[1..].iter().all(|p| self.running[p.seq].sampler.device_sampling(max_k) == Some(first)).then(|| first)
     }
 
     /// [`Engine::sample`] on the host, each sequence with its own sampler.

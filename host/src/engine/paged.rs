@@ -3,11 +3,11 @@
 //! of it ([`PagedStep`]): decode rows, each a sequence of its own reading its blocks through a
 //! block table, then prefill chunks, each the next tokens of one sequence.
 
-use crate::backend::AttnParams;
-use crate::backend::QkvRope;
+use crate::backend::{transfer, AttnParams, QkvRope};
 use crate::model::config::TextConfig;
 use crate::model::kv_cache::{cache_scales, cache_zeros};
-use crate::model::text::LayerKv;
+use crate::model::text::{copy_rows_to_host, LayerKv};
+use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 use crate::{Backend, DType, Error, Pages, Result, Tensor};
 
 pub struct PagedKv {
@@ -128,13 +128,99 @@ impl<'a> PagedStep<'a> {
     }
 }
 
+impl PagedStep<'_> {
+    /// Prefill chunk `(r0, n, slots)`'s keys, values (and row scales) of layer `layer`, gathered
+    /// from the pool on `b` into `[slots.len(), kv_heads, head_dim]` tensors; `ids` on `b` holds
+    /// `slots`.
+    fn gather(&self, layer: usize, b: &dyn Backend, ids: &Tensor, keys: usize) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let gather = |c: &Tensor| -> Result<Tensor> {
+            let s = c.shape();
+            b.embedding_gather(&c.reshape(&[s[0], s[1] * s[2]])?, ids)?.reshape(&[keys, s[1], s[2]])
+        };
+        Ok((gather(&self.kv.k[layer])?, gather(&self.kv.v[layer])?, self.kv.s[layer].as_ref().map(gather).transpose()?))
+    }
+}
+
 impl LayerKv for PagedStep<'_> {
+    /// A streamed host layer (its pool on the host, the forward on the device). Decode rows go
+    /// to the host (rope, append and paged attention there: one row each). Each prefill chunk
+    /// runs on the device, as a contiguous cache's streamed layer does: its sequence's keys and
+    /// values gathered on the host and lent to the device in a cache of its keys' length, the
+    /// chunk appended and attended there, and its new rows copied back into their host slots.
+    fn attend_streamed(&mut self, layer: usize, at: (&dyn Backend, &QkvRope<'_>, &Tensor), host_at: (&dyn Backend, &QkvRope<'_>, &Tensor), qkv: &Tensor, scale: f32) -> Result<Tensor> {
+        let ((dev, shape, _), (host, host_shape, host_cursor)) = (at, host_at);
+        let hq = self.on(host)?;
+        let cur = host.download_u32(host_cursor)?; // [t, 4]: positions and cache slots
+        let t = cur.len() / CURSOR_FIELDS;
+        let nd = self.rows.decode.len();
+        let mut out = if nd == 0 && self.rows.prefill.len() == 1 { None } else { Some(dev.zeros(&[t, shape.heads, shape.head_dim])?) };
+        // 1. decode rows on the host, against their blocks
+        if let (Some(p), Some(o)) = (self.made[hq].1.get(), &mut out) {
+            let q = {
+                let (k, v, sc) = (&mut self.kv.k[layer], &mut self.kv.v[layer], &mut self.kv.s[layer]);
+                let rows = transfer(dev, host, &dev.take_rows(qkv, 0, nd)?)?;
+                let cd = host.upload_u32(&[nd, CURSOR_FIELDS], &cur[..nd * CURSOR_FIELDS])?;
+                host.qkv_rope_append(&rows, host_shape, &cd, k, v, sc.as_mut())?
+            };
+            let (k, v, sc) = (&self.kv.k[layer], &self.kv.v[layer], self.kv.s[layer].as_ref());
+            let d = host.attention_paged(&q, k, v, sc, p, scale)?;
+            dev.write_rows(o, 0, &transfer(host, dev, &d)?)?;
+        }
+        // 2. prefill chunks on the device
+        for (c, (r0, n, slots)) in self.rows.prefill.iter().enumerate() {
+            let (keys, past) = (slots.len(), slots.len() - n);
+            // the sequence's keys so far, lent (the chunk's own rows are written over there)
+            let (kk, vv, ss) = self.gather(layer, host, &self.made[hq].2[c], keys)?;
+            let dtype = self.kv.dtype;
+            let lend = |t: &Tensor| -> Result<Tensor> {
+                match dtype {
+                    // the gather widened the f16 rows to f32: exactly back
+                    DType::F16 => dev.upload_half(t.shape(), DType::F16, &host.download_f32(t)?.iter().map(|&x| gpu::math::f32_to_f16_bits(x)).collect::<Vec<u16>>()),
+                    _ => transfer(host, dev, t),
+                }
+            };
+            let (mut kk, mut vv) = (lend(&kk)?, lend(&vv)?);
+            let mut ss = ss.map(|s| transfer(host, dev, &s)).transpose()?;
+            // the chunk's cursor with rows past .. past + n of the lent cache
+            let mut cc = cur[r0 * CURSOR_FIELDS..(r0 + n) * CURSOR_FIELDS].to_vec();
+            for (i, row) in cc.chunks_mut(CURSOR_FIELDS).enumerate() {
+                row[CURSOR_ROW] = (past + i) as u32;
+            }
+            let cc = dev.upload_u32(&[*n, CURSOR_FIELDS], &cc)?;
+            let qkv_c = if *n == t { qkv.clone() } else { dev.take_rows(qkv, *r0, *n)? };
+            let q = dev.qkv_rope_append(&qkv_c, shape, &cc, &mut kk, &mut vv, ss.as_mut())?;
+            let o = dev.attention_cached(&q, &kk, &vv, ss.as_ref(), &cc, scale)?;
+            // the chunk's rows back into their host slots, a run of consecutive slots at a time
+            let mut i0 = past;
+            while i0 < keys {
+                let mut i1 = i0 + 1;
+                while i1 < keys && slots[i1] == slots[i1 - 1] + 1 {
+                    i1 += 1;
+                }
+                let to = slots[i0] as usize;
+                copy_rows_to_host(dev, host, &kk, i0, &mut self.kv.k[layer], to, i1 - i0)?;
+                copy_rows_to_host(dev, host, &vv, i0, &mut self.kv.v[layer], to, i1 - i0)?;
+                if let (Some(d), Some(h)) = (&ss, &mut self.kv.s[layer]) {
+                    copy_rows_to_host(dev, host, d, i0, h, to, i1 - i0)?;
+                }
+                i0 = i1;
+            }
+            match &mut out {
+                Some(all) => dev.write_rows(all, *r0, &o)?,
+                None => return Ok(o),
+            }
+        }
+        out.ok_or_else(|| Error::Limit { op: "paged attention", msg: "a step with no rows".into() })
+    }
+
     fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
         let at = self.on(b)?;
-        let (k, v, sc) = (&mut self.kv.k[layer], &mut self.kv.v[layer], &mut self.kv.s[layer]);
         // 1. new keys and values into their cache rows (the cursor's), the queries out
-        let q = b.qkv_rope_append(qkv, shape, cursor, k, v, sc.as_mut())?; // [t, heads, d]
-        let sc = sc.as_ref();
+        let q = {
+            let (k, v, sc) = (&mut self.kv.k[layer], &mut self.kv.v[layer], &mut self.kv.s[layer]);
+            b.qkv_rope_append(qkv, shape, cursor, k, v, sc.as_mut())? // [t, heads, d]
+        };
+        let (k, v, sc) = (&self.kv.k[layer], &self.kv.v[layer], self.kv.s[layer].as_ref());
         let t = q.shape()[0];
         let nd = self.rows.decode.len();
         let (_, pages, ids) = &self.made[at];
@@ -151,14 +237,9 @@ impl LayerKv for PagedStep<'_> {
             b.write_rows(o, 0, d)?;
         }
         for ((r0, n, slots), idt) in self.rows.prefill.iter().zip(ids) {
-            let gather = |c: &Tensor| -> Result<Tensor> {
-                let s = c.shape();
-                b.embedding_gather(&c.reshape(&[s[0], s[1] * s[2]])?, idt)?.reshape(&[slots.len(), s[1], s[2]])
-            };
-            let (kk, vv, ss) = (gather(k)?, gather(v)?, sc.map(gather).transpose()?);
-            let past = slots.len() - n;
+            let (kk, vv, ss) = self.gather(layer, b, idt, slots.len())?;
             let qp = if *n == t { q.clone() } else { b.take_rows(&q, *r0, *n)? };
-            let o = b.attention_scaled(&qp, &kk, &vv, ss.as_ref(), AttnParams { kv_len: slots.len(), q_pos0: past, causal: true, scale })?;
+            let o = b.attention_scaled(&qp, &kk, &vv, ss.as_ref(), AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?;
             match &mut out {
                 Some(all) => b.write_rows(all, *r0, &o)?,
                 None => return Ok(o),

@@ -1,5 +1,10 @@
-//! Text generation over a [`Model`]: a session that owns the KV cache and the rotary position
-//! counter, prefill then incremental decode, sampling, stop tokens and streaming.
+//! Text generation over a [`Model`]: a session that owns a contiguous KV cache and the rotary
+//! position counter, prefill then incremental decode, sampling, stop tokens and streaming.
+//!
+//! The CLI's `generate` and `chat` and the server run requests through the engine
+//! ([`crate::engine`]; a lone request with [`crate::engine::Engine::generate`]). The session is
+//! the model-level runner below it: the tests' reference, what `logits` and the single-stream
+//! `bench` run, and the draw numbering the engine follows.
 
 pub mod chat;
 pub mod sampling;
@@ -72,6 +77,9 @@ pub struct Generated {
     pub prefill_secs: f64,
     pub decode_secs: f64,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values were not computed: the engine's prefix cache held
+    /// them (0 for a session, which feeds every token it is given).
+    pub cached_tokens: usize,
 }
 
 impl<'a> Session<'a> {
@@ -317,6 +325,6 @@ impl<'a> Session<'a> {
             }
             t = self.decode(t, sampler)?;
         }
-        Ok(Generated { tokens: out, stop, prefill_secs, decode_secs: start.elapsed().as_secs_f64(), prompt_tokens: prompt.len() })
+        Ok(Generated { tokens: out, stop, prefill_secs, decode_secs: start.elapsed().as_secs_f64(), prompt_tokens: prompt.len(), cached_tokens: 0 })
     }
 }

@@ -21,8 +21,9 @@
 //! the device (a device layer gives way when nothing else makes room): forwards of at least
 //! [`STREAM_MIN_ROWS`] rows (prefill chunks) upload each host layer's weights into it and run
 //! the layer on the device, as llama.cpp does for large batches; the layer's KV cache stays on
-//! the host (a contiguous cache lends its rows to the device for the forward, the engine's
-//! paged one attends on the host: `LayerKv::attend_streamed`). A prompt of a thousand tokens
+//! the host (a contiguous cache lends its rows to the device for the forward; the engine's
+//! paged one appends on the host and sends each prefill chunk's gathered keys and values to
+//! the device: `LayerKv::attend_streamed`). A prompt of a thousand tokens
 //! then costs the uploads where the host's cores took seconds.
 //! `QWEN3_VL_STREAM_LAYERS=0` plans without the slot (an A/B aid).
 

@@ -153,12 +153,18 @@ fn lend_rows(host: &dyn Backend, dev: &dyn Backend, c: &Tensor, rows: usize) -> 
 /// Rows `[row0, row0 + t)` of `d` (on `dev`) written into the same rows of the host tensor `c`
 /// of the same type (f16 values pass through f32 exactly).
 fn return_rows(dev: &dyn Backend, host: &dyn Backend, d: &Tensor, c: &mut Tensor, row0: usize, t: usize) -> Result<()> {
-    let rows = dev.take_rows(d, row0, t)?;
+    copy_rows_to_host(dev, host, d, row0, c, row0, t)
+}
+
+/// Rows `[from, from + t)` of `d` (on `dev`) written into rows `[to, to + t)` of the host
+/// tensor `c` of the same type (f16 values pass through f32 exactly).
+pub(crate) fn copy_rows_to_host(dev: &dyn Backend, host: &dyn Backend, d: &Tensor, from: usize, c: &mut Tensor, to: usize, t: usize) -> Result<()> {
+    let rows = dev.take_rows(d, from, t)?;
     let vals: Vec<f32> = match rows.dtype() {
         DType::F16 => dev.download_half(&rows)?.iter().map(|&h| gpu::math::f16_to_f32(h)).collect(),
         _ => dev.download_f32(&rows)?,
     };
-    host.write_rows(c, row0, &host.upload_f32(rows.shape(), &vals)?)
+    host.write_rows(c, to, &host.upload_f32(rows.shape(), &vals)?)
 }
 
 /// Whether two tensors share their storage (a tied LM head).

@@ -1,8 +1,10 @@
 //! `qwen3-vl chat`: an interactive conversation on stdin / stdout.
 //!
-//! Turns are fed onto the KV cache of the previous ones. When a new turn (plus room for the
-//! reply) does not fit the context, the oldest turns are dropped, with a note, and the rest of
-//! the conversation is fed again. Images come with `-i` (first message) or `/image PATH`,
+//! Each turn runs through the engine as the whole conversation so far plus the new message; the
+//! engine's prefix cache holds the earlier turns' keys and values, so only the new tokens (and
+//! the last partial block) are computed. When a new turn (plus room for the reply) does not fit
+//! the context, the oldest turns are dropped, with a note, and the rest of the conversation is
+//! read again. Images come with `-i` (first message) or `/image PATH`,
 //! videos with `--video` or `/video PATH`
 //! (next message). Ctrl-C stops the reply being written; the conversation goes on.
 
@@ -12,7 +14,8 @@ use qwen3_vl::video::{VideoConfig, VideoLimits};
 use super::logger::quiet;
 use super::ranges;
 use qwen3_vl::generate::chat::{render_turn, Message, GENERATION_PROMPT};
-use qwen3_vl::generate::{Sampler, Session, Stop};
+use qwen3_vl::engine::{Engine, EngineConfig};
+use qwen3_vl::generate::{Sampler, SamplingParams, Stop};
 use qwen3_vl::signals;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -58,10 +61,14 @@ struct Chat<'a> {
     capacity: usize,
     max_tokens: usize,
     system: Option<String>,
-    session: Session<'a>,
-    sampler: Sampler,
+    engine: Engine<'a>,
+    /// The conversation's tokens so far (in the engine's prefix cache while its blocks last),
+    /// and its images and videos, in order.
+    history: Vec<u32>,
+    history_images: Prepared,
+    sampling: SamplingParams,
     stops: Vec<u32>,
-    /// Exchanges whose tokens are in the session.
+    /// Exchanges whose tokens are in `history`.
     turns: Vec<Turn>,
     /// Text that closes the last reply, fed in front of the next turn.
     pending: String,
@@ -75,7 +82,8 @@ impl<'a> Chat<'a> {
     }
 
     fn reset(&mut self) -> CliResult<()> {
-        self.session = Session::with_kv_dtype(&self.l.model, &*self.l.backend, self.capacity, self.l.kv_dtype)?;
+        self.history.clear();
+        self.history_images = Prepared::default();
         self.turns.clear();
         self.attached = Prepared::default();
         self.pending = self.system_text();
@@ -109,7 +117,7 @@ impl<'a> Chat<'a> {
         // 1. on top of the conversation so far, if the reply has room
         let mut prompt = self.l.tokenizer.encode(&format!("{}{}{}", self.pending, render_turn(&m), GENERATION_PROMPT));
         let mut rebuilt_images: Option<Prepared> = None;
-        if self.session.len() + prompt.len() + self.max_tokens > self.capacity {
+        if self.history.len() + prompt.len() + self.max_tokens > self.capacity {
             // 2. else drop the oldest turns until it fits, and feed the rest again
             let mut dropped = 0;
             let (mut ids, mut all) = self.rebuilt(0, user, &images);
@@ -132,15 +140,29 @@ impl<'a> Chat<'a> {
                 eprintln!("(the context is full: dropped the {} oldest turn{}, {} remain)", dropped, if dropped == 1 { "" } else { "s" }, self.turns.len() - dropped);
             }
             self.turns.drain(..dropped);
-            self.session = Session::with_kv_dtype(&self.l.model, &*self.l.backend, self.capacity, self.l.kv_dtype)?;
+            self.history.clear();
+            self.history_images = Prepared::default();
             prompt = ids;
             rebuilt_images = Some(all);
         }
-        let budget = self.max_tokens.min(self.capacity - self.session.len() - prompt.len());
+        // the whole conversation goes in: the engine finds the earlier turns in its prefix cache
+        let mut all = std::mem::take(&mut self.history);
+        all.extend_from_slice(&prompt);
+        let mut all_images = std::mem::take(&mut self.history_images);
+        all_images.extend(rebuilt_images.as_ref().unwrap_or(&images));
+        let budget = self.max_tokens.min(self.capacity - all.len());
         // 3. the reply; Ctrl-C ends it early
-        let feed_images = rebuilt_images.as_ref().unwrap_or(&images);
         let reply = signals::Reply::start();
-        let g = stream_reply(&mut self.session, &self.l.tokenizer, &prompt, feed_images.images().as_ref(), budget, &mut self.sampler, &self.stops, &|| reply.interrupted())?;
+        let g = stream_reply(&mut self.engine, &self.l.tokenizer, &all, all_images.input(), budget, Sampler::new(self.sampling), &self.stops, &|| reply.interrupted());
+        let g = match g {
+            Ok(g) => g,
+            Err(e) => {
+                self.history_images = Prepared::default();
+                self.turns.clear(); // the conversation is lost with the failed turn
+                self.pending = self.system_text();
+                return Err(e);
+            }
+        };
         let interrupted = reply.interrupted();
         drop(reply);
         if interrupted {
@@ -155,6 +177,9 @@ impl<'a> Chat<'a> {
         }
         // 4. remember it; the reply's last token was sampled but not fed: the template closes
         // the turn with <|im_end|>\n, which goes in front of the next user turn
+        self.history = all;
+        self.history.extend_from_slice(&g.tokens[..g.tokens.len().saturating_sub(1)]);
+        self.history_images = all_images;
         let kept = match g.stop {
             Stop::StopToken(_) => &g.tokens[..g.tokens.len() - 1],
             Stop::MaxTokens => &g.tokens[..],
@@ -207,15 +232,18 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     }
     // 2. the weights
     // images may come at any turn (`/image`): under a budget the vision tower goes first
-    let l = a.model.load(checked, capacity, Some(capacity))?;
-    let session = Session::with_kv_dtype(&l.model, &*l.backend, capacity, l.kv_dtype)?;
+    let blocks = EngineConfig::new(1, capacity, qwen3_vl::DType::F32).block;
+    let l = a.model.load(checked, (capacity + blocks - 1) / blocks * blocks, Some(capacity))?;
+    let engine = Engine::new(&l.model, &*l.backend, EngineConfig::new(1, capacity, l.kv_dtype))?;
     let mut chat = Chat {
         l: &l,
         capacity,
         max_tokens: a.max_tokens,
         system: a.system.clone(),
-        session,
-        sampler: Sampler::new(a.sampling.params(&l.defaults)),
+        engine,
+        history: Vec::new(),
+        history_images: Prepared::default(),
+        sampling: a.sampling.params(&l.defaults),
         stops: stop_ids(&l.tokenizer),
         turns: Vec::new(),
         pending: String::new(),

@@ -5,7 +5,8 @@ use super::load::{describe_sampling, memory_report, stop_ids, CliResult, ImageAr
 use super::logger::quiet;
 use super::ranges;
 use qwen3_vl::generate::chat::{render, Message};
-use qwen3_vl::generate::{Generated, Sampler, Session, Stop};
+use qwen3_vl::engine::{Engine, EngineConfig, ImageInput, Request};
+use qwen3_vl::generate::{Generated, Sampler, Stop};
 use std::io::Write;
 use std::time::Instant;
 
@@ -30,15 +31,18 @@ pub struct GenerateArgs {
     sampling: SamplingArgs,
 }
 
-/// Streams one reply to stdout and returns the generation record. `interrupted` is polled
-/// after each token (Ctrl-C in chat): when it turns true the reply ends there.
+/// Streams one reply to stdout and returns the generation record: `prompt` (with `images`)
+/// run alone through `engine`, whose prefix cache may hold its first tokens already (a chat's
+/// earlier turns). `interrupted` is polled after each token (Ctrl-C in chat): when it turns
+/// true the reply ends there.
+#[allow(clippy::too_many_arguments)]
 pub fn stream_reply(
-    session: &mut Session<'_>,
+    engine: &mut Engine<'_>,
     tok: &qwen3_vl::Tokenizer,
     prompt: &[u32],
-    images: Option<&qwen3_vl::model::Images<'_>>,
+    images: Option<ImageInput>,
     max_tokens: usize,
-    sampler: &mut Sampler,
+    sampler: Sampler,
     stops: &[u32],
     interrupted: &dyn Fn() -> bool,
 ) -> CliResult<Generated> {
@@ -47,7 +51,8 @@ pub fn stream_reply(
     let mut err: Option<qwen3_vl::Error> = None;
     let t0 = Instant::now();
     let mut n = 0usize;
-    let g = session.generate_with_images(prompt, images, max_tokens, sampler, stops, &mut |t| {
+    let req = Request { prompt: prompt.to_vec(), images, max_new: max_tokens, sampler, stop_ids: stops.to_vec() };
+    let g = engine.generate(req, &mut |t| {
         n += 1;
         log::trace!("token {}: id {} at {:.3} s", n, t, t0.elapsed().as_secs_f64());
         if stops.contains(&t) {
@@ -78,8 +83,9 @@ pub fn stream_reply(
 pub fn summary(g: &Generated, why_length: &str) -> String {
     let n = g.tokens.len();
     format!(
-        "[{} prompt tokens in {:.2} s ({:.1} tok/s); {} generated in {:.2} s ({:.2} tok/s); stop: {}]",
+        "[{} prompt tokens{} in {:.2} s ({:.1} tok/s); {} generated in {:.2} s ({:.2} tok/s); stop: {}]",
         g.prompt_tokens,
+        if g.cached_tokens > 0 { format!(" ({} from the prefix cache)", g.cached_tokens) } else { String::new() },
         g.prefill_secs,
         g.prompt_tokens as f64 / g.prefill_secs.max(1e-9),
         n,
@@ -123,13 +129,15 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     // 2. the weights
     // the tower's activations are planned for its largest pass (long videos go in slices)
     let image_tokens = qwen3_vl::model::vision::tower_tokens(&prepared.grids, checked.config.vision.spatial_merge_size);
-    let l = a.model.load(checked, prompt.len() + a.max_tokens, Some(image_tokens).filter(|&n| n > 0))?;
+    // the engine's KV cache: whole blocks for the prompt and the reply
+    let cfg = EngineConfig::new(1, prompt.len() + a.max_tokens, qwen3_vl::DType::F32);
+    let kv_tokens = (prompt.len() + a.max_tokens + cfg.block - 1) / cfg.block * cfg.block;
+    let l = a.model.load(checked, kv_tokens, Some(image_tokens).filter(|&n| n > 0))?;
     let t_loaded = Instant::now();
     // 3. the reply
-    let mut session = Session::with_kv_dtype(&l.model, &*l.backend, prompt.len() + a.max_tokens, l.kv_dtype)?;
+    let mut engine = Engine::new(&l.model, &*l.backend, EngineConfig { kv_tokens, kv_dtype: l.kv_dtype, ..cfg })?;
     let params = a.sampling.params(&l.defaults);
-    let mut sampler = Sampler::new(params);
-    let g = stream_reply(&mut session, &l.tokenizer, &prompt, prepared.images().as_ref(), a.max_tokens, &mut sampler, &stop_ids(&l.tokenizer), &|| false)?;
+    let g = stream_reply(&mut engine, &l.tokenizer, &prompt, prepared.input(), a.max_tokens, Sampler::new(params), &stop_ids(&l.tokenizer), &|| false)?;
     if !quiet() {
         eprintln!("{}", summary(&g, "--max-tokens reached"));
     }

@@ -372,6 +372,11 @@ impl Prepared {
         }
     }
 
+    /// The images and videos as the engine takes them (a copy of the patches), `None` without.
+    pub fn input(&self) -> Option<qwen3_vl::engine::ImageInput> {
+        self.images().map(|im| qwen3_vl::engine::ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), key: None })
+    }
+
     /// Placeholder tokens of every image and video.
     pub fn tokens(&self) -> usize {
         self.media.iter().map(Media::tokens).sum()

@@ -100,7 +100,9 @@ fn a_batch_gives_each_request_its_tokens_alone() {
                     assert_eq!(ids, (0..ps.len() as u64).collect::<Vec<_>>());
                     run(&mut e, vec![], None)
                 } else {
-                    run(&mut e, reqs, None)
+                    let got = run(&mut e, reqs, None);
+            assert_eq!(e.stats().host_samples, 0, "every row drawn in the step on {}", b.describe());
+            got
                 };
                 for (i, w) in want.iter().enumerate() {
                     check(&format!("{} on {}, request {}, blocks of {}, chunks of {}", case, b.describe(), i, block, chunk), &got[&(i as u64)], w);
@@ -421,5 +423,47 @@ fn a_lone_request_samples_as_a_session_does() {
             let s = e.stats();
             assert_eq!((s.blocks_used, s.running, s.waiting), (0, 0, 0), "{}: every block free", what);
         }
+    }
+}
+
+/// Requests that sample differently (greedy, and temperature / top-k / top-p with their own
+/// seeds) share steps: the device samples every row with its own settings. On the CPU each
+/// request draws exactly the tokens it draws alone in a session; on a GPU each draws what it
+/// draws in a batch of the same requests run again (the draws follow sequence positions).
+#[test]
+fn requests_that_sample_differently_share_a_batch() {
+    for b in common::backends("engine mixed sampling") {
+        let model = load("untied_mha", &*b);
+        let kv = b.default_kv_dtype();
+        let vocab = model.config.text.vocab_size;
+        let settings = [
+            SamplingParams::greedy(),
+            SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, repetition_penalty: 1.0, seed: 11 },
+            SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, repetition_penalty: 1.0, seed: 12 },
+            SamplingParams { temperature: 1.4, top_k: 5, top_p: 1.0, repetition_penalty: 1.0, seed: 13 },
+            SamplingParams { temperature: 0.6, top_k: 64, top_p: 0.7, repetition_penalty: 1.0, seed: u64::MAX },
+        ];
+        let ps = prompts(vocab, settings.len());
+        let cpu = b.kind() == qwen3_vl::DeviceKind::Cpu;
+        let batch = || {
+            let mut cfg = EngineConfig::new(8, 1024, kv);
+            cfg.block = 4;
+            let mut e = Engine::new(&model, &*b, cfg).unwrap();
+            let reqs = ps.iter().zip(&settings).map(|(p, s)| Request { prompt: p.clone(), images: None, max_new: 12, sampler: Sampler::new(*s), stop_ids: vec![] }).collect();
+            let got = run(&mut e, reqs, None);
+            assert_eq!(e.stats().host_samples, 0, "every row drawn in the step on {}", b.describe());
+            got
+        };
+        let got = batch();
+        for (i, (p, s)) in ps.iter().zip(&settings).enumerate() {
+            let what = format!("request {} ({:?}) on {}", i, s, b.describe());
+            assert_eq!(got[&(i as u64)].len(), 12, "{}", what);
+            if cpu {
+                let mut sess = Session::with_kv_dtype(&model, &*b, p.len() + 12, kv).unwrap();
+                let want = sess.generate(p, 12, &mut Sampler::new(*s), &[], &mut |_| true).unwrap();
+                assert_eq!(got[&(i as u64)], want.tokens, "{}: in a batch against alone", what);
+            }
+        }
+        assert_eq!(batch(), got, "the same batch again on {}", b.describe());
     }
 }

@@ -291,6 +291,52 @@ fn sampling_on_the_device_picks_what_the_host_picks() {
 }
 
 #[test]
+fn sampling_each_row_with_its_own_settings_picks_what_the_host_picks() {
+    let g = match gpu("sample_step_rows") {
+        Some(g) => g,
+        None => return,
+    };
+    // a batch whose rows sample differently: greedy, hot, nucleus, a small top-k, and the same
+    // settings with another seed; the launch ranks the largest top-k, each row picks in its own
+    let rows_settings = [
+        DeviceSampling::greedy(),
+        DeviceSampling { temperature: 0.7, top_k: 20, top_p: 0.8, seed: 5 },
+        DeviceSampling { temperature: 1.3, top_k: 40, top_p: 1.0, seed: 6 },
+        DeviceSampling { temperature: 0.2, top_k: 3, top_p: 0.5, seed: 7 },
+        DeviceSampling { temperature: 0.7, top_k: 20, top_p: 0.8, seed: u64::MAX - 3 },
+    ];
+    let rows = rows_settings.len();
+    let words: Vec<u32> = rows_settings.iter().flat_map(|s| s.row_words()).collect();
+    for &(vocab, n, k) in &[(151_936usize, 151_669usize, 64usize), (1000, 900, 40), (5000, 4999, 64)] {
+        let logits: Vec<f32> = random(rows * vocab, 97).iter().enumerate().map(|(i, v)| if i % vocab >= n { 50.0 } else if i % 89 == 0 { 2.5 } else { v * 3.0 }).collect();
+        for step in 0..6u32 {
+            let op = |b: &dyn Backend| -> Result<Vec<f32>> {
+                let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
+                let mut cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5))?;
+                let settings = b.upload_u32(&[rows, qwen3_vl::gpu::params::sample_row::WORDS], &words)?;
+                b.sample_step_rows(&b.upload_f32(&[rows, vocab], &logits)?, &settings, k, n, &mut ids, &mut cursor)?;
+                let mut out: Vec<f32> = b.download_u32(&ids)?.iter().map(|&i| i as f32).collect();
+                out.extend(b.download_u32(&cursor)?.iter().map(|&c| c as f32));
+                Ok(out)
+            };
+            let name = format!("sample_step_rows vocab={} n={} k={} step {}", vocab, n, k, step);
+            let picks = op(&*cpu()).unwrap();
+            // each row as its own settings would pick it alone
+            for (r, s) in rows_settings.iter().enumerate() {
+                let alone = |b: &dyn Backend| -> Result<u32> {
+                    let mut ids = b.upload_u32(&[1], &[0])?;
+                    let mut cursor = b.upload_u32(&[1, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5)[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS])?;
+                    b.sample_step(&b.upload_f32(&[1, vocab], &logits[r * vocab..(r + 1) * vocab])?, s, n, &mut ids, &mut cursor)?;
+                    Ok(b.download_u32(&ids)?[0])
+                };
+                assert_eq!(picks[r] as u32, alone(&*cpu()).unwrap(), "{}: row {} against its settings alone", name, r);
+            }
+            agree_host(&name, &*g, &op, 0.0, 0.0);
+        }
+    }
+}
+
+#[test]
 fn device_ids_embedding_narrowing_and_f16_rows_agree() {
     let g = match gpu("embedding_gather / narrow_cols / write_rows f16") {
         Some(g) => g,

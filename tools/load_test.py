@@ -85,6 +85,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--image", help="an image file to send with every other request")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sampling", choices=("greedy", "shared", "mixed"), default="greedy",
+                    help="greedy: temperature 0; shared: temperature 0.8, top-p 0.95, top-k 20 for all, the "
+                    "server's seed; mixed: each request its own temperature (0.5-1.0), top-p, top-k and seed")
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.prompt_words.split(":"))
@@ -103,6 +106,10 @@ def main():
                 content = [{"type": "image_url", "image_url": {"url": img}}, {"type": "text", "text": text}]
             body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": a.max_tokens,
                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            if a.sampling == "shared":
+                body.update(temperature=0.8, top_p=0.95, top_k=20)
+            elif a.sampling == "mixed":
+                body.update(temperature=round(rng.uniform(0.5, 1.0), 2), top_p=rng.choice((0.8, 0.9, 1.0)), top_k=rng.choice((20, 40)), seed=rng.randrange(1 << 31))
             r = one_request(a.url, body, a.timeout)
             with lock:
                 results.append(r)

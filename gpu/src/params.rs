@@ -777,6 +777,23 @@ pub struct SampleParams {
     pub temperature: f32,
     pub top_p: f32,
     pub seed: u64,
+    /// 0, or `[rows, sample_row::WORDS]` u32: each row's own settings (temperature, top-p,
+    /// top-k at most `k`, seed), which then replace the three above.
+    pub row_settings: u64,
+}
+
+/// The layout of a row's sampling settings (`SampleParams::row_settings`): u32 words.
+pub mod sample_row {
+    pub const WORDS: usize = 8;
+    /// f32 bits; <= 0: greedy.
+    pub const TEMPERATURE: usize = 0;
+    /// f32 bits.
+    pub const TOP_P: usize = 1;
+    /// Candidates this row samples among (1: greedy), at most the launch's `k`.
+    pub const TOP_K: usize = 2;
+    /// The seed's low and high halves.
+    pub const SEED_LO: usize = 3;
+    pub const SEED_HI: usize = 4;
 }
 
 /// Launch shape of the sampling kernels.

@@ -14,7 +14,9 @@
 //! - `sample_pick_f32`, one block per row: the same over the `blocks · k` candidates, giving
 //!   the row's `k` best in order; thread 0 then picks (greedy: the first; else
 //!   `gpu::math::pick_sorted` with the draw `sample_uniform(seed, cursor row)`, both shared with
-//!   the CPU sampler), writes the id and advances the cursor.
+//!   the CPU sampler), writes the id and advances the cursor. With `row_settings`, each row
+//!   picks with its own temperature, top-p, seed and top-k (a prefix of the `k` ranked: rows of
+//!   a batch that sample differently share one launch).
 //!
 //! # Safety
 //! The launcher checks sizes, `k <= MAX_K`, the slice fits the shared stage. All threads reach
@@ -22,7 +24,7 @@
 
 use crate::math::{pick_sorted, sample_uniform};
 use crate::params::sample_tile::{MAX_CAND, MAX_K, MAX_SLICE, THREADS};
-use crate::params::{SampleParams, CURSOR_FIELDS, CURSOR_ROW};
+use crate::params::{sample_row, SampleParams, CURSOR_FIELDS, CURSOR_ROW};
 use crate::reduce::shfl_xor;
 use cuda_std::{kernel, shared_array, thread};
 
@@ -142,11 +144,19 @@ pub unsafe fn sample_pick_f32(p: SampleParams) {
     thread::sync_threads();
     if tid == 0 {
         let cur = (p.cursor as *mut u32).add(r * CURSOR_FIELDS);
-        let place = if p.temperature <= 0.0 || k == 1 {
+        // the launch's settings, or this row's own (its top-k a prefix of the k ranked)
+        let (temperature, top_p, seed, kr) = if p.row_settings == 0 {
+            (p.temperature, p.top_p, p.seed, k)
+        } else {
+            let w = (p.row_settings as *const u32).add(r * sample_row::WORDS);
+            let seed = *w.add(sample_row::SEED_LO) as u64 | (*w.add(sample_row::SEED_HI) as u64) << 32;
+            (f32::from_bits(*w.add(sample_row::TEMPERATURE)), f32::from_bits(*w.add(sample_row::TOP_P)), seed, (*w.add(sample_row::TOP_K) as usize).clamp(1, k))
+        };
+        let place = if temperature <= 0.0 || kr == 1 {
             0
         } else {
-            let u = sample_uniform(p.seed, *cur.add(CURSOR_ROW) as u64);
-            pick_sorted(core::slice::from_raw_parts(best, k), p.temperature, p.top_p, u)
+            let u = sample_uniform(seed, *cur.add(CURSOR_ROW) as u64);
+            pick_sorted(core::slice::from_raw_parts(best, kr), temperature, top_p, u)
         };
         // ids past the vocabulary only come from NaN logits; keep them in range
         let id = *best_id.add(place);

@@ -6,7 +6,7 @@
 use crate::model::rope::{mrope_tables, Pos3};
 use crate::pages::{gather_cache_rows, Pages};
 use crate::{ops, Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
-use gpu::params::{block_mask, CURSOR_FIELDS, CURSOR_ROW};
+use gpu::params::{block_mask, sample_row, CURSOR_FIELDS, CURSOR_ROW};
 
 /// Device memory accounting (all zero on the CPU backend).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -316,6 +316,27 @@ impl DeviceSampling {
             1
         } else {
             self.top_k
+        }
+    }
+
+    /// These settings as one row of [`Backend::sample_step_rows`]'s settings.
+    pub fn row_words(&self) -> [u32; sample_row::WORDS] {
+        let mut w = [0u32; sample_row::WORDS];
+        w[sample_row::TEMPERATURE] = if self.is_greedy() { 0.0f32 } else { self.temperature }.to_bits();
+        w[sample_row::TOP_P] = self.top_p.to_bits();
+        w[sample_row::TOP_K] = self.candidates() as u32;
+        w[sample_row::SEED_LO] = self.seed as u32;
+        w[sample_row::SEED_HI] = (self.seed >> 32) as u32;
+        w
+    }
+
+    /// The settings of one row of [`Backend::sample_step_rows`]'s settings.
+    pub fn from_row_words(w: &[u32]) -> DeviceSampling {
+        DeviceSampling {
+            temperature: f32::from_bits(w[sample_row::TEMPERATURE]),
+            top_p: f32::from_bits(w[sample_row::TOP_P]),
+            top_k: w[sample_row::TOP_K] as usize,
+            seed: w[sample_row::SEED_LO] as u64 | (w[sample_row::SEED_HI] as u64) << 32,
         }
     }
 }
@@ -721,6 +742,26 @@ pub trait Backend: Send + Sync {
             let row = &all[r * vocab..r * vocab + n];
             let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
             picks.push(crate::generate::sampling::pick(row, s, c[CURSOR_ROW] as u64));
+            c.iter_mut().for_each(|f| *f += 1);
+        }
+        self.write_u32(ids, &picks)?;
+        self.write_u32(cursor, &cur)
+    }
+
+    /// [`Backend::sample_step`] with each row's own settings: `settings [rows, WORDS]` u32
+    /// ([`DeviceSampling::row_words`]; `gpu::params::sample_row`), every row's candidates at
+    /// most `max_k` (the rows of a batch that sample differently, in one step).
+    fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        let (rows, vocab, n) = ops::sample_rows_dims(logits, settings, max_k, n, ids, cursor, self.max_device_top_k())?;
+        let words = self.download_u32(settings)?;
+        let all = self.download_f32(logits)?;
+        let mut cur = self.download_u32(cursor)?;
+        let mut picks = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let s = DeviceSampling::from_row_words(&words[r * sample_row::WORDS..(r + 1) * sample_row::WORDS]);
+            ops::sampling_fits("sample_step_rows", &s, n, max_k)?;
+            let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
+            picks.push(crate::generate::sampling::pick(&all[r * vocab..r * vocab + n], &s, c[CURSOR_ROW] as u64));
             c.iter_mut().for_each(|f| *f += 1);
         }
         self.write_u32(ids, &picks)?;

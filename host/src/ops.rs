@@ -163,8 +163,29 @@ pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, n: usize
         return Err(Error::Limit { op: OP, msg: format!("{} candidate ids in rows of {} logits (1..={})", n, vocab, vocab) });
     }
     cursor_dims(OP, cursor, rows)?;
+    sampling_fits(OP, s, n, max_k)?;
+    Ok((rows, vocab, n))
+}
+
+/// Whether the device samples with `s` among `n` candidates, keeping at most `max_k`.
+pub fn sampling_fits(op: &'static str, s: &crate::backend::DeviceSampling, n: usize, max_k: usize) -> Result<()> {
     if !s.is_greedy() && (s.top_k == 0 || s.top_k > max_k.min(n) || !(s.top_p > 0.0 && s.top_p <= 1.0)) {
-        return Err(Error::Limit { op: OP, msg: format!("top_k {} (1..={}) / top_p {} (0, 1] cannot be sampled on the device", s.top_k, max_k.min(n), s.top_p) });
+        return Err(Error::Limit { op, msg: format!("top_k {} (1..={}) / top_p {} (0, 1] cannot be sampled on the device", s.top_k, max_k.min(n), s.top_p) });
+    }
+    Ok(())
+}
+
+/// The rows of [`crate::Backend::sample_step_rows`], after checking its settings' shape and
+/// `max_k` (each row's own settings are checked as it is picked).
+pub fn sample_rows_dims(logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &Tensor, cursor: &Tensor, device_max_k: usize) -> Result<(usize, usize, usize)> {
+    const OP: &str = "sample_step_rows";
+    let (rows, vocab, n) = sample_dims(logits, &crate::backend::DeviceSampling::greedy(), n, ids, cursor, device_max_k)?;
+    expect_dtype(OP, settings, DType::U32)?;
+    if settings.shape() != [rows, gpu::params::sample_row::WORDS] {
+        return Err(Error::shape(OP, &[logits.shape(), settings.shape()], format!("settings must be [{}, {}]", rows, gpu::params::sample_row::WORDS)));
+    }
+    if max_k == 0 || max_k > device_max_k.min(n) {
+        return Err(Error::Limit { op: OP, msg: format!("max top_k {} (1..={})", max_k, device_max_k.min(n)) });
     }
     Ok((rows, vocab, n))
 }

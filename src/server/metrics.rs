@@ -56,6 +56,7 @@ pub struct Metrics {
     prefix_hit_tokens: AtomicU64,
     prefix_prompt_tokens: AtomicU64,
     vision_runs: AtomicU64,
+    host_samples: AtomicU64,
     steps: AtomicU64,
     step_us: AtomicU64,
     ttft: Mutex<Histogram>,
@@ -95,6 +96,7 @@ impl Metrics {
         self.prefix_hit_tokens.store(st.prefix_hit_tokens, Ordering::Relaxed);
         self.prefix_prompt_tokens.store(st.prompt_tokens, Ordering::Relaxed);
         self.vision_runs.store(st.vision_runs, Ordering::Relaxed);
+        self.host_samples.store(st.host_samples, Ordering::Relaxed);
     }
 
     /// Counts one engine step of `secs`.
@@ -146,6 +148,7 @@ impl Metrics {
         c("qwen3vl_prefix_cache_hit_tokens_total", "Prompt tokens whose keys and values came from the prefix cache.", self.prefix_hit_tokens.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_prefix_cache_prompt_tokens_total", "Prompt tokens the engine admitted (hits and misses).", self.prefix_prompt_tokens.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_vision_tower_runs_total", "Vision tower passes (prompts whose image tokens were not all in the prefix cache).", self.vision_runs.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
+        c("qwen3vl_host_sampled_tokens_total", "Tokens drawn on the host from downloaded logits (penalties, or a top-k the device does not take); the rest are drawn inside the step.", self.host_samples.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_preemptions_total", "Sequences preempted for KV blocks (re-read later).", self.preemptions.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_steps_total", "Engine steps run.", self.steps.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_step_seconds_total", "Time spent in engine steps.", format!("{:.6}", self.step_us.load(Ordering::Relaxed) as f64 / 1e6), "counter", &mut metric);

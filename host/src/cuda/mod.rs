@@ -469,6 +469,10 @@ impl Backend for CudaBackend {
         self.sample_step_op(logits, s, n, ids, cursor)
     }
 
+    fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        self.sample_step_rows_op(logits, settings, max_k, n, ids, cursor)
+    }
+
     fn record(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
         self.record_op(f)
     }

@@ -7,7 +7,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::backend::DeviceSampling;
 use crate::kernels::Kernel;
 use crate::{ops, Error, Result, Tensor};
-use gpu::params::{sample_tile, SampleParams, CURSOR_FIELDS};
+use gpu::params::{sample_row, sample_tile, SampleParams, CURSOR_FIELDS};
 
 /// First-stage blocks per row for a vocabulary of `n`: each stages at most `MAX_SLICE` logits.
 pub fn blocks_for(n: usize) -> usize {
@@ -18,8 +18,18 @@ pub fn blocks_for(n: usize) -> usize {
 /// are the candidates, keeping `k` of them.
 #[allow(clippy::too_many_arguments)]
 pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids: &DeviceBuffer, cursor: &DeviceBuffer, rows: usize, n: usize, ld: usize, s: &DeviceSampling) -> Result<()> {
+    sample_with(l, (logits, cand, ids, cursor), rows, n, ld, s, None)
+}
+
+/// [`sample`] with each row's own settings (`settings`: `[rows, sample_row::WORDS]` u32, every
+/// row's top-k at most `s.candidates()`, the launch's `k`).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_with(l: &Launcher<'_>, (logits, cand, ids, cursor): (&DeviceBuffer, &DeviceBuffer, &DeviceBuffer, &DeviceBuffer), rows: usize, n: usize, ld: usize, s: &DeviceSampling, settings: Option<&DeviceBuffer>) -> Result<()> {
     let kernel = Kernel::SampleTopkF32;
     let (k, blocks) = (s.candidates(), blocks_for(n));
+    if let Some(b) = settings {
+        need(kernel, "settings", b, rows * sample_row::WORDS * 4)?;
+    }
     if k == 0 || k > sample_tile::MAX_K || k > n || blocks * k > sample_tile::MAX_CAND {
         return Err(Error::Limit { op: kernel.name(), msg: format!("top_k {} over {} logits needs {} candidates (at most {} of {})", k, n, blocks * k, sample_tile::MAX_K, sample_tile::MAX_CAND) });
     }
@@ -43,6 +53,7 @@ pub fn sample(l: &Launcher<'_>, logits: &DeviceBuffer, cand: &DeviceBuffer, ids:
         temperature: if s.is_greedy() { 0.0 } else { s.temperature },
         top_p: s.top_p,
         seed: s.seed,
+        row_settings: settings.map_or(0, |b| b.addr()),
     };
     if rows == 0 {
         return Ok(());
@@ -62,5 +73,21 @@ impl CudaBackend {
         let l = self.enter()?;
         let cand = self.output(rows * blocks_for(n) * s.candidates() * 2)?;
         sample(&l, self.buffer(OP, logits)?, &cand, self.buffer(OP, ids)?, self.buffer(OP, cursor)?, rows, n, ld, s)
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn sample_step_rows_op(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        const OP: &str = "sample_step_rows";
+        let (rows, ld, n) = ops::sample_rows_dims(logits, settings, max_k, n, ids, cursor, sample_tile::MAX_K)?;
+        if rows > 65_535 {
+            return Err(Error::Limit { op: OP, msg: format!("{} rows exceed 65535", rows) });
+        }
+        // the launch ranks max_k candidates (greedy when 1); each row picks with its own settings
+        let launch = DeviceSampling { temperature: 1.0, top_k: max_k, top_p: 1.0, seed: 0 };
+        let l = self.enter()?;
+        let cand = self.output(rows * blocks_for(n) * max_k * 2)?;
+        let bufs = (self.buffer(OP, logits)?, &cand, self.buffer(OP, ids)?, self.buffer(OP, cursor)?);
+        sample_with(&l, bufs, rows, n, ld, &launch, Some(self.buffer(OP, settings)?))
     }
 }

@@ -6,7 +6,7 @@
 
 use super::paged::{PagedKv, PagedStep, StepRows};
 use crate::backend::{run_recorded, DeviceSampling, Recording};
-use gpu::params::CURSOR_ROW;
+use gpu::params::{sample_row, CURSOR_ROW};
 use crate::model::Model;
 use crate::{Backend, Pages, Result, Tensor};
 use gpu::params::CURSOR_FIELDS;
@@ -21,6 +21,10 @@ pub enum Pick {
     /// On the device, inside the step, with settings every row shares (greedy, or temperature,
     /// top-k / top-p and seed; each row's draw numbered by its sequence position).
     Device(DeviceSampling),
+    /// On the device, inside the step, each row with its own settings (the slot's
+    /// `settings`), ranking `k` candidates (the rows' largest top-k, rounded up to a power of
+    /// two so that few recordings cover a server's mix).
+    Rows { k: usize },
     /// On the host, from the step's logits.
     Host,
 }
@@ -41,6 +45,8 @@ struct Slot {
     /// `[rows, 4]` u32: each row's draw number for [`Pick::Device`] in its last field (the
     /// index of the token fed in its sequence, as [`crate::generate::Session`] numbers draws).
     draws: Tensor,
+    /// `[rows, sample_row::WORDS]` u32: each row's settings for [`Pick::Rows`].
+    settings: Tensor,
     /// The rows' block tables, as wide as the whole cache.
     pages: Pages,
     /// The logits of the last [`Pick::Host`] step (in the recording's memory when recorded).
@@ -98,6 +104,7 @@ impl DecodeSteps {
             ids: b.upload_u32(&[rows], &vec![0; rows])?,
             cursor: b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?,
             draws: b.upload_u32(&[rows, CURSOR_FIELDS], &vec![0; rows * CURSOR_FIELDS])?,
+            settings: b.upload_u32(&[rows, sample_row::WORDS], &vec![0; rows * sample_row::WORDS])?,
             pages: Pages::with_capacity(b, kv.block(), slots_total, rows, kv.blocks())?,
             logits: None,
             recording: None,
@@ -109,10 +116,11 @@ impl DecodeSteps {
 
     /// Runs the decode step of `rows` (decode rows only: each row a sequence of its own, with
     /// its blocks and the keys it sees, its own included), feeding `ids` at `cursor` (`[rows,
-    /// 4]`: position, cache row), and returns the next tokens (`Pick::Device`, row `i`'s draw
-    /// numbered `draws[i]`) or the logits.
+    /// 4]`: position, cache row), and returns the next tokens (`Pick::Device` and `Pick::Rows`,
+    /// row `i`'s draw numbered `draws[i]`; `settings`: the rows' settings for `Pick::Rows`) or
+    /// the logits.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], draws: &[u32], pick: Pick) -> Result<Picked> {
+    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], (draws, settings): (&[u32], &[u32]), pick: Pick) -> Result<Picked> {
         let n = rows.decode.len();
         debug_assert!(rows.prefill.is_empty(), "a decode-only step");
         let record = self.record;
@@ -120,15 +128,19 @@ impl DecodeSteps {
         // 1. the inputs, in place
         b.write_u32(&mut slot.ids, ids)?;
         b.write_u32(&mut slot.cursor, cursor)?;
-        if let Pick::Device(s) = pick {
-            if !s.is_greedy() {
+        match pick {
+            Pick::Device(s) if s.is_greedy() => {}
+            Pick::Device(_) => b.write_u32(&mut slot.draws, &draw_cursor(draws))?,
+            Pick::Rows { .. } => {
                 b.write_u32(&mut slot.draws, &draw_cursor(draws))?;
+                b.write_u32(&mut slot.settings, settings)?;
             }
+            Pick::Host => {}
         }
         let tables: Vec<(&[u32], usize)> = rows.decode.iter().map(|(bl, keys)| (bl.as_slice(), *keys)).collect();
         slot.pages.write(b, &tables)?;
         // 2. the step: replayed, recorded then replayed, or run as plain launches
-        let Slot { ids, cursor, draws, pages, logits, recording, unrecordable, .. } = slot;
+        let Slot { ids, cursor, draws, settings, pages, logits, recording, unrecordable, .. } = slot;
         let (pages, vocab) = (&*pages, m.sampled_vocab());
         let mut body = || -> Result<()> {
             let x = m.text.embed_ids(b, ids)?; // [rows, hidden]
@@ -137,6 +149,7 @@ impl DecodeSteps {
             let l = m.text.logits(b, &h)?; // [rows, vocab]
             match pick {
                 Pick::Device(s) => b.sample_step(&l, &s, vocab, ids, draws),
+                Pick::Rows { k } => b.sample_step_rows(&l, settings, k, vocab, ids, draws),
                 Pick::Host => {
                     *logits = Some(l);
                     Ok(())
@@ -146,7 +159,7 @@ impl DecodeSteps {
         run_recorded(b, record, recording, unrecordable, pick, &mut body)?;
         // 3. what it produced
         match pick {
-            Pick::Device(_) => Ok(Picked::Tokens(b.download_u32(ids)?)),
+            Pick::Device(_) | Pick::Rows { .. } => Ok(Picked::Tokens(b.download_u32(ids)?)),
             Pick::Host => Ok(Picked::Logits(logits.clone().ok_or_else(|| crate::Error::Device { op: "engine decode step", msg: "the step produced no logits".into() })?)),
         }
     }

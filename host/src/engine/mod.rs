@@ -35,7 +35,7 @@ use crate::model::{Model, Pos3};
 use crate::{Backend, DType, Error, Result, Tensor};
 use blocks::{chain, BlockPool};
 use graph::{DecodeSteps, Pick, Picked};
-use gpu::params::CURSOR_FIELDS;
+use gpu::params::{sample_row, CURSOR_FIELDS};
 use paged::{PagedKv, PagedStep, StepRows};
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -141,6 +141,9 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     /// Vision tower passes (prompts whose images were not all in the prefix cache).
     pub vision_runs: u64,
+    /// Tokens drawn on the host from downloaded logits (a repetition or output penalty in the
+    /// step, or a top-k the device does not take); the others were drawn in the step.
+    pub host_samples: u64,
 }
 
 struct Seq {
@@ -207,6 +210,13 @@ impl Seq {
     fn decodes(&self) -> bool {
         self.pending() == 1 && !self.images_unread()
     }
+}
+
+/// How a step's rows sample on the device: all with the same settings, or each with its own
+/// (`[rows, sample_row::WORDS]` words, ranking the given number of candidates).
+enum OnDevice {
+    Shared(DeviceSampling),
+    Rows(usize, Vec<u32>),
 }
 
 /// A row group of one step: a decode row or a prefill chunk of sequence `seq` (an index into
@@ -554,9 +564,13 @@ impl<'a> Engine<'a> {
         // 3. a decode-only step: recorded per batch size (see `graph`)
         let mut picks: Vec<(usize, u32)> = Vec::new(); // (part, token)
         if parts.iter().all(|p| p.decode) {
-            let pick = self.device_sampling(&parts).map_or(Pick::Host, Pick::Device);
+            let (pick, settings) = match self.device_sampling(&parts) {
+                None => (Pick::Host, Vec::new()),
+                Some(OnDevice::Shared(s)) => (Pick::Device(s), Vec::new()),
+                Some(OnDevice::Rows(k, w)) => (Pick::Rows { k }, w),
+            };
             let draws: Vec<u32> = parts.iter().map(|p| p.from as u32).collect();
-            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, &draws, pick)? {
+            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws, &settings), pick)? {
                 Picked::Tokens(t) => t,
                 Picked::Logits(l) => self.sample_host(&l, &parts)?,
             };
@@ -659,22 +673,31 @@ impl<'a> Engine<'a> {
     fn sample(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
         let (b, n) = (self.backend, self.model.sampled_vocab());
         let rows = parts.len();
-        if let Some(s) = self.device_sampling(parts) {
+        if let Some(on) = self.device_sampling(parts) {
             let draws: Vec<u32> = parts.iter().map(|p| (p.from + p.n - 1) as u32).collect();
             let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
             let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &graph::draw_cursor(&draws))?;
-            b.sample_step(logits, &s, n, &mut ids, &mut cur)?;
+            match on {
+                OnDevice::Shared(s) => b.sample_step(logits, &s, n, &mut ids, &mut cur)?,
+                OnDevice::Rows(k, w) => b.sample_step_rows(logits, &b.upload_u32(&[rows, sample_row::WORDS], &w)?, k, n, &mut ids, &mut cur)?,
+            }
             return b.download_u32(&ids);
         }
         self.sample_host(logits, parts)
     }
 
-    /// The device's sampling settings when every part's sequence samples with the same ones
-    /// (always so for a lone sequence without penalties); `None` sends the step to the host.
-    fn device_sampling(&self, parts: &[Part]) -> Option<DeviceSampling> {
+    /// How the device samples the parts' sequences: with settings they all share (always so
+    /// for a lone sequence), or each with its own; `None` (a repetition or output penalty, a
+    /// top-k the device does not take) sends the step to the host.
+    fn device_sampling(&self, parts: &[Part]) -> Option<OnDevice> {
         let max_k = self.backend.max_device_top_k();
-        let first = self.running[parts.first()?.seq].sampler.device_sampling(max_k)?;
-        parts[1..].iter().all(|p| self.running[p.seq].sampler.device_sampling(max_k) == Some(first)).then(|| first)
+        let each = parts.iter().map(|p| self.running[p.seq].sampler.device_sampling(max_k)).collect::<Option<Vec<_>>>()?;
+        let first = *each.first()?;
+        if each.iter().all(|s| *s == first) {
+            return Some(OnDevice::Shared(first));
+        }
+        let k = each.iter().map(|s| s.candidates()).max().unwrap_or(1).next_power_of_two().min(max_k).min(self.model.sampled_vocab());
+        Some(OnDevice::Rows(k, each.iter().flat_map(|s| s.row_words()).collect()))
     }
 
     /// [`Engine::sample`] on the host, each sequence with its own sampler.
@@ -683,6 +706,7 @@ impl<'a> Engine<'a> {
         let rows = parts.len();
         let all = b.download_f32(logits)?;
         let vocab = all.len() / rows.max(1);
+        self.stats.host_samples += rows as u64;
         let mut out = Vec::with_capacity(rows);
         for (r, p) in parts.iter().enumerate() {
             let s = &mut self.running[p.seq];

@@ -467,3 +467,32 @@ fn requests_that_sample_differently_share_a_batch() {
         assert_eq!(batch(), got, "the same batch again on {}", b.describe());
     }
 }
+
+/// Short prefill chunks after a long history (a chat's next turn; a long prompt read in small
+/// chunks) attend through the block tables instead of gathering the history: the tokens stay
+/// those of the request alone.
+#[test]
+fn short_chunks_after_a_long_history_keep_the_answers() {
+    for b in common::backends("engine short chunks, long history") {
+        for case in ["tied_gqa", "untied_mha"] {
+            let model = load(case, &*b);
+            let kv = b.default_kv_dtype();
+            let long: Vec<u32> = (0..400).map(|j| ((j * 7919 + 101) % 1000 + 10) as u32).collect();
+            // 1. a long prompt in chunks of 24: the chunks past 256 keys take the tables
+            let mut cfg = EngineConfig::new(2, 2048, kv);
+            cfg.max_prefill_tokens = 24;
+            let mut e = Engine::new(&model, &*b, cfg).unwrap();
+            let want = alone(&model, &*b, kv, &long, 6);
+            let (got, _) = run_one(&mut e, greedy(long.clone(), 6));
+            check(&format!("{} in chunks of 24 on {}", case, b.describe()), &got, &want);
+            // 2. the next turn: a few new tokens after the cached history
+            let mut turn2 = long.clone();
+            turn2.extend(&got[..5]);
+            turn2.extend([7, 8, 9]);
+            let want2 = alone(&model, &*b, kv, &turn2, 6);
+            let (got2, cached) = run_one(&mut e, greedy(turn2.clone(), 6));
+            assert!(cached >= 400 && turn2.len() - cached <= qwen3_vl::engine::paged::CHUNK_PAGED_ROWS, "{} cached of {}", cached, turn2.len());
+            check(&format!("{} next turn on {}", case, b.describe()), &got2, &want2);
+        }
+    }
+}

@@ -10,6 +10,24 @@ use crate::model::text::{copy_rows_to_host, LayerKv};
 use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 use crate::{Backend, DType, Error, Pages, Result, Tensor};
 
+/// Prefill chunks of at most this many rows whose sequence has at least
+/// [`CHUNK_PAGED_MIN_KEYS`] keys (a chat's next turn) attend through block tables, row by row
+/// as decode rows do, instead of gathering the history into a contiguous copy first.
+pub const CHUNK_PAGED_ROWS: usize = 32;
+pub const CHUNK_PAGED_MIN_KEYS: usize = 256;
+
+/// Whether short chunks attend through block tables (`QWEN3_VL_CHUNK_PAGED=0`: always gather;
+/// an A/B aid).
+fn chunk_paged() -> bool {
+    static ON: std::sync::Once = std::sync::Once::new();
+    static mut VALUE: bool = true;
+    // SAFETY: written once inside call_once, read after it
+    unsafe {
+        ON.call_once(|| VALUE = std::env::var("QWEN3_VL_CHUNK_PAGED").map_or(true, |v| v != "0"));
+        VALUE
+    }
+}
+
 pub struct PagedKv {
     /// Per layer: `[blocks · block, kv_heads, head_dim]`.
     k: Vec<Tensor>,
@@ -78,7 +96,7 @@ pub struct StepRows {
 pub struct PagedStep<'a> {
     kv: &'a mut PagedKv,
     rows: &'a StepRows,
-    made: Vec<(*const u8, Tables<'a>, Vec<Tensor>)>,
+    made: Vec<(*const u8, Tables<'a>, Vec<Tensor>, Vec<Option<Pages>>)>,
 }
 
 /// The decode rows' block tables on one backend.
@@ -107,7 +125,7 @@ impl<'a> PagedStep<'a> {
     /// written for `rows.decode`.
     pub fn lent(kv: &'a mut PagedKv, rows: &'a StepRows, b: &dyn Backend, pages: &'a Pages) -> PagedStep<'a> {
         let key = b as *const dyn Backend as *const u8;
-        PagedStep { kv, rows, made: vec![(key, Tables::Lent(pages), Vec::new())] }
+        PagedStep { kv, rows, made: vec![(key, Tables::Lent(pages), Vec::new(), Vec::new())] }
     }
 
     /// The block tables and the prefill chunks' key ids on `b`.
@@ -123,7 +141,24 @@ impl<'a> PagedStep<'a> {
             Tables::Made(Pages::new(b, self.kv.block, self.kv.blocks * self.kv.block, &rows)?)
         };
         let ids = self.rows.prefill.iter().map(|(_, _, slots)| b.upload_u32(&[slots.len()], slots)).collect::<Result<Vec<_>>>()?;
-        self.made.push((key, pages, ids));
+        // a short chunk after a long history: its rows attend through the block tables, each as
+        // a decode row seeing the keys up to its own (no gather of the whole history)
+        let block = self.kv.block;
+        let chunk_pages = self
+            .rows
+            .prefill
+            .iter()
+            .map(|(_, n, slots)| {
+                if !chunk_paged() || *n > CHUNK_PAGED_ROWS || slots.len() < CHUNK_PAGED_MIN_KEYS {
+                    return Ok(None);
+                }
+                let blocks: Vec<u32> = slots.iter().step_by(block).map(|&s| s / block as u32).collect();
+                let past = slots.len() - n;
+                let rows: Vec<(&[u32], usize)> = (0..*n).map(|i| (blocks.as_slice(), past + i + 1)).collect();
+                Pages::new(b, block, self.kv.blocks * block, &rows).map(Some)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.made.push((key, pages, ids, chunk_pages));
         Ok(self.made.len() - 1)
     }
 }
@@ -223,7 +258,7 @@ impl LayerKv for PagedStep<'_> {
         let (k, v, sc) = (&self.kv.k[layer], &self.kv.v[layer], self.kv.s[layer].as_ref());
         let t = q.shape()[0];
         let nd = self.rows.decode.len();
-        let (_, pages, ids) = &self.made[at];
+        let (_, pages, ids, chunk_pages) = &self.made[at];
         // 2. decode rows: each against its own blocks
         let dec = match pages.get() {
             Some(p) if nd == t => return b.attention_paged(&q, k, v, sc, p, scale),
@@ -236,10 +271,15 @@ impl LayerKv for PagedStep<'_> {
         if let (Some(o), Some(d)) = (&mut out, &dec) {
             b.write_rows(o, 0, d)?;
         }
-        for ((r0, n, slots), idt) in self.rows.prefill.iter().zip(ids) {
-            let (kk, vv, ss) = self.gather(layer, b, idt, slots.len())?;
+        for (((r0, n, slots), idt), cp) in self.rows.prefill.iter().zip(ids).zip(chunk_pages) {
             let qp = if *n == t { q.clone() } else { b.take_rows(&q, *r0, *n)? };
-            let o = b.attention_scaled(&qp, &kk, &vv, ss.as_ref(), AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?;
+            let o = match cp {
+                Some(p) => b.attention_paged(&qp, k, v, sc, p, scale)?,
+                None => {
+                    let (kk, vv, ss) = self.gather(layer, b, idt, slots.len())?;
+                    b.attention_scaled(&qp, &kk, &vv, ss.as_ref(), AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?
+                }
+            };
             match &mut out {
                 Some(all) => b.write_rows(all, *r0, &o)?,
                 None => return Ok(o),

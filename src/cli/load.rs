@@ -361,6 +361,10 @@ pub struct Prepared {
     pub row_len: usize,
     pub grids: Vec<[usize; 3]>,
     pub media: Vec<Media>,
+    /// Each item's content hash ([`qwen3_vl::engine::image_key`]), made once where it is
+    /// prepared: a chat sends its images again every turn, and the engine keys the prefix
+    /// cache's blocks by them.
+    pub keys: Vec<u64>,
 }
 
 impl Prepared {
@@ -374,7 +378,8 @@ impl Prepared {
 
     /// The images and videos as the engine takes them (a copy of the patches), `None` without.
     pub fn input(&self) -> Option<qwen3_vl::engine::ImageInput> {
-        self.images().map(|im| qwen3_vl::engine::ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), key: None })
+        let key = (self.keys.len() == self.grids.len()).then(|| qwen3_vl::engine::combine_image_keys(&self.keys));
+        self.images().map(|im| qwen3_vl::engine::ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), key })
     }
 
     /// Placeholder tokens of every image and video.
@@ -390,6 +395,7 @@ impl Prepared {
         self.patches.extend_from_slice(&other.patches);
         self.grids.extend_from_slice(&other.grids);
         self.media.extend_from_slice(&other.media);
+        self.keys.extend_from_slice(&other.keys);
     }
 }
 
@@ -420,6 +426,7 @@ pub fn prepare_images(paths: &[PathBuf], base: &PreprocessConfig, max_pixels: Op
         out.row_len = p.row_len;
         out.media.push(Media::Image(p.num_tokens(cfg.merge_size)));
         out.grids.push(p.grid_thw);
+        out.keys.push(qwen3_vl::engine::image_key(&p.patches, p.row_len, &[p.grid_thw]));
         out.patches.extend_from_slice(&p.patches);
     }
     Ok(out)
@@ -446,7 +453,8 @@ pub fn prepare_video(path: &Path, cfg: &VideoConfig, limits: &VideoLimits) -> Cl
         t0.elapsed().as_secs_f64() * 1e3
     );
     let media = Media::Video(VideoPrompt { timestamps: p.timestamps.clone(), tokens_per_frame: p.tokens_per_frame(cfg.merge_size) });
-    Ok(Prepared { row_len: p.row_len, grids: vec![p.grid_thw], media: vec![media], patches: v.patches.patches })
+    let key = qwen3_vl::engine::image_key(&p.patches, p.row_len, &[p.grid_thw]);
+    Ok(Prepared { row_len: p.row_len, grids: vec![p.grid_thw], media: vec![media], keys: vec![key], patches: v.patches.patches })
 }
 
 impl ImageArgs {

@@ -251,6 +251,24 @@ pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool:
     Ok(out)
 }
 
+/// The default bodies of [`Backend::sample_step`] and [`Backend::sample_step_rows`]: each row
+/// of `logits [rows, vocab]` picked on the host among its first `n` with `settings(row)`, the
+/// draw numbered by the cursor's row field; the ids written and every cursor field advanced.
+fn pick_rows_on_host<B: Backend + ?Sized>(b: &B, logits: &Tensor, (vocab, n): (usize, usize), ids: &mut Tensor, cursor: &mut Tensor, settings: &dyn Fn(usize) -> Result<DeviceSampling>) -> Result<()> {
+    let all = b.download_f32(logits)?;
+    let mut cur = b.download_u32(cursor)?;
+    let rows = all.len() / vocab.max(1);
+    let mut picks = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let s = settings(r)?;
+        let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
+        picks.push(crate::generate::sampling::pick(&all[r * vocab..r * vocab + n], &s, c[CURSOR_ROW] as u64));
+        c.iter_mut().for_each(|f| *f += 1);
+    }
+    b.write_u32(ids, &picks)?;
+    b.write_u32(cursor, &cur)
+}
+
 /// Whether `a` and `b` are the same backend object.
 pub fn same_backend(a: &dyn Backend, b: &dyn Backend) -> bool {
     std::ptr::eq(a as *const dyn Backend as *const u8, b as *const dyn Backend as *const u8)
@@ -734,38 +752,20 @@ pub trait Backend: Send + Sync {
     /// advances every field of `cursor [rows, 4]` by one: the end of a decode step, so the next
     /// step's inputs are already in place.
     fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        let (rows, vocab, n) = ops::sample_dims(logits, s, n, ids, cursor, self.max_device_top_k())?;
-        let all = self.download_f32(logits)?;
-        let mut cur = self.download_u32(cursor)?;
-        let mut picks = Vec::with_capacity(rows);
-        for r in 0..rows {
-            let row = &all[r * vocab..r * vocab + n];
-            let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
-            picks.push(crate::generate::sampling::pick(row, s, c[CURSOR_ROW] as u64));
-            c.iter_mut().for_each(|f| *f += 1);
-        }
-        self.write_u32(ids, &picks)?;
-        self.write_u32(cursor, &cur)
+        let (_, vocab, n) = ops::sample_dims(logits, s, n, ids, cursor, self.max_device_top_k())?;
+        pick_rows_on_host(self, logits, (vocab, n), ids, cursor, &|_| Ok(*s))
     }
 
     /// [`Backend::sample_step`] with each row's own settings: `settings [rows, WORDS]` u32
     /// ([`DeviceSampling::row_words`]; `gpu::params::sample_row`), every row's candidates at
     /// most `max_k` (the rows of a batch that sample differently, in one step).
     fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        let (rows, vocab, n) = ops::sample_rows_dims(logits, settings, max_k, n, ids, cursor, self.max_device_top_k())?;
+        let (_, vocab, n) = ops::sample_rows_dims(logits, settings, max_k, n, ids, cursor, self.max_device_top_k())?;
         let words = self.download_u32(settings)?;
-        let all = self.download_f32(logits)?;
-        let mut cur = self.download_u32(cursor)?;
-        let mut picks = Vec::with_capacity(rows);
-        for r in 0..rows {
+        pick_rows_on_host(self, logits, (vocab, n), ids, cursor, &|r| {
             let s = DeviceSampling::from_row_words(&words[r * sample_row::WORDS..(r + 1) * sample_row::WORDS]);
-            ops::sampling_fits("sample_step_rows", &s, n, max_k)?;
-            let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
-            picks.push(crate::generate::sampling::pick(&all[r * vocab..r * vocab + n], &s, c[CURSOR_ROW] as u64));
-            c.iter_mut().for_each(|f| *f += 1);
-        }
-        self.write_u32(ids, &picks)?;
-        self.write_u32(cursor, &cur)
+            ops::sampling_fits("sample_step_rows", &s, n, max_k).map(|_| s)
+        })
     }
 
     /// The largest `top_k` [`Backend::sample_step`] takes.

@@ -153,16 +153,7 @@ impl<'a> Chat<'a> {
         let budget = self.max_tokens.min(self.capacity - all.len());
         // 3. the reply; Ctrl-C ends it early
         let reply = signals::Reply::start();
-        let g = stream_reply(&mut self.engine, &self.l.tokenizer, &all, all_images.input(), budget, Sampler::new(self.sampling), &self.stops, &|| reply.interrupted());
-        let g = match g {
-            Ok(g) => g,
-            Err(e) => {
-                self.history_images = Prepared::default();
-                self.turns.clear(); // the conversation is lost with the failed turn
-                self.pending = self.system_text();
-                return Err(e);
-            }
-        };
+        let g = stream_reply(&mut self.engine, &self.l.tokenizer, &all, all_images.input(), budget, Sampler::new(self.sampling), &self.stops, &|| reply.interrupted())?;
         let interrupted = reply.interrupted();
         drop(reply);
         if interrupted {
@@ -232,9 +223,11 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     }
     // 2. the weights
     // images may come at any turn (`/image`): under a budget the vision tower goes first
-    let blocks = EngineConfig::new(1, capacity, qwen3_vl::DType::F32).block;
-    let l = a.model.load(checked, (capacity + blocks - 1) / blocks * blocks, Some(capacity))?;
-    let engine = Engine::new(&l.model, &*l.backend, EngineConfig::new(1, capacity, l.kv_dtype))?;
+    // the engine's KV cache: whole blocks for the context (its type once loaded)
+    let mut cfg = EngineConfig::new(1, capacity, qwen3_vl::DType::F32);
+    let l = a.model.load(checked, cfg.cache_tokens(), Some(capacity))?;
+    cfg.kv_dtype = l.kv_dtype;
+    let engine = Engine::new(&l.model, &*l.backend, cfg)?;
     let mut chat = Chat {
         l: &l,
         capacity,

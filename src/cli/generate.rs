@@ -129,13 +129,13 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     // 2. the weights
     // the tower's activations are planned for its largest pass (long videos go in slices)
     let image_tokens = qwen3_vl::model::vision::tower_tokens(&prepared.grids, checked.config.vision.spatial_merge_size);
-    // the engine's KV cache: whole blocks for the prompt and the reply
-    let cfg = EngineConfig::new(1, prompt.len() + a.max_tokens, qwen3_vl::DType::F32);
-    let kv_tokens = (prompt.len() + a.max_tokens + cfg.block - 1) / cfg.block * cfg.block;
-    let l = a.model.load(checked, kv_tokens, Some(image_tokens).filter(|&n| n > 0))?;
+    // the engine's KV cache: whole blocks for the prompt and the reply (its type once loaded)
+    let mut cfg = EngineConfig::new(1, prompt.len() + a.max_tokens, qwen3_vl::DType::F32);
+    let l = a.model.load(checked, cfg.cache_tokens(), Some(image_tokens).filter(|&n| n > 0))?;
+    cfg.kv_dtype = l.kv_dtype;
     let t_loaded = Instant::now();
     // 3. the reply
-    let mut engine = Engine::new(&l.model, &*l.backend, EngineConfig { kv_tokens, kv_dtype: l.kv_dtype, ..cfg })?;
+    let mut engine = Engine::new(&l.model, &*l.backend, cfg)?;
     let params = a.sampling.params(&l.defaults);
     let g = stream_reply(&mut engine, &l.tokenizer, &prompt, prepared.input(), a.max_tokens, Sampler::new(params), &stop_ids(&l.tokenizer), &|| false)?;
     if !quiet() {

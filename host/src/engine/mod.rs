@@ -61,6 +61,17 @@ impl EngineConfig {
     pub fn new(max_batch: usize, kv_tokens: usize, kv_dtype: DType) -> EngineConfig {
         EngineConfig { max_batch, max_prefill_tokens: 2048, block: 16, kv_tokens, kv_dtype }
     }
+
+    /// KV blocks the cache takes: `kv_tokens` rounded up to whole blocks.
+    pub fn kv_blocks(&self) -> usize {
+        (self.kv_tokens.max(1) + self.block.max(1) - 1) / self.block.max(1)
+    }
+
+    /// Tokens the cache holds: [`EngineConfig::kv_blocks`] whole blocks (what a memory plan
+    /// sizes the KV cache by).
+    pub fn cache_tokens(&self) -> usize {
+        self.kv_blocks() * self.block.max(1)
+    }
 }
 
 /// A sequence's handle.
@@ -219,6 +230,12 @@ enum OnDevice {
     Rows(usize, Vec<u32>),
 }
 
+/// The draw number of each part's next token: the index, in its sequence, of the token whose
+/// logits it comes from (its last row), as [`crate::generate::Session`] numbers draws.
+fn draws(parts: &[Part]) -> Vec<u32> {
+    parts.iter().map(|p| (p.from + p.n - 1) as u32).collect()
+}
+
 /// A row group of one step: a decode row or a prefill chunk of sequence `seq` (an index into
 /// `running`), tokens `from .. from + n` of it.
 struct Part {
@@ -250,7 +267,7 @@ impl<'a> Engine<'a> {
         if cfg.max_batch == 0 || cfg.max_prefill_tokens == 0 {
             return Err(Error::Limit { op: "engine", msg: format!("max batch {} and max prefill tokens {} must be at least 1", cfg.max_batch, cfg.max_prefill_tokens) });
         }
-        let blocks = (cfg.kv_tokens.max(1) + cfg.block.max(1) - 1) / cfg.block.max(1);
+        let blocks = cfg.kv_blocks();
         let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
         let decode_steps = DecodeSteps::new(!model.is_split());
         Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps })
@@ -569,8 +586,7 @@ impl<'a> Engine<'a> {
                 Some(OnDevice::Shared(s)) => (Pick::Device(s), Vec::new()),
                 Some(OnDevice::Rows(k, w)) => (Pick::Rows { k }, w),
             };
-            let draws: Vec<u32> = parts.iter().map(|p| p.from as u32).collect();
-            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws, &settings), pick)? {
+            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws(&parts), &settings), pick)? {
                 Picked::Tokens(t) => t,
                 Picked::Logits(l) => self.sample_host(&l, &parts)?,
             };
@@ -674,9 +690,8 @@ impl<'a> Engine<'a> {
         let (b, n) = (self.backend, self.model.sampled_vocab());
         let rows = parts.len();
         if let Some(on) = self.device_sampling(parts) {
-            let draws: Vec<u32> = parts.iter().map(|p| (p.from + p.n - 1) as u32).collect();
             let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
-            let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &graph::draw_cursor(&draws))?;
+            let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &graph::draw_cursor(&draws(parts)))?;
             match on {
                 OnDevice::Shared(s) => b.sample_step(logits, &s, n, &mut ids, &mut cur)?,
                 OnDevice::Rows(k, w) => b.sample_step_rows(logits, &b.upload_u32(&[rows, sample_row::WORDS], &w)?, k, n, &mut ids, &mut cur)?,
@@ -708,11 +723,10 @@ impl<'a> Engine<'a> {
         let vocab = all.len() / rows.max(1);
         self.stats.host_samples += rows as u64;
         let mut out = Vec::with_capacity(rows);
-        for (r, p) in parts.iter().enumerate() {
+        for (r, (p, at)) in parts.iter().zip(draws(parts)).enumerate() {
             let s = &mut self.running[p.seq];
             let mut row = all[r * vocab..r * vocab + n.min(vocab)].to_vec();
-            let at = (p.from + p.n - 1) as u64;
-            out.push(s.sampler.sample_at(&mut row, &s.tokens, at));
+            out.push(s.sampler.sample_at(&mut row, &s.tokens, at as u64));
         }
         Ok(out)
     }

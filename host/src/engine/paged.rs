@@ -18,15 +18,7 @@ pub const CHUNK_PAGED_MIN_KEYS: usize = 256;
 
 /// Whether short chunks attend through block tables (`QWEN3_VL_CHUNK_PAGED=0`: always gather;
 /// an A/B aid).
-fn chunk_paged() -> bool {
-    static ON: std::sync::Once = std::sync::Once::new();
-    static mut VALUE: bool = true;
-    // SAFETY: written once inside call_once, read after it
-    unsafe {
-        ON.call_once(|| VALUE = std::env::var("QWEN3_VL_CHUNK_PAGED").map_or(true, |v| v != "0"));
-        VALUE
-    }
-}
+static CHUNK_PAGED: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_CHUNK_PAGED");
 
 pub struct PagedKv {
     /// Per layer: `[blocks · block, kv_heads, head_dim]`.
@@ -149,7 +141,7 @@ impl<'a> PagedStep<'a> {
             .prefill
             .iter()
             .map(|(_, n, slots)| {
-                if !chunk_paged() || *n > CHUNK_PAGED_ROWS || slots.len() < CHUNK_PAGED_MIN_KEYS {
+                if !CHUNK_PAGED.on() || *n > CHUNK_PAGED_ROWS || slots.len() < CHUNK_PAGED_MIN_KEYS {
                     return Ok(None);
                 }
                 let blocks: Vec<u32> = slots.iter().step_by(block).map(|&s| s / block as u32).collect();

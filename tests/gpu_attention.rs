@@ -383,3 +383,48 @@ fn attention_past_f16s_range_gives_the_f32_answer() {
         }
     }
 }
+
+#[test]
+fn batched_paged_attention_past_f16s_range_gives_the_f32_answer() {
+    // the batched tensor-core kernel (`attention_paged_mma_f16`: head dim 128, rows × KV heads
+    // at least half the multiprocessors; 40 rows × 2 KV heads here) against each row's dense
+    // f32 attention, with queries, keys or values past f16's range in an f16 cache with row
+    // scales; rows of every length from 1 key to n, blocks of 16 in reverse order
+    let cpu = cpu();
+    for g in gpus("batched paged attention past f16's range") {
+        let tol = if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 };
+        let (heads, kvh, d, n, rows, block) = (8usize, 2usize, 128usize, 200usize, 40usize, 16usize);
+        let lens: Vec<usize> = (0..rows).map(|i| if i == 0 { n } else { 1 + (i * 37) % n }).collect();
+        for case in 0..3 {
+            let (q, k, v) = massive_qkv(case, rows, heads, kvh, n, d);
+            let table: Vec<u32> = (0..(n + block - 1) / block).rev().map(|x| x as u32).collect();
+            let slots = table.len() * block;
+            let (mut kp, mut vp) = (vec![0.0f32; slots * kvh * d], vec![0.0f32; slots * kvh * d]);
+            for j in 0..n {
+                let r = table[j / block] as usize * block + j % block;
+                kp[r * kvh * d..(r + 1) * kvh * d].copy_from_slice(&k[j * kvh * d..(j + 1) * kvh * d]);
+                vp[r * kvh * d..(r + 1) * kvh * d].copy_from_slice(&v[j * kvh * d..(j + 1) * kvh * d]);
+            }
+            let paged = |b: &dyn Backend| -> Result<Vec<f32>> {
+                let rs: Vec<(&[u32], usize)> = lens.iter().map(|&l| (&table[..(l + block - 1) / block], l)).collect();
+                let pages = qwen3_vl::Pages::new(b, block, slots, &rs)?;
+                let (mut kc, mut vc) = (upload(b, &[slots, kvh, d], &vec![0.0; slots * kvh * d], DType::F16)?, upload(b, &[slots, kvh, d], &vec![0.0; slots * kvh * d], DType::F16)?);
+                let mut sc = b.upload_f32(&[slots, kvh, 2], &vec![1.0; slots * kvh * 2])?;
+                b.write_kv_rows(&mut kc, Some((&mut sc, 0)), 0, &b.upload_f32(&[slots, kvh, d], &kp)?)?;
+                b.write_kv_rows(&mut vc, Some((&mut sc, 1)), 0, &b.upload_f32(&[slots, kvh, d], &vp)?)?;
+                b.download_f32(&b.attention_paged(&b.upload_f32(&[rows, heads, d], &q)?, &kc, &vc, Some(&sc), &pages, 1.0 / (d as f32).sqrt())?)
+            };
+            let (ki, vi) = (cpu.upload_f32(&[n, kvh, d], &k).unwrap(), cpu.upload_f32(&[n, kvh, d], &v).unwrap());
+            let mut want = Vec::new();
+            for (i, &l) in lens.iter().enumerate() {
+                let qi = cpu.upload_f32(&[1, heads, d], &q[i * heads * d..(i + 1) * heads * d]).unwrap();
+                want.extend(cpu.download_f32(&cpu.attention(&qi, &ki, &vi, AttnParams { kv_len: l, q_pos0: 0, causal: false, scale: 1.0 / (d as f32).sqrt() }).unwrap()).unwrap());
+            }
+            let got = paged(&*g).unwrap();
+            // row by row: each row's outputs against its own largest magnitude
+            for (i, (gr, wr)) in got.chunks(heads * d).zip(want.chunks(heads * d)).enumerate() {
+                close_to_max(&format!("batched paged scaled f16, case {}, row {} ({} keys), {}", case, i, lens[i], g.describe()), gr, wr, tol);
+            }
+        }
+    }
+}

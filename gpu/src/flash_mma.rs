@@ -99,7 +99,7 @@ unsafe fn cp_async_wait_all() {
 /// sum is formed inside the asm: with `off` a constant, the compiler then keeps one register per
 /// `base` rather than hoisting every sum out of the tile loop (64 live registers).
 #[inline(always)]
-unsafe fn ldmatrix_x4(base: u32, off: u32) -> [u32; 4] {
+pub(crate) unsafe fn ldmatrix_x4(base: u32, off: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     core::arch::asm!(
         "{{ .reg .u32 t; add.u32 t, {}, {}; ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{}, {}, {}, {}}}, [t]; }}",
@@ -111,7 +111,7 @@ unsafe fn ldmatrix_x4(base: u32, off: u32) -> [u32; 4] {
 
 /// As [`ldmatrix_x4`], transposed: lane `l` gets column `l / 4`, rows `2 (l % 4) ..+2`.
 #[inline(always)]
-unsafe fn ldmatrix_x4_trans(base: u32, off: u32) -> [u32; 4] {
+pub(crate) unsafe fn ldmatrix_x4_trans(base: u32, off: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     core::arch::asm!(
         "{{ .reg .u32 t; add.u32 t, {}, {}; ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{}, {}, {}, {}}}, [t]; }}",
@@ -123,7 +123,7 @@ unsafe fn ldmatrix_x4_trans(base: u32, off: u32) -> [u32; 4] {
 
 /// `c += a · b` for one m16n8k16 tile: f16 A (row-major fragment), f16 B (column-major), f32 C.
 #[inline(always)]
-fn mma(c: [f32; 4], a: [u32; 4], b0: u32, b1: u32) -> [f32; 4] {
+pub(crate) fn mma(c: [f32; 4], a: [u32; 4], b0: u32, b1: u32) -> [f32; 4] {
     let (mut d0, mut d1, mut d2, mut d3) = (c[0].to_bits(), c[1].to_bits(), c[2].to_bits(), c[3].to_bits());
     unsafe {
         core::arch::asm!(
@@ -139,7 +139,7 @@ fn mma(c: [f32; 4], a: [u32; 4], b0: u32, b1: u32) -> [f32; 4] {
 
 /// Two f32 rounded to f16 (nearest even) and packed, `lo` in the low half.
 #[inline(always)]
-fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+pub(crate) fn pack_f16x2(lo: f32, hi: f32) -> u32 {
     let r: u32;
     unsafe {
         core::arch::asm!("cvt.rn.f16x2.f32 {}, {}, {};", out(reg32) r, in(reg32) hi.to_bits(), in(reg32) lo.to_bits(), options(pure, nomem, nostack));

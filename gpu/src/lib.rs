@@ -44,6 +44,8 @@ pub mod activation;
 pub mod attention;
 #[cfg(all(target_os = "cuda", feature = "sm80"))]
 pub mod attention_paged;
+#[cfg(all(target_os = "cuda", feature = "sm80"))]
+pub mod attention_paged_mma;
 #[cfg(target_os = "cuda")]
 pub mod embedding;
 #[cfg(target_os = "cuda")]

@@ -730,6 +730,28 @@ pub mod attn_paged_tile {
     pub const SHARED_BYTES: u32 = STAGES * STAGE + 4 * TABLE_ENTRIES;
 }
 
+/// Launch shape of `attention_paged_mma_f16` (compute_80): batched decode attention on tensor
+/// cores (`gpu/src/attention_paged_mma.rs`), a block per query row and KV head.
+pub mod attn_paged_mma_tile {
+    pub const WARPS: usize = 4;
+    pub const THREADS: u32 = WARPS as u32 * 32;
+    /// The head dim it takes.
+    pub const D: usize = 128;
+    /// Query heads per KV head it takes at most (the m16 rows of its A operand).
+    pub const MAX_GROUP: usize = 16;
+    /// Keys per step (two n8 tiles of scores; the k16 of `P V`).
+    pub const KEYS: usize = 16;
+    /// Slots in each warp's ring (steps in flight per warp).
+    pub const STAGES: u32 = 3;
+    /// One slot: the step's key rows, value rows (f16 `[KEYS][D]` each), row scales `[KEYS][2]`.
+    pub const SLOT_BYTES: u32 = (2 * KEYS * D * 2 + KEYS * 8) as u32;
+    /// The staged block-table entries at the start of shared memory.
+    pub const TABLE_BYTES: u32 = 4 * super::attn_paged_tile::TABLE_ENTRIES;
+    /// Dynamic shared memory: the table, then every warp's ring (the merge at the end reuses
+    /// the rings: `WARPS · MAX_GROUP · D` outputs and two floats of state per warp and head).
+    pub const SHARED_BYTES: u32 = TABLE_BYTES + WARPS as u32 * STAGES * SLOT_BYTES;
+}
+
 /// Launch shape of `attention_split_*`.
 pub mod attn_split_tile {
     pub const WARPS: u32 = 4;

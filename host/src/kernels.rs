@@ -199,6 +199,7 @@ kernel_table! {
     FlashAttentionMmaD64F16 = "flash_attention_mma_d64_f16" @ Compute80,
     FlashAttentionMmaD128F16 = "flash_attention_mma_d128_f16" @ Compute80,
     AttentionPagedF16 = "attention_paged_f16" @ Compute80,
+    AttentionPagedMmaF16 = "attention_paged_mma_f16" @ Compute80,
     QuantizeActF32 = "quantize_act_f32" @ Compute61,
     MmvqQ8_0 = "mmvq_q8_0" @ Compute61,
     MmvqQ4K = "mmvq_q4_k" @ Compute61,
@@ -335,6 +336,7 @@ impl Kernel {
             MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 | MatmulMmaPipe64x128C16Bf16 | GateUpPipe64x128C16Bf16 => shared_bytes(64, 128),
             MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 => shared_bytes(64, 64),
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
+            AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
             _ => 0,
         }
     }

@@ -11,7 +11,7 @@ use crate::backend::{attention_block_sparse_composite, attention_paged_composite
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{attention_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
+use gpu::params::{attention_tile, attn_paged_mma_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
 use std::sync::Once;
 
 /// Sizes of an attention launch (validated against each other by `crate::ops`).
@@ -246,6 +246,13 @@ fn log_unflashed(d: usize) {
     ONCE.call_once(|| log::warn!("attention: head_dim {} is outside the flash kernels' range (multiples of 8 up to {}); using the one-warp-per-row kernel", d, FLASH_MAX_D));
 }
 
+/// Whether batched decode steps may take `attention_paged_mma_f16` (`QWEN3_VL_PAGED_MMA=0` keeps
+/// them on `attention_paged_f16`: an A/B aid for benchmarks; read once).
+pub fn paged_mma() -> bool {
+    static PAGED_MMA: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_PAGED_MMA");
+    PAGED_MMA.on()
+}
+
 /// Whether the split kernel takes this shape: few query vectors per KV group and a head dim
 /// of 32, 64, 128 or 256 (a key row in whole 32-element steps, 8 elements per lane in PV).
 pub fn split_fits(s: &AttnShape) -> bool {
@@ -294,6 +301,61 @@ pub fn attention_paged_staged(l: &Launcher<'_>, b: &AttnBuffers<'_>, partial: &D
     split_launch(l, Kernel::AttentionPagedF16, DType::F16, b, partial, counters, s, splits, scale, Some(pages))
 }
 
+/// The parameters of a split or paged attention launch (checked by the caller).
+#[allow(clippy::too_many_arguments)]
+fn split_params(kernel: Kernel, b: &AttnBuffers<'_>, s: &AttnShape, splits: usize, scale: f32, cursor: u64, (partial, counters): (&DeviceBuffer, &DeviceBuffer), pages: Option<&SplitPages<'_>>) -> Result<SplitAttnParams> {
+    Ok(SplitAttnParams {
+        q: b.q.addr(),
+        k: b.k.addr(),
+        v: b.v.addr(),
+        cursor,
+        partial: partial.addr(),
+        out: b.out.addr(),
+        counters: counters.addr(),
+        table: pages.map_or(0, |p| p.table.addr()),
+        lens: pages.map_or(0, |p| p.lens.addr()),
+        kv_scale: b.kv_scale.map_or(0, |c| c.addr()),
+        t: fits_u32(kernel, "t", s.t)?,
+        heads: fits_u32(kernel, "heads", s.heads)?,
+        kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
+        d: s.d as u32,
+        cap: fits_u32(kernel, "cap", s.cap)?,
+        splits: splits as u32,
+        scale,
+        table_stride: pages.map_or(Ok(0), |p| fits_u32(kernel, "table stride", p.stride))?,
+        block_shift: pages.map_or(0, |p| p.shift),
+        _pad: 0,
+    })
+}
+
+/// Whether `attention_paged_mma_f16` takes this shape: head dim 128, at most 16 query heads per
+/// KV head.
+pub fn paged_mma_fits(s: &AttnShape) -> bool {
+    s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.heads / s.kv_heads <= attn_paged_mma_tile::MAX_GROUP && s.d == attn_paged_mma_tile::D
+}
+
+/// Batched paged decode attention on tensor cores (`attention_paged_mma_f16`, compute_80, f16
+/// cache; `gpu/src/attention_paged_mma.rs`): a block per query row and KV head, nothing merged
+/// across blocks (the paged mode's table and key counts, no partial states).
+pub fn attention_paged_mma(l: &Launcher<'_>, b: &AttnBuffers<'_>, s: &AttnShape, scale: f32, pages: &SplitPages<'_>, scratch: &DeviceBuffer) -> Result<()> {
+    let kernel = Kernel::AttentionPagedMmaF16;
+    if !paged_mma_fits(s) {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("shape heads={} kv_heads={} d={} is outside the kernel's range (d {}, at most {} query heads per KV head)", s.heads, s.kv_heads, s.d, attn_paged_mma_tile::D, attn_paged_mma_tile::MAX_GROUP) });
+    }
+    check_common(kernel, b, s, DType::F16)?;
+    if b.q.addr() % 8 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: "the queries must be 8-byte aligned".into() });
+    }
+    need(kernel, "table", pages.table, s.t * pages.stride * 4)?;
+    need(kernel, "lens", pages.lens, s.t * 4)?;
+    let params = split_params(kernel, b, s, 1, scale, 0, (scratch, scratch), Some(pages))?;
+    if s.t == 0 {
+        return Ok(());
+    }
+    let grid = [grid_dim(kernel, "x", s.kv_heads, MAX_GRID_X)?, grid_dim(kernel, "y", s.t, MAX_GRID_Y)?, 1];
+    l.launch_shared(kernel, grid, attn_paged_mma_tile::THREADS, attn_paged_mma_tile::SHARED_BYTES, &params)
+}
+
 /// The checks, parameters and launch shared by the split kernels and the staged paged one.
 #[allow(clippy::too_many_arguments)]
 fn split_launch(l: &Launcher<'_>, kernel: Kernel, kv_dtype: DType, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32, pages: Option<&SplitPages<'_>>) -> Result<()> {
@@ -319,28 +381,7 @@ fn split_launch(l: &Launcher<'_>, kernel: Kernel, kv_dtype: DType, b: &AttnBuffe
         need(kernel, "table", pg.table, s.t * pg.stride * 4)?;
         need(kernel, "lens", pg.lens, s.t * 4)?;
     }
-    let params = SplitAttnParams {
-        q: b.q.addr(),
-        k: b.k.addr(),
-        v: b.v.addr(),
-        cursor,
-        partial: partial.addr(),
-        out: b.out.addr(),
-        counters: counters.addr(),
-        table: pages.map_or(0, |p| p.table.addr()),
-        lens: pages.map_or(0, |p| p.lens.addr()),
-        kv_scale: b.kv_scale.map_or(0, |c| c.addr()),
-        t: fits_u32(kernel, "t", s.t)?,
-        heads: fits_u32(kernel, "heads", s.heads)?,
-        kv_heads: fits_u32(kernel, "kv_heads", s.kv_heads)?,
-        d: s.d as u32,
-        cap: fits_u32(kernel, "cap", s.cap)?,
-        splits: splits as u32,
-        scale,
-        table_stride: pages.map_or(Ok(0), |p| fits_u32(kernel, "table stride", p.stride))?,
-        block_shift: pages.map_or(0, |p| p.shift),
-        _pad: 0,
-    };
+    let params = split_params(kernel, b, s, splits, scale, cursor, (partial, counters), pages)?;
     if s.t == 0 {
         return Ok(());
     }
@@ -460,6 +501,17 @@ impl CudaBackend {
             return attention_paged_composite(self, q, k, v, scales, pages, scale);
         }
         let l = self.enter()?;
+        // (its query loads are 8 bytes wide)
+        let q_aligned = self.buffer(OP, q)?.addr() % 8 == 0;
+        if flash_mma(&l) && k.dtype() == DType::F16 && paged_mma_fits(&shape) && q_aligned && t * kv_heads >= self.sms as usize / 2 && paged_mma() {
+            // a batch: a block per row and KV head on tensor cores, no chunks to merge
+            let out = self.output(t * heads * d)?;
+            let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
+            let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None, kv_scale };
+            let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
+            attention_paged_mma(&l, &bufs, &shape, scale, &sp, &self.counters)?;
+            return Ok(Self::wrap(vec![t, heads, d], DType::F32, out));
+        }
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the
         // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
         // recorded step keeps it). f16 caches on compute_80: the staged kernel, whose four

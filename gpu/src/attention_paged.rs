@@ -59,7 +59,7 @@ unsafe fn cp_async_wait_tile() {
 /// An asynchronous 8-byte copy from global to shared memory (`bytes` 0 or 8; the rest
 /// zero-filled): one cache row's key and value scales.
 #[inline(always)]
-unsafe fn cp_async_8(dst_shared: u64, src: *const u8, bytes: u32) {
+pub(crate) unsafe fn cp_async_8(dst_shared: u64, src: *const u8, bytes: u32) {
     core::arch::asm!(
         "{{ .reg .u64 g; cvta.to.global.u64 g, {}; cp.async.ca.shared.global [{}], [g], 8, {}; }}",
         in(reg64) src, in(reg64) dst_shared, in(reg32) bytes,
@@ -69,7 +69,7 @@ unsafe fn cp_async_8(dst_shared: u64, src: *const u8, bytes: u32) {
 
 /// Two f32 at shared-space address `a` (8-byte aligned).
 #[inline(always)]
-unsafe fn ld_shared_f32x2(a: u64) -> (f32, f32) {
+pub(crate) unsafe fn ld_shared_f32x2(a: u64) -> (f32, f32) {
     let (x, y): (f32, f32);
     core::arch::asm!("ld.shared.v2.f32 {{{}, {}}}, [{}];", out(reg32) x, out(reg32) y, in(reg64) a, options(readonly, nostack));
     (x, y)

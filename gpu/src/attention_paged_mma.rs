@@ -44,6 +44,7 @@
 //! the merge) are reached by every thread; each warp's loop count is uniform over the warp.
 
 use crate::attention::RowScales;
+use crate::attention_paged::{cp_async_8, ld_shared_f32x2};
 use crate::flash_mma::{ldmatrix_x4, ldmatrix_x4_trans, mma, pack_f16x2};
 use crate::math::f16_key_scale;
 use crate::flash::LOG2E;
@@ -62,25 +63,6 @@ use cuda_std::{kernel, thread, GpuFloat};
 unsafe fn cp_async_wait_slot() {
     // STAGES is 3
     core::arch::asm!("cp.async.wait_group 2;", options(nostack));
-}
-
-/// An asynchronous 8-byte copy (`bytes` 0 or 8; the rest zero-filled): one cache row's key and
-/// value scales.
-#[inline(always)]
-unsafe fn cp_async_8(dst_shared: u64, src: *const u8, bytes: u32) {
-    core::arch::asm!(
-        "{{ .reg .u64 g; cvta.to.global.u64 g, {}; cp.async.ca.shared.global [{}], [g], 8, {}; }}",
-        in(reg64) src, in(reg64) dst_shared, in(reg32) bytes,
-        options(nostack),
-    );
-}
-
-/// Two f32 at shared-space address `a` (8-byte aligned).
-#[inline(always)]
-unsafe fn ld_shared_f32x2(a: u64) -> (f32, f32) {
-    let (x, y): (f32, f32);
-    core::arch::asm!("ld.shared.v2.f32 {{{}, {}}}, [{}];", out(reg32) x, out(reg32) y, in(reg64) a, options(readonly, nostack));
-    (x, y)
 }
 
 /// An f32 split into its f16 rounding and the f16 rounding of the rest, packed in pairs:

@@ -86,6 +86,30 @@ unsafe fn ld_shared_f16x8(a: u64) -> [f32; 8] {
     [x0, x1, x2, x3, x4, x5, x6, x7]
 }
 
+/// The merge, through shared memory, of `parts` softmax states for one output element: part
+/// `s`'s (max, sum) pair at `state(s)`, its unnormalized output at `out(s)`; `exp` turns a
+/// difference of maxima into a factor (`e^x`, or `2^x` for scores in log2 units). Returns the
+/// largest max (-inf when no part saw a key), the output and the sum, both relative to it.
+#[inline(always)]
+pub(crate) unsafe fn merge_parts(parts: usize, state: impl Fn(usize) -> *const f32, out: impl Fn(usize) -> *const f32, exp: impl Fn(f32) -> f32) -> (f32, f32, f32) {
+    let mut mx = f32::NEG_INFINITY;
+    for s in 0..parts {
+        mx = mx.max(*state(s));
+    }
+    let (mut o, mut sum) = (0.0f32, 0.0f32);
+    if mx != f32::NEG_INFINITY {
+        for s in 0..parts {
+            let ms = *state(s);
+            if ms != f32::NEG_INFINITY {
+                let f = exp(ms - mx);
+                o += *out(s) * f;
+                sum += *state(s).add(1) * f;
+            }
+        }
+    }
+    (mx, o, sum)
+}
+
 /// Decode attention over a paged f16 cache through shared-memory tiles. See the module docs.
 #[kernel]
 pub unsafe fn attention_paged_f16(p: SplitAttnParams) {
@@ -276,21 +300,7 @@ pub unsafe fn attention_paged_f16(p: SplitAttnParams) {
     let mut x = tid;
     while x < qvs * d {
         let (vi, e) = (x / d, x % d);
-        let mut mx = f32::NEG_INFINITY;
-        for si in 0..slots {
-            mx = mx.max(*states.add((vi * slots + si) * 2));
-        }
-        let (mut o, mut sum) = (0.0f32, 0.0f32);
-        if mx != f32::NEG_INFINITY {
-            for si in 0..slots {
-                let ms = *states.add((vi * slots + si) * 2);
-                if ms != f32::NEG_INFINITY {
-                    let f = (ms - mx).exp();
-                    o += *outs.add((vi * slots + si) * d + e) * f;
-                    sum += *states.add((vi * slots + si) * 2 + 1) * f;
-                }
-            }
-        }
+        let (mx, o, sum) = merge_parts(slots, |si| states.add((vi * slots + si) * 2), |si| outs.add((vi * slots + si) * d + e), |x| x.exp());
         let h = g * group + v0 + vi;
         if active == 1 {
             // one chunk holds every key: this block's merge is the answer

@@ -44,7 +44,7 @@
 //! the merge) are reached by every thread; each warp's loop count is uniform over the warp.
 
 use crate::attention::RowScales;
-use crate::attention_paged::{cp_async_8, ld_shared_f32x2};
+use crate::attention_paged::{cp_async_8, ld_shared_f32x2, merge_parts};
 use crate::flash_mma::{ldmatrix_x4, ldmatrix_x4_trans, mma, pack_f16x2};
 use crate::math::f16_key_scale;
 use crate::flash::LOG2E;
@@ -315,21 +315,7 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     let mut x = tid;
     while x < group * D {
         let (r, e) = (x / D, x % D);
-        let mut mx = f32::NEG_INFINITY;
-        for w in 0..WARPS {
-            mx = mx.max(*states.add((w * MAX_GROUP + r) * 2));
-        }
-        let (mut acc, mut sum) = (0.0f32, 0.0f32);
-        if mx != f32::NEG_INFINITY {
-            for w in 0..WARPS {
-                let ms = *states.add((w * MAX_GROUP + r) * 2);
-                if ms != f32::NEG_INFINITY {
-                    let f = ex2(ms - mx);
-                    acc += *outs.add((w * MAX_GROUP + r) * D + e) * f;
-                    sum += *states.add((w * MAX_GROUP + r) * 2 + 1) * f;
-                }
-            }
-        }
+        let (_, acc, sum) = merge_parts(WARPS, |w| states.add((w * MAX_GROUP + r) * 2), |w| outs.add((w * MAX_GROUP + r) * D + e), ex2);
         *(p.out as *mut f32).add((i * heads + g * group + r) * D + e) = if sum > 0.0 { acc / sum } else { 0.0 };
         x += WARPS * 32;
     }

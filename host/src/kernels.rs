@@ -56,6 +56,32 @@ pub struct Ptx {
     pub text: &'static str,
 }
 
+impl Ptx {
+    /// The module's text as it is loaded: a `.maxnreg` directive for every kernel with a
+    /// register cap ([`Kernel::max_registers`]). `QWEN3_VL_REG_CAPS=0` leaves them out (an A/B
+    /// aid for benchmarks; read once).
+    pub fn text_with_caps(&self) -> String {
+        static CAPS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_REG_CAPS");
+        let mut text = self.text.to_string();
+        if !CAPS.on() {
+            return text;
+        }
+        for k in Kernel::in_module(self.arch) {
+            if let Some(n) = k.max_registers() {
+                // `.entry name(\n\t.param ...\n)` then the body: the directive goes between
+                let head = format!(".entry {}(", k.name());
+                if let Some(at) = text.find(&head) {
+                    if let Some(close) = text[at..].find("\n)\n") {
+                        let pos = at + close + 3;
+                        text.insert_str(pos, &format!(".maxnreg {}\n", n));
+                    }
+                }
+            }
+        }
+        text
+    }
+}
+
 /// Which module to load (`--kernels`): the best one the device supports, or a forced one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelsRequest {
@@ -338,6 +364,17 @@ impl Kernel {
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
             AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
             _ => 0,
+        }
+    }
+
+    /// A cap on this kernel's registers per thread (PTX `.maxnreg`), where the compiler's own
+    /// choice would halve the blocks an SM holds: the 16-row SwiGLU kernels take 132 registers
+    /// on sm_90 (one block of 256 threads per SM); at 128 (no spills) two fit.
+    pub fn max_registers(self) -> Option<u32> {
+        use Kernel::*;
+        match self {
+            GateUpSkinnyM16F16 | GateUpSkinnyM16Bf16 | GateUpSkinnyM16A16F16 | GateUpSkinnyM16A16Bf16 => Some(128),
+            _ => None,
         }
     }
 

@@ -81,6 +81,6 @@ pub fn print_ptx(a: PtxArgs) -> Result<(), Box<dyn std::error::Error>> {
         qwen3_vl::kernels::KernelsRequest::Auto => Arch::Compute61,
     };
     let ptx = qwen3_vl::ptx(arch).ok_or("this build has no PTX (rebuild with --features cuda)")?;
-    print!("{}", ptx.text);
+    print!("{}", ptx.text_with_caps());
     Ok(())
 }

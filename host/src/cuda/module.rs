@@ -38,7 +38,7 @@ impl Kernels {
                 (p, "forced with --kernels".to_string())
             }
         };
-        let module = Module::from_ptx(chosen.text, &[]).map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
+        let module = Module::from_ptx(&chosen.text_with_caps(), &[]).map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
         let mut funcs = vec![std::ptr::null_mut(); Kernel::ALL.len()];
         for k in Kernel::in_module(chosen.arch) {
             let f = module

@@ -481,6 +481,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_register_cap_goes_between_an_entrys_parameters_and_its_body() {
+        let text = ".visible .entry gate_up_skinny_m16_a16_bf16(\n\t.param .align 8 .b8 p[72]\n)\n{\n\tret;\n}\n.visible .entry rms_norm_f32(\n\t.param .b8 q[8]\n)\n{\n\tret;\n}\n";
+        let capped = Ptx { arch: Arch::Compute80, text }.text_with_caps();
+        assert_eq!(Kernel::GateUpSkinnyM16A16Bf16.max_registers(), Some(128));
+        assert!(capped.contains("p[72]\n)\n.maxnreg 128\n{"), "{}", capped);
+        // one directive: the kernel without a cap is left as it was
+        assert_eq!(capped.matches(".maxnreg").count(), 1);
+        assert!(capped.contains("q[8]\n)\n{"));
+    }
+
+    #[test]
     fn names_are_unique_and_follow_the_scheme() {
         let mut names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
         for n in &names {

@@ -110,6 +110,42 @@ pub(crate) unsafe fn merge_parts(parts: usize, state: impl Fn(usize) -> *const f
     (mx, o, sum)
 }
 
+/// A sequence's block table (paged mode of [`SplitAttnParams`]) with its first
+/// `TABLE_ENTRIES` entries copied to shared memory, so that a cache row's lookup waits on no
+/// global load (on the H100 a batch-1 step went from 466 to 492 tok/s after 64 tokens); later
+/// entries are read from the table in global memory.
+#[derive(Clone, Copy)]
+pub(crate) struct StagedTable {
+    table: *const u32,
+    shared: *const u32,
+    staged: usize,
+    shift: u32,
+}
+
+impl StagedTable {
+    /// Copies row `i`'s leading entries into `shared` (thread `tid` of `threads` takes entries
+    /// `tid, tid + threads, ...`). A barrier must follow before any thread calls [`Self::row`].
+    #[inline(always)]
+    pub(crate) unsafe fn stage(p: &SplitAttnParams, i: usize, shared: *mut u32, tid: usize, threads: usize) -> StagedTable {
+        let table = (p.table as *const u32).add(i * p.table_stride as usize);
+        let staged = (p.table_stride as usize).min(TABLE_ENTRIES as usize);
+        let mut e = tid;
+        while e < staged {
+            *shared.add(e) = *table.add(e);
+            e += threads;
+        }
+        StagedTable { table, shared, staged, shift: p.block_shift }
+    }
+
+    /// The cache row of logical key `j`: `table[j >> shift] << shift | (j & (block - 1))`.
+    #[inline(always)]
+    pub(crate) unsafe fn row(&self, j: usize) -> usize {
+        let b = j >> self.shift;
+        let id = if b < self.staged { *self.shared.add(b) } else { *self.table.add(b) };
+        ((id as usize) << self.shift) | (j & ((1usize << self.shift) - 1))
+    }
+}
+
 /// Decode attention over a paged f16 cache through shared-memory tiles. See the module docs.
 #[kernel]
 pub unsafe fn attention_paged_f16(p: SplitAttnParams) {
@@ -125,14 +161,8 @@ pub unsafe fn attention_paged_f16(p: SplitAttnParams) {
     let tid = thread::thread_idx_x() as usize;
     // 0. the row's leading block-table entries into shared memory, loaded beside the key count
     //    (a cache row's lookup then waits on no global load; see `TABLE_ENTRIES`)
-    let table = (p.table as *const u32).add(i * p.table_stride as usize);
     let tab_s = (dynamic_shared_mem::<u8>() as *mut u8).add(STAGES as usize * STAGE_BYTES) as *mut u32;
-    let staged = (p.table_stride as usize).min(TABLE_ENTRIES as usize);
-    let mut e = tid;
-    while e < staged {
-        *tab_s.add(e) = *table.add(e);
-        e += NT;
-    }
+    let table = StagedTable::stage(&p, i, tab_s, tid, NT);
     // 1. this block's chunk of row i's keys (uniform over the block)
     let kv_len = *(p.lens as *const u32).add(i) as usize;
     let active = ((kv_len + MIN_KEYS - 1) / MIN_KEYS).clamp(1, p.splits as usize);
@@ -146,13 +176,8 @@ pub unsafe fn attention_paged_f16(p: SplitAttnParams) {
     let g = thread::block_idx_y() as usize;
     let v0 = zz * MAX_QV; // the block's first query head within the group
     let qvs = (group - v0).min(MAX_QV);
-    let shift = p.block_shift;
     // the cache row of key j of the row (the staged entries, else the table in global memory)
-    let row_of = |j: usize| -> usize {
-        let b = j >> shift;
-        let id = if b < staged { *tab_s.add(b) } else { *table.add(b) };
-        ((id as usize) << shift) | (j & ((1usize << shift) - 1))
-    };
+    let row_of = |j: usize| table.row(j);
     let sc = RowScales::new(p.kv_scale, kv_heads, g);
     let lanes = d / 8;
     let slots = NT / lanes;

@@ -44,14 +44,13 @@
 //! the merge) are reached by every thread; each warp's loop count is uniform over the warp.
 
 use crate::attention::RowScales;
-use crate::attention_paged::{cp_async_8, ld_shared_f32x2, merge_parts};
+use crate::attention_paged::{cp_async_8, ld_shared_f32x2, merge_parts, StagedTable};
 use crate::flash_mma::{ldmatrix_x4, ldmatrix_x4_trans, mma, pack_f16x2};
 use crate::math::f16_key_scale;
 use crate::flash::LOG2E;
 use crate::mem::{ex2, f16x2_to_f32, shared_addr, F32x2};
 use crate::mma::{cp_async_16, cp_async_commit, cp_async_wait_all};
 use crate::params::attn_paged_mma_tile::{D, KEYS, MAX_GROUP, SLOT_BYTES, STAGES, TABLE_BYTES, WARPS};
-use crate::params::attn_paged_tile::TABLE_ENTRIES;
 use crate::params::SplitAttnParams;
 use crate::reduce::shfl_xor;
 use cuda_std::shared::dynamic_shared_mem;
@@ -94,22 +93,11 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     let (g4, t4) = (lane / 4, lane % 4);
 
     // 0. the row's leading block-table entries into shared memory, beside the key count
-    let table = (p.table as *const u32).add(i * p.table_stride as usize);
     let base = dynamic_shared_mem::<u8>();
-    let tab_s = base as *mut u32;
-    let staged = (p.table_stride as usize).min(TABLE_ENTRIES as usize);
-    let mut e = tid;
-    while e < staged {
-        *tab_s.add(e) = *table.add(e);
-        e += WARPS * 32;
-    }
+    let table = StagedTable::stage(&p, i, base as *mut u32, tid, WARPS * 32);
     let kv_len = *(p.lens as *const u32).add(i) as usize;
     let shift = p.block_shift;
-    let row_of = |j: usize| -> usize {
-        let b = j >> shift;
-        let id = if b < staged { *tab_s.add(b) } else { *table.add(b) };
-        ((id as usize) << shift) | (j & ((1usize << shift) - 1))
-    };
+    let row_of = |j: usize| table.row(j);
     let sc = RowScales::new(p.kv_scale, kv_heads, g);
     let scaled = p.kv_scale != 0;
 

@@ -501,31 +501,27 @@ impl CudaBackend {
             return attention_paged_composite(self, q, k, v, scales, pages, scale);
         }
         let l = self.enter()?;
-        // (its query loads are 8 bytes wide)
-        let q_aligned = self.buffer(OP, q)?.addr() % 8 == 0;
-        if flash_mma(&l) && k.dtype() == DType::F16 && paged_mma_fits(&shape) && q_aligned && t * kv_heads >= self.sms as usize / 2 && paged_mma() {
-            // a batch: a block per row and KV head on tensor cores, no chunks to merge
-            let out = self.output(t * heads * d)?;
-            let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
-            let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None, kv_scale };
-            let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
+        let out = self.output(t * heads * d)?;
+        let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None, kv_scale };
+        let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
+        // f16 caches on compute_80 take the kernels that stage keys and values in shared memory
+        let staged = flash_mma(&l) && k.dtype() == DType::F16;
+        // a batch (rows × KV heads at least half the multiprocessors): a block per row and KV
+        // head on tensor cores, no chunks to merge (its query loads are 8 bytes wide)
+        if staged && paged_mma_fits(&shape) && bufs.q.addr() % 8 == 0 && t * kv_heads >= self.sms as usize / 2 && paged_mma() {
             attention_paged_mma(&l, &bufs, &shape, scale, &sp, &self.counters)?;
             return Ok(Self::wrap(vec![t, heads, d], DType::F32, out));
         }
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the
         // longest row the tables can hold has MIN_KEYS runs (fixed by the table's size, so a
-        // recorded step keeps it). f16 caches on compute_80: the staged kernel, whose four
-        // blocks per multiprocessor make one wave (rounded down: a row and KV head per block
-        // when the rows alone fill it, no merge); the split kernel rounds up
-        let staged = flash_mma(&l) && k.dtype() == DType::F16;
+        // recorded step keeps it). The staged kernel's four blocks per multiprocessor make one
+        // wave (rounded down: a row and KV head per block when the rows alone fill it, no
+        // merge); the split kernel rounds up
         let (blocks, want) = (kv_heads * zblocks, 4 * self.sms as usize);
         let (fill, min_keys) = if staged { ((want / blocks).max(1), attn_paged_tile::MIN_KEYS) } else { (ceil_div(want, blocks), attn_split_tile::MIN_KEYS) };
         let splits = fill.min(ceil_div(pages.stride() * pages.block(), min_keys)).clamp(1, attn_split_tile::MAX_SPLITS);
-        let out = self.output(t * heads * d)?;
         let partial = self.output(t * heads * splits * (d + 2))?;
-        let kv_scale = scales.map(|s| self.buffer(OP, s)).transpose()?;
-        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: self.buffer(OP, k)?, v: self.buffer(OP, v)?, out: &out, cursor: None, kv_scale };
-        let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
         if staged {
             attention_paged_staged(&l, &bufs, &partial, &self.counters, &shape, splits, scale, &sp)?;
         } else {

@@ -2,10 +2,6 @@
 //! and device selection. The kernels themselves live in the `gpu` crate (`gpu/`), whose pure
 //! math ([`gpu::math`]) the CPU backend shares.
 
-// AVX-512 intrinsics and the `avx512f` / `f16c` target features are unstable on the pinned
-// nightly; the CPU linear kernels (cpu/simd) use them behind runtime detection.
-#![cfg_attr(target_arch = "x86_64", feature(stdsimd, avx512_target_feature, f16c_target_feature, asm))]
-
 pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -62,14 +62,10 @@ pub struct Checked {
     /// Video processing: the directory's video_preprocessor_config.json, else Qwen3-VL's
     /// defaults.
     pub video: VideoConfig,
-    /// The directory of the model's side files.
-    pub dir: PathBuf,
 }
 
 pub struct Loaded {
     pub backend: Arc<dyn Backend>,
-    /// The CPU backend of the parts placed off the GPU, when the model is split.
-    pub host: Option<Arc<dyn Backend>>,
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub defaults: GenerationDefaults,
@@ -194,7 +190,7 @@ impl ModelArgs {
             tokenizer.vocab_size(),
             if defaults.found { "read" } else { "absent (greedy defaults)" }
         );
-        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, video, dir })
+        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, video })
     }
 
     /// Step 2: the backend and the weights, placed for sessions of up to `context` tokens.
@@ -203,7 +199,7 @@ impl ModelArgs {
     pub fn load(&self, checked: Checked, context: usize, images: Option<usize>) -> CliResult<Loaded> {
         let sel = self.device.select()?;
         let t0 = Instant::now();
-        let (mut model, host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context, images)?;
+        let (mut model, _host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context, images)?;
         // generation never picks an id the tokenizer cannot decode (the LM head's padding rows)
         model.limit_sampling(checked.tokenizer.vocab_size());
         let c = &model.config.text;
@@ -224,7 +220,7 @@ impl ModelArgs {
             log::debug!("sampling ids below {} (the tokenizer's); the LM head's other {} rows are padding and never picked", model.sampled_vocab(), c.vocab_size - model.sampled_vocab());
         }
         let kv_dtype = self.device.kv_dtype(&*sel.backend);
-        Ok(Loaded { backend: sel.backend, host, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
+        Ok(Loaded { backend: sel.backend, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
     }
 }
 

@@ -295,7 +295,7 @@ mod tests {
     fn blocked_path_matches_naive_for_long_blocks() {
         let dims = Dims { t: 300, heads: 4, kv_heads: 2, d: 8 };
         let cap = 330;
-        let gen = |n: usize, s: f32| (0..n).map(|i| ((i as f32 * s).sin())).collect::<Vec<f32>>();
+        let gen = |n: usize, s: f32| (0..n).map(|i| (i as f32 * s).sin()).collect::<Vec<f32>>();
         let (q, k, v) = (gen(300 * 4 * 8, 0.37), gen(cap * 2 * 8, 1.1), gen(cap * 2 * 8, 0.23));
         for &(causal, q_pos0, kv_len) in &[(true, 0, 300), (true, 30, 330), (false, 0, 330)] {
             let p = AttnParams { kv_len, q_pos0, causal, scale: 0.35 };
@@ -330,7 +330,7 @@ mod tests {
     fn matches_naive_with_gqa_causal_and_offset() {
         let dims = Dims { t: 3, heads: 4, kv_heads: 2, d: 5 };
         let cap = 9;
-        let gen = |n: usize, s: f32| (0..n).map(|i| ((i as f32 * s).sin())).collect::<Vec<f32>>();
+        let gen = |n: usize, s: f32| (0..n).map(|i| (i as f32 * s).sin()).collect::<Vec<f32>>();
         let (q, k, v) = (gen(3 * 4 * 5, 0.7), gen(cap * 2 * 5, 1.3), gen(cap * 2 * 5, 0.4));
         for &(causal, q_pos0, kv_len) in &[(true, 0, 3), (true, 4, 7), (false, 0, 9)] {
             let p = AttnParams { kv_len, q_pos0, causal, scale: 0.45 };

@@ -80,15 +80,10 @@ impl QIsa {
     }
 }
 
-/// AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 (the std detection macro of the pinned
-/// toolchain does not know it); the OS saves YMM state when AVX2 is detected.
+/// AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4), as std detects it.
 #[cfg(target_arch = "x86_64")]
 fn has_avx_vnni() -> bool {
-    // SAFETY: CPUID is available on every x86-64 CPU; leaf 7 exists when its max leaf says so.
-    unsafe {
-        let max = core::arch::x86_64::__cpuid(0).eax;
-        max >= 7 && core::arch::x86_64::__cpuid_count(7, 1).eax & (1 << 4) != 0
-    }
+    is_x86_feature_detected!("avxvnni")
 }
 
 /// `out = a · wᵀ + bias` on [`QIsa::detect`]'s path, in the current [`pool`]: `a` is

@@ -11,7 +11,7 @@
 use cust::sys::*;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_uint, c_ulonglong, c_void};
-use std::sync::Once;
+use std::sync::OnceLock;
 
 /// Library names tried in order; `QWEN3_VL_LIBCUDA` names the one to open instead.
 const LIBRARY_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
@@ -151,18 +151,12 @@ driver_api! {
     fn cuTexObjectGetResourceDesc(p_res_desc: *mut CUDA_RESOURCE_DESC, tex_object: CUtexObject);
 }
 
-static INIT: Once = Once::new();
-/// The opened library's table and path, or why none could be opened: written once, by the
-/// first [`load`], before `INIT` completes; only read after.
-static mut STATE: Option<Result<(Table, String), String>> = None;
+/// The opened library's table and path, or why none could be opened: set once, by the first
+/// [`load`].
+static STATE: OnceLock<Result<(Table, String), String>> = OnceLock::new();
 
 fn state() -> Option<&'static Result<(Table, String), String>> {
-    if INIT.is_completed() {
-        // SAFETY: STATE is written only inside `call_once`, which completed before this read.
-        unsafe { STATE.as_ref() }
-    } else {
-        None
-    }
+    STATE.get()
 }
 
 /// Opens the CUDA driver library and resolves every entry point (once per process; later
@@ -170,19 +164,16 @@ fn state() -> Option<&'static Result<(Table, String), String>> {
 /// libraries tried and what the loader said, e.g. "libcuda.so.1: cannot open shared object
 /// file" on a machine without an NVIDIA driver.
 pub fn load() -> Result<&'static str, String> {
-    INIT.call_once(|| {
+    let opened = STATE.get_or_init(|| {
         let names: Vec<String> = match std::env::var("QWEN3_VL_LIBCUDA") {
             Ok(path) => vec![path],
             Err(_) => LIBRARY_NAMES.iter().map(|s| s.to_string()).collect(),
         };
-        let opened = open(&names);
-        // SAFETY: the only write, inside call_once; no reader runs before it completes.
-        unsafe { STATE = Some(opened) };
+        open(&names)
     });
-    match state() {
-        Some(Ok((_, path))) => Ok(path.as_str()),
-        Some(Err(e)) => Err(e.clone()),
-        None => Err("the CUDA driver library is still being opened".into()),
+    match opened {
+        Ok((_, path)) => Ok(path.as_str()),
+        Err(e) => Err(e.clone()),
     }
 }
 

@@ -89,17 +89,14 @@ pub struct ImageInput {
     pub key: Option<u64>,
 }
 
-static IMAGE_KEY_INIT: std::sync::Once = std::sync::Once::new();
 /// The process's random hashing key for image contents (so no client can aim a collision at
-/// another's cached blocks); written once inside `IMAGE_KEY_INIT`.
-static mut IMAGE_KEY_STATE: Option<RandomState> = None;
+/// another's cached blocks).
+static IMAGE_KEY_STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
 
 /// The hash of preprocessed images (their patches, row length and grids) under this process's
 /// random key: equal images give equal keys within a process.
 pub fn image_key(patches: &[f32], row_len: usize, grids: &[[usize; 3]]) -> u64 {
-    // SAFETY: the only write happens inside call_once, which completes before any read
-    IMAGE_KEY_INIT.call_once(|| unsafe { IMAGE_KEY_STATE = Some(RandomState::new()) });
-    let state = unsafe { IMAGE_KEY_STATE.as_ref() }.expect("set above");
+    let state = IMAGE_KEY_STATE.get_or_init(RandomState::new);
     let mut h = state.build_hasher();
     (row_len, grids).hash(&mut h);
     // SAFETY: f32 has no padding bytes; the slice's bytes, read only

@@ -114,8 +114,8 @@ mod tests {
     #[test]
     fn quantized_dot_is_close_to_the_dequantized_one() {
         let k = 512;
-        let x: Vec<f32> = (0..k).map(|i| ((i * 31 % 97) as f32 / 48.0 - 1.0)).collect();
-        let w: Vec<f32> = (0..k).map(|i| ((i * 7919 % 257) as f32 / 128.0 - 1.0)).collect();
+        let x: Vec<f32> = (0..k).map(|i| (i * 31 % 97) as f32 / 48.0 - 1.0).collect();
+        let w: Vec<f32> = (0..k).map(|i| (i * 7919 % 257) as f32 / 128.0 - 1.0).collect();
         for dt in [DType::Q8_0, DType::Q4K, DType::Q6K] {
             let bytes = crate::quant::quantize_vec(dt, &w).unwrap();
             let wd = crate::quant::dequantize_vec(dt, &bytes, k).unwrap();

@@ -178,7 +178,7 @@ mod tests {
             let c = gpu::qmath::q6_k_center(w).to_le_bytes();
             assert_eq!([c[0] as i8 as i32, c[1] as i8 as i32, c[2] as i8 as i32, c[3] as i8 as i32], [q as i32 - 32, 31 - q as i32, (q / 2) as i32 - 32, -1]);
         }
-        let x: Vec<f32> = (0..QK_K).map(|i| ((i * 7919 % 257) as f32 / 128.0 - 1.0)).collect();
+        let x: Vec<f32> = (0..QK_K).map(|i| (i * 7919 % 257) as f32 / 128.0 - 1.0).collect();
         let mut b = [0u8; BLOCK_BYTES];
         quantize_block(&x, &mut b);
         let mut q = [0u8; QK_K];

@@ -66,8 +66,8 @@ pub(crate) fn gemv_prefetch() -> usize {
 
 /// Whether the CPU's vendor string (CPUID leaf 0) is "GenuineIntel".
 fn intel() -> bool {
-    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-    let r = unsafe { __cpuid(0) };
+    // CPUID leaf 0 exists on every x86-64 CPU.
+    let r = __cpuid(0);
     let mut v = [0u8; 12];
     v[..4].copy_from_slice(&r.ebx.to_le_bytes());
     v[4..8].copy_from_slice(&r.edx.to_le_bytes());

@@ -55,7 +55,7 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut BTreeMap<String, (Dtype, Vec<usize
         st.tensors().into_iter().map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec()))).collect();
     edit(&mut map);
     let views: Vec<(String, TensorView<'_>)> = map.iter().map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
-    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
 }
 
 fn cpu() -> std::sync::Arc<dyn Backend> {

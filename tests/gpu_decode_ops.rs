@@ -366,6 +366,7 @@ fn device_ids_embedding_narrowing_and_f16_rows_agree() {
 /// Rows of `[m, k]` activations with massive values (real LLMs have channels of 10^5 and more
 /// in the MLP's down-projection input): row 0 scaled to reach 3·10^5, row 1 tiny (10^-4),
 /// every fourth row one spike of 2·10^5 among ordinary values, the rest ordinary.
+#[cfg(feature = "cuda")]
 fn massive_rows(m: usize, k: usize, seed: u32) -> Vec<f32> {
     let mut a = random(m * k, seed);
     for r in 0..m {
@@ -382,6 +383,7 @@ fn massive_rows(m: usize, k: usize, seed: u32) -> Vec<f32> {
 
 /// Each output against the CPU's f32 product within `rel` of the row's Σ|a·w| (the scale a
 /// dot product's rounding error has), plus a tiny absolute floor.
+#[cfg(feature = "cuda")]
 fn assert_products_close(name: &str, got: &[f32], want: &[f32], a: &[f32], w: &[f32], (m, n, k): (usize, usize, usize), rel: f32) {
     for r in 0..m {
         for c in 0..n {

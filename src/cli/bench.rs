@@ -23,7 +23,7 @@ pub struct BenchArgs {
     #[clap(long)]
     mmproj: Option<PathBuf>,
     /// Quantize a safetensors checkpoint while loading: q8_0 or q4_k_m.
-    #[clap(long, parse(try_from_str = super::load::parse_quant))]
+    #[clap(long, value_parser = super::load::parse_quant)]
     quant: Option<qwen3_vl::model::Mix>,
     #[clap(flatten)]
     device: DeviceArgs,
@@ -49,10 +49,10 @@ pub struct BenchArgs {
     #[clap(long)]
     video: Option<PathBuf>,
     /// Also time the tower on a synthetic video of this many frames (with --video-side).
-    #[clap(long, requires = "video-side")]
+    #[clap(long, requires = "video_side")]
     video_frames: Option<usize>,
     /// The frames' side in pixels for --video-frames (rounded down to a multiple of 32).
-    #[clap(long, requires = "video-frames")]
+    #[clap(long, requires = "video_frames")]
     video_side: Option<usize>,
     #[clap(flatten)]
     video_opts: super::load::VideoOpts,

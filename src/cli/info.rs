@@ -15,7 +15,7 @@ pub struct InfoArgs {
     #[clap(long)]
     mmproj: Option<std::path::PathBuf>,
     /// Quantize a safetensors checkpoint while loading: q8_0 or q4_k_m (for the sizes).
-    #[clap(long, parse(try_from_str = super::load::parse_quant))]
+    #[clap(long, value_parser = super::load::parse_quant)]
     quant: Option<qwen3_vl::model::Mix>,
     /// Session length the placement is planned for (KV cache and activations).
     #[clap(long, default_value = "4096", value_parser = super::ranges::context, allow_hyphen_values = true)]

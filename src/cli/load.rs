@@ -30,7 +30,7 @@ pub struct ModelArgs {
     pub mmproj: Option<PathBuf>,
     /// Quantize the weights while loading: q8_0 or q4_k_m (a Hugging Face checkpoint; a GGUF
     /// model is used as stored).
-    #[clap(long, parse(try_from_str = parse_quant))]
+    #[clap(long, value_parser = parse_quant)]
     pub quant: Option<Mix>,
     /// tokenizer.json to use instead of the model directory's (or the GGUF file's tokenizer).
     #[clap(long)]
@@ -245,7 +245,7 @@ fn quant_report(mix: Mix, config: &Config, dir: &std::path::Path) -> CliResult<(
 
 /// The user's message: `-p TEXT`, `-p -` (standard input) or `--prompt-file FILE`.
 #[derive(clap::Args, Clone, Debug)]
-#[clap(group(clap::ArgGroup::new("prompt-source").required(true).args(&["prompt", "prompt-file"])))]
+#[clap(group(clap::ArgGroup::new("prompt-source").required(true).args(["prompt", "prompt_file"])))]
 pub struct PromptArgs {
     /// The user's message; "-" reads it from standard input.
     #[clap(long, short = 'p')]

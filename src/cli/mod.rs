@@ -35,7 +35,7 @@ use qwen3_vl::{Backend, DType, DeviceRequest, Selection};
 pub struct Cli {
     /// More detail on stderr (-v: sampling settings, timings per phase, placement, memory;
     /// -vv: every token); QWEN3_VL_LOG=error|warn|info|debug|trace also works.
-    #[clap(short, long, parse(from_occurrences), global = true)]
+    #[clap(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// Print only results (and errors): no progress, statistics or notes.
     #[clap(short, long, global = true, conflicts_with = "verbose")]
@@ -60,15 +60,15 @@ pub struct DeviceArgs {
     /// How the tensor-core GEMMs round activations: auto (bf16), f32 (split into two 16-bit
     /// parts: f32-faithful) or bf16 (rounded once: faster, within transformers bf16's error).
     /// The CPU and the compute_61 module always compute in f32.
-    #[clap(long, default_value = "auto", parse(try_from_str = parse_precision))]
+    #[clap(long, default_value = "auto", value_parser = parse_precision)]
     pub precision: PrecisionArg,
     /// KV-cache element type: auto (f16 on a GPU, f32 on the CPU), f32 or f16.
-    #[clap(long, default_value = "auto", parse(try_from_str = parse_kv_cache))]
+    #[clap(long, default_value = "auto", value_parser = parse_kv_cache)]
     pub kv_cache: KvCacheArg,
     /// The most the engine puts on the GPU: 2GiB, 1500MiB, 2G, 3.5GB or bytes (default: the
     /// device's free memory less 5%, at least 256 MiB). What does not fit (text layers from the
     /// last, LM head, vision tower, embedding) runs on the CPU.
-    #[clap(long, parse(try_from_str = qwen3_vl::model::placement::parse_size))]
+    #[clap(long, value_parser = qwen3_vl::model::placement::parse_size)]
     pub gpu_memory: Option<usize>,
     /// Exactly N text layers on the GPU (the first N; the rest on the CPU) instead of as many
     /// as --gpu-memory holds.
@@ -186,5 +186,19 @@ pub fn run() -> i32 {
             eprintln!("error: {}", e);
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks over every subcommand (argument ids named by groups,
+    /// `requires` and `conflicts_with` exist, no duplicate flags); they run only when the
+    /// command is built, so a typo would otherwise panic at the first use of that subcommand.
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

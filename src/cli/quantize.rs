@@ -18,7 +18,7 @@ pub struct QuantizeArgs {
     /// Where to write the two GGUF files (created if missing).
     output: PathBuf,
     /// q8_0, q4_k_m or f16.
-    #[clap(long = "type", parse(try_from_str = parse_mix))]
+    #[clap(long = "type", value_parser = parse_mix)]
     mix: Mix,
     /// CPU worker threads (default: all cores).
     #[clap(long)]

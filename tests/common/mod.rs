@@ -356,7 +356,7 @@ pub fn half_copy(src: &std::path::Path, tag: &str, dtype: safetensors::Dtype, ed
         })
         .collect();
     let views: Vec<(String, TensorView<'_>)> = converted.iter().map(|(n, s, d)| (n.clone(), TensorView::new(dtype, s.clone(), d).unwrap())).collect();
-    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     dir
 }
 

@@ -217,9 +217,9 @@ fn header_problem(e: &SafeTensorError, file: &[u8]) -> String {
         SafeTensorError::InvalidHeaderLength => {
             format!("the header size field says {} bytes but the file has only {} after it (truncated, or not a safetensors file)", header_len.unwrap_or(0), len.saturating_sub(8))
         }
-        SafeTensorError::InvalidHeader => "the header is not UTF-8 text".into(),
+        SafeTensorError::InvalidHeader(e) => format!("the header is not UTF-8 text ({})", e),
         SafeTensorError::InvalidHeaderStart => "the header does not start with a JSON object".into(),
-        SafeTensorError::InvalidHeaderDeserialization => "the header is not the JSON a safetensors file has (name -> {dtype, shape, data_offsets})".into(),
+        SafeTensorError::InvalidHeaderDeserialization(e) => format!("the header is not the JSON a safetensors file has (name -> {{dtype, shape, data_offsets}}): {}", e),
         SafeTensorError::MetadataIncompleteBuffer => match described_size(file) {
             Some(want) if want > len => format!("the file is {} bytes but its header describes {} (truncated: an interrupted download?)", len, want),
             Some(want) => format!("the file is {} bytes but its header describes only {} (trailing bytes)", len, want),

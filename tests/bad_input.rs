@@ -142,6 +142,33 @@ fn config_mismatch_names_the_tensor_and_missing_files_the_path() {
     assert!(e.contains("does-not-exist") && e.contains("model directory") && e.contains("does not exist"), "{}", e);
 }
 
+/// A config.json whose sizes no checkpoint has (a billion layers once aborted the process on a
+/// 440 GB allocation; 2^64 - 1 panicked) is refused by name, through the command line too.
+#[test]
+fn config_sizes_out_of_bounds_are_refused_before_allocating() {
+    let dir = scratch("config-bounds");
+    std::fs::copy(common::repo_root().join("tests/fixtures/tokenizer/tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let original = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let layers = json_field(&original, "num_hidden_layers");
+    for huge in ["1000000000", "18446744073709551615"] {
+        let cfg = original.replace(&layers, &format!("\"num_hidden_layers\": {}", huge));
+        std::fs::write(dir.join("config.json"), cfg).unwrap();
+        let e = load_err(&dir);
+        assert!(e.contains("config.json") && e.contains(&format!("text_config.num_hidden_layers = {} is out of range (1 to 1024)", huge)), "{}", e);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qwen3-vl")).args(["generate", "--device", "cpu", "-p", "hi", "-m"]).arg(&*dir).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr);
+        assert!(stderr.contains("num_hidden_layers") && !stderr.contains("panicked"), "{}", stderr);
+    }
+}
+
+/// The `"key": value` text of a numeric field in a JSON file.
+fn json_field(json: &str, key: &str) -> String {
+    let start = json.find(&format!("\"{}\"", key)).unwrap_or_else(|| panic!("no {} in the fixture", key));
+    let end = start + json[start..].find(|c: char| c == ',' || c == '}').unwrap();
+    json[start..end].to_string()
+}
+
 #[test]
 fn missing_shard_is_named() {
     let dir = Scratch::new("shard");

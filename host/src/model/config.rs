@@ -133,8 +133,11 @@ impl Config {
             Some(_) => root.bool_or("tie_word_embeddings", false)?,
             None => tc.bool_or("tie_word_embeddings", false)?,
         };
-        let id = |key: &str, default: usize| -> Result<u32> { Ok(root.usize_or(key, Some(default))? as u32) };
-        Ok(Config {
+        let id = |key: &str, default: usize| -> Result<u32> {
+            let v = root.usize_or(key, Some(default))?;
+            u32::try_from(v).map_err(|_| root.err(key, &format!("{} is not a token id (ids are below 2^32)", v)))
+        };
+        let config = Config {
             text,
             vision,
             tie_word_embeddings: tie,
@@ -142,8 +145,53 @@ impl Config {
             video_token_id: id("video_token_id", 151_656)?,
             vision_start_token_id: id("vision_start_token_id", 151_652)?,
             vision_end_token_id: id("vision_end_token_id", 151_653)?,
-        })
+        };
+        check_bounds(&config, file)?;
+        Ok(config)
     }
+}
+
+/// The most a size in config.json may be, far above any Qwen3-VL checkpoint (the 2B's values
+/// are in brackets) yet small enough that what is allocated from them before the weights are
+/// compared against them (layer lists, RoPE tables, plans) stays small and no product of them
+/// overflows: `(key, value, most)`. Every size must also be at least 1.
+fn bounds(c: &Config) -> [(&'static str, usize, usize); 18] {
+    let (t, v) = (&c.text, &c.vision);
+    [
+        ("text_config.vocab_size", t.vocab_size, 1 << 24),                       // [151,936]
+        ("text_config.hidden_size", t.hidden_size, 1 << 16),                     // [2,048]
+        ("text_config.intermediate_size", t.intermediate_size, 1 << 20),         // [6,144]
+        ("text_config.num_hidden_layers", t.num_hidden_layers, 1024),            // [28]
+        ("text_config.num_attention_heads", t.num_attention_heads, 1024),        // [16]
+        ("text_config.num_key_value_heads", t.num_key_value_heads, 1024),        // [8]
+        ("text_config.head_dim", t.head_dim, 1024),                              // [128]
+        ("text_config.max_position_embeddings", t.max_position_embeddings, 1 << 24), // [262,144]
+        ("vision_config.depth", v.depth, 1024),                                  // [24]
+        ("vision_config.hidden_size", v.hidden_size, 1 << 16),                   // [1,024]
+        ("vision_config.intermediate_size", v.intermediate_size, 1 << 20),       // [4,096]
+        ("vision_config.num_heads", v.num_heads, 1024),                          // [16]
+        ("vision_config.in_channels", v.in_channels, 16),                        // [3]
+        ("vision_config.patch_size", v.patch_size, 256),                         // [16]
+        ("vision_config.spatial_merge_size", v.spatial_merge_size, 16),          // [2]
+        ("vision_config.temporal_patch_size", v.temporal_patch_size, 16),        // [2]
+        ("vision_config.out_hidden_size", v.out_hidden_size, 1 << 16),           // [2,048]
+        ("vision_config.num_position_embeddings", v.num_position_embeddings, 1 << 24), // [2,304]
+    ]
+}
+
+/// Refuses a size outside [`bounds`], naming the key, its value and the limit.
+fn check_bounds(c: &Config, file: &str) -> Result<()> {
+    for (key, value, most) in bounds(c) {
+        if value == 0 || value > most {
+            return Err(Error::Config { file: file.into(), msg: format!("{} = {} is out of range (1 to {})", key, value, most) });
+        }
+    }
+    for (key, x) in [("text_config.rms_norm_eps", c.text.rms_norm_eps as f64), ("text_config.rope_theta", c.text.rope_theta)] {
+        if !(x.is_finite() && x > 0.0) {
+            return Err(Error::Config { file: file.into(), msg: format!("{} = {} must be a positive finite number", key, x) });
+        }
+    }
+    Ok(())
 }
 
 fn parse_text(t: &Obj<'_>) -> Result<TextConfig> {
@@ -285,5 +333,30 @@ mod tests {
         assert!(e.contains("mrope_section") && e.contains("64"), "{}", e);
         let e = Config::from_json("{not json", "c").unwrap_err().to_string();
         assert!(e.contains("not valid JSON"), "{}", e);
+    }
+
+    /// Sizes past the bounds (a billion layers once aborted on a 440 GB allocation, 2^64 - 1
+    /// panicked on a capacity overflow) and zero sizes are refused by name before anything is
+    /// allocated from them.
+    #[test]
+    fn sizes_out_of_bounds_are_refused_by_name() {
+        let base = hub_json(r#""rope_theta":5000000"#).replace("[5,11,17]", "[]");
+        for (from, to, key) in [
+            ("\"num_hidden_layers\":28", "\"num_hidden_layers\":1000000000", "text_config.num_hidden_layers = 1000000000"),
+            ("\"num_hidden_layers\":28", "\"num_hidden_layers\":18446744073709551615", "text_config.num_hidden_layers = 18446744073709551615"),
+            ("\"num_hidden_layers\":28", "\"num_hidden_layers\":0", "text_config.num_hidden_layers = 0"),
+            ("\"vocab_size\":151936", "\"vocab_size\":99999999999", "text_config.vocab_size"),
+            ("\"intermediate_size\":4096", "\"intermediate_size\":4294967296", "vision_config.intermediate_size"),
+            ("\"depth\":24,", "\"depth\":0,", "vision_config.depth = 0"),
+            ("\"image_token_id\":151655", "\"image_token_id\":4294967296", "image_token_id: 4294967296 is not a token id"),
+            ("\"rms_norm_eps\":1e-6", "\"rms_norm_eps\":0", "text_config.rms_norm_eps"),
+        ] {
+            assert!(base.contains(from), "{}", from);
+            let e = Config::from_json(&base.replace(from, to), "c").unwrap_err().to_string();
+            assert!(e.contains(key), "{} -> {}", to, e);
+        }
+        let deep = base.replace("\"depth\":24", "\"depth\":2000");
+        assert!(Config::from_json(&deep, "c").unwrap_err().to_string().contains("vision_config.depth = 2000 is out of range (1 to 1024)"));
+        Config::from_json(&base, "c").unwrap();
     }
 }

@@ -7,19 +7,9 @@ use crate::model::rope::{mrope_tables, Pos3};
 use crate::pages::{gather_cache_rows, Pages};
 use crate::{ops, Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use gpu::params::{block_mask, sample_row, CURSOR_FIELDS, CURSOR_ROW};
-
-/// Device memory accounting (all zero on the CPU backend).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemoryStats {
-    /// Bytes held by live tensors.
-    pub in_use: usize,
-    /// Bytes of freed blocks kept for reuse.
-    pub cached: usize,
-    /// High-water mark of `in_use`.
-    pub peak: usize,
-    /// Number of real device allocations made so far (cache misses).
-    pub device_allocs: u64,
-}
+pub use crate::memory::MemoryStats;
+pub use crate::ops::{AttnParams, QkvRope};
+pub use crate::pick::DeviceSampling;
 
 /// The two GELU forms Qwen3-VL uses: tanh in the vision MLP, erf in the patch mergers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,19 +29,6 @@ pub enum Gelu {
 /// [`Backend::qkv_rope_append`]): a device backend notes when one is not 1 and until then its
 /// tensor-core flash kernels do not apply them, so scales uploaded any other way must all be 1.
 pub const KV_SCALES: usize = 2;
-
-/// How queries see keys in [`Backend::attention`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnParams {
-    /// Valid key/value rows (a prefix of the cache).
-    pub kv_len: usize,
-    /// Key index of the first query row: query `i` sits at key position `q_pos0 + i`.
-    pub q_pos0: usize,
-    /// Causal: query `i` attends to keys `0 ..= q_pos0 + i` only. Otherwise to all `kv_len`.
-    pub causal: bool,
-    /// Multiplier of the scores, usually `1 / sqrt(head_dim)`.
-    pub scale: f32,
-}
 
 /// A block mask for [`Backend::attention_block_sparse`]: query rows cut into blocks at
 /// `q_bounds` (cu_seqlens style: `0 = b_0 <= b_1 <= ... <= b_n = rows`), keys at `k_bounds`, and
@@ -158,7 +135,7 @@ impl BlockMask {
 /// when they are not one run) and one dense [`Backend::attention`]; rows that see no key stay
 /// zero. Rotates q and k first when `rope` is given.
 pub fn attention_block_sparse_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
-    let (t, heads, kv_heads, d) = ops::block_sparse_dims(q, k, v, mask, rope)?;
+    let (t, heads, kv_heads, d) = ops::block_sparse_dims(q, k, v, (mask.rows(), mask.keys()), rope)?;
     let (q, k) = match rope {
         Some((cos, sin)) => (b.rope(q, cos, sin)?, b.rope(k, cos, sin)?),
         None => (q.clone(), k.clone()),
@@ -262,7 +239,7 @@ fn pick_rows_on_host<B: Backend + ?Sized>(b: &B, logits: &Tensor, (vocab, n): (u
     for r in 0..rows {
         let s = settings(r)?;
         let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
-        picks.push(crate::generate::sampling::pick(&all[r * vocab..r * vocab + n], &s, c[CURSOR_ROW] as u64));
+        picks.push(crate::pick::pick(&all[r * vocab..r * vocab + n], &s, c[CURSOR_ROW] as u64));
         c.iter_mut().for_each(|f| *f += 1);
     }
     b.write_u32(ids, &picks)?;
@@ -286,76 +263,6 @@ pub fn transfer(from: &dyn Backend, to: &dyn Backend, t: &Tensor) -> Result<Tens
         DType::U32 => to.upload_u32(t.shape(), &from.download_u32(t)?),
         d @ (DType::F16 | DType::BF16) => to.upload_half(t.shape(), d, &from.download_half(t)?),
         d => Err(Error::DType { op: "transfer", expected: "f32, f16, bf16 or u32", got: d }),
-    }
-}
-
-/// The shape of a decoder layer's fused QKV step ([`Backend::qkv_rope_append`]).
-#[derive(Clone, Copy)]
-pub struct QkvRope<'a> {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// `[head_dim]` f32 RMSNorm weights of the q and k heads.
-    pub q_norm: &'a Tensor,
-    pub k_norm: &'a Tensor,
-    pub eps: f32,
-    /// `[head_dim / 2]` f32 rotary inverse frequencies, on the backend.
-    pub inv_freq: &'a Tensor,
-    /// Interleaved MRoPE sections (t, h, w).
-    pub section: [usize; 3],
-}
-
-/// How [`Backend::sample_step`] picks a token: greedy when `temperature <= 0` or `top_k == 1`,
-/// else softmax at `temperature` over the `top_k` best logits, nucleus `top_p`, and the draw
-/// `gpu::math::sample_uniform(seed, cache row)` (so the pick is reproducible and equal on every
-/// backend for equal logits). The settings a backend can take are bounded by
-/// [`Backend::max_device_top_k`]; others (repetition penalty, a larger or unbounded top-k) are
-/// sampled on the host.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DeviceSampling {
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub seed: u64,
-}
-
-impl DeviceSampling {
-    pub fn greedy() -> DeviceSampling {
-        DeviceSampling { temperature: 0.0, top_k: 1, top_p: 1.0, seed: 0 }
-    }
-
-    pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.top_k == 1
-    }
-
-    /// Candidates to rank (1 for greedy).
-    pub fn candidates(&self) -> usize {
-        if self.is_greedy() {
-            1
-        } else {
-            self.top_k
-        }
-    }
-
-    /// These settings as one row of [`Backend::sample_step_rows`]'s settings.
-    pub fn row_words(&self) -> [u32; sample_row::WORDS] {
-        let mut w = [0u32; sample_row::WORDS];
-        w[sample_row::TEMPERATURE] = if self.is_greedy() { 0.0f32 } else { self.temperature }.to_bits();
-        w[sample_row::TOP_P] = self.top_p.to_bits();
-        w[sample_row::TOP_K] = self.candidates() as u32;
-        w[sample_row::SEED_LO] = self.seed as u32;
-        w[sample_row::SEED_HI] = (self.seed >> 32) as u32;
-        w
-    }
-
-    /// The settings of one row of [`Backend::sample_step_rows`]'s settings.
-    pub fn from_row_words(w: &[u32]) -> DeviceSampling {
-        DeviceSampling {
-            temperature: f32::from_bits(w[sample_row::TEMPERATURE]),
-            top_p: f32::from_bits(w[sample_row::TOP_P]),
-            top_k: w[sample_row::TOP_K] as usize,
-            seed: w[sample_row::SEED_LO] as u64 | (w[sample_row::SEED_HI] as u64) << 32,
-        }
     }
 }
 

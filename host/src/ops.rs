@@ -1,7 +1,37 @@
 //! Shape and dtype rules of every op, checked once here and by both backends before any work.
 
 use crate::{DType, Error, Result, Tensor};
+use crate::pick::DeviceSampling;
 use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
+
+/// How queries see keys in [`crate::Backend::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Valid key/value rows (a prefix of the cache).
+    pub kv_len: usize,
+    /// Key index of the first query row: query `i` sits at key position `q_pos0 + i`.
+    pub q_pos0: usize,
+    /// Causal: query `i` attends to keys `0 ..= q_pos0 + i` only. Otherwise to all `kv_len`.
+    pub causal: bool,
+    /// Multiplier of the scores, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// The shape of a decoder layer's fused QKV step ([`crate::Backend::qkv_rope_append`]).
+#[derive(Clone, Copy)]
+pub struct QkvRope<'a> {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// `[head_dim]` f32 RMSNorm weights of the q and k heads.
+    pub q_norm: &'a Tensor,
+    pub k_norm: &'a Tensor,
+    pub eps: f32,
+    /// `[head_dim / 2]` f32 rotary inverse frequencies, on the backend.
+    pub inv_freq: &'a Tensor,
+    /// Interleaved MRoPE sections (t, h, w).
+    pub section: [usize; 3],
+}
 
 /// `(m, n, k)` of a linear layer, after checking `a [.., k]` f32, `w [n, k]`, `bias [n]` f32.
 pub fn linear_dims(a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<(usize, usize, usize)> {
@@ -122,7 +152,7 @@ pub fn cursor_rows_consecutive(op: &'static str, cur: &[u32]) -> Result<()> {
 /// `t` of [`crate::Backend::qkv_rope_append`], after checking
 /// `qkv [t, (heads + 2 kv_heads) · d]` f32, the norms `[d]` and frequencies `[d / 2]` f32, the
 /// cursor `[t, 4]` u32 and the caches `[cap, kv_heads, d]`.
-pub fn qkv_rope_dims(qkv: &Tensor, p: &crate::backend::QkvRope<'_>, cursor: &Tensor, k: &Tensor, v: &Tensor) -> Result<usize> {
+pub fn qkv_rope_dims(qkv: &Tensor, p: &QkvRope<'_>, cursor: &Tensor, k: &Tensor, v: &Tensor) -> Result<usize> {
     const OP: &str = "qkv_rope_append";
     expect_f32(OP, qkv)?;
     let (t, width) = qkv.rows_cols();
@@ -151,7 +181,7 @@ pub fn qkv_rope_dims(qkv: &Tensor, p: &crate::backend::QkvRope<'_>, cursor: &Ten
 /// `(rows, vocab, n)` of [`crate::Backend::sample_step`], after checking `logits [rows, vocab]`
 /// f32, the candidate count `n` (`1..=vocab`), `ids [rows]` and `cursor [rows, 4]` u32, and
 /// the settings.
-pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, n: usize, ids: &Tensor, cursor: &Tensor, max_k: usize) -> Result<(usize, usize, usize)> {
+pub fn sample_dims(logits: &Tensor, s: &DeviceSampling, n: usize, ids: &Tensor, cursor: &Tensor, max_k: usize) -> Result<(usize, usize, usize)> {
     const OP: &str = "sample_step";
     expect_f32(OP, logits)?;
     let (rows, vocab) = logits.rows_cols();
@@ -168,7 +198,7 @@ pub fn sample_dims(logits: &Tensor, s: &crate::backend::DeviceSampling, n: usize
 }
 
 /// Whether the device samples with `s` among `n` candidates, keeping at most `max_k`.
-pub fn sampling_fits(op: &'static str, s: &crate::backend::DeviceSampling, n: usize, max_k: usize) -> Result<()> {
+pub fn sampling_fits(op: &'static str, s: &DeviceSampling, n: usize, max_k: usize) -> Result<()> {
     if !s.is_greedy() && (s.top_k == 0 || s.top_k > max_k.min(n) || !(s.top_p > 0.0 && s.top_p <= 1.0)) {
         return Err(Error::Limit { op, msg: format!("top_k {} (1..={}) / top_p {} (0, 1] cannot be sampled on the device", s.top_k, max_k.min(n), s.top_p) });
     }
@@ -179,7 +209,7 @@ pub fn sampling_fits(op: &'static str, s: &crate::backend::DeviceSampling, n: us
 /// `max_k` (each row's own settings are checked as it is picked).
 pub fn sample_rows_dims(logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &Tensor, cursor: &Tensor, device_max_k: usize) -> Result<(usize, usize, usize)> {
     const OP: &str = "sample_step_rows";
-    let (rows, vocab, n) = sample_dims(logits, &crate::backend::DeviceSampling::greedy(), n, ids, cursor, device_max_k)?;
+    let (rows, vocab, n) = sample_dims(logits, &DeviceSampling::greedy(), n, ids, cursor, device_max_k)?;
     expect_dtype(OP, settings, DType::U32)?;
     if settings.shape() != [rows, gpu::params::sample_row::WORDS] {
         return Err(Error::shape(OP, &[logits.shape(), settings.shape()], format!("settings must be [{}, {}]", rows, gpu::params::sample_row::WORDS)));
@@ -270,7 +300,7 @@ pub fn rope_dims(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(usize, usize
 /// Shapes of an attention call: `(t, heads, kv_heads, head_dim)`, after checking
 /// `q [t, heads, d]`, `k`, `v` `[cap, kv_heads, d]` with `kv_heads` dividing `heads`,
 /// `kv_len <= cap`, and (when causal) the last query's position inside the keys.
-pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &crate::backend::AttnParams) -> Result<(usize, usize, usize, usize)> {
+pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "attention";
     expect_f32(OP, q)?;
     expect_kv(OP, k, v)?;
@@ -310,18 +340,18 @@ pub fn kv_scale_dims(op: &'static str, k: &Tensor, scales: Option<&Tensor>) -> R
 
 /// `(t, heads, kv_heads, d)` of [`crate::Backend::attention_block_sparse`], after checking q
 /// (f32 `[t, heads, d]`), k and v (`[kv_len, kv_heads, d]`, f32 or f16, kv_heads dividing heads),
-/// the mask's extent (`t` rows, `kv_len` keys) and the rotary tables (`[t, d / 2]` f32, d even,
+/// the block mask's extent (`t` rows, `kv_len` keys) and the rotary tables (`[t, d / 2]` f32, d even,
 /// f32 keys and `t == kv_len`).
-pub fn block_sparse_dims(q: &Tensor, k: &Tensor, v: &Tensor, mask: &crate::backend::BlockMask, rope: Option<(&Tensor, &Tensor)>) -> Result<(usize, usize, usize, usize)> {
+pub fn block_sparse_dims(q: &Tensor, k: &Tensor, v: &Tensor, (mask_rows, mask_keys): (usize, usize), rope: Option<(&Tensor, &Tensor)>) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "attention_block_sparse";
     let kv_len = k.shape().first().copied().unwrap_or(0);
-    let p = crate::backend::AttnParams { kv_len, q_pos0: 0, causal: false, scale: 1.0 };
+    let p = AttnParams { kv_len, q_pos0: 0, causal: false, scale: 1.0 };
     let (t, heads, kvh, d) = attention_dims(q, k, v, &p).map_err(|e| match e {
         Error::Shape { msg, shapes, .. } => Error::Shape { op: OP, msg, shapes },
         other => other,
     })?;
-    if mask.rows() != t || mask.keys() != kv_len {
-        return Err(Error::shape(OP, &[q.shape(), k.shape()], format!("the mask covers {} rows and {} keys", mask.rows(), mask.keys())));
+    if mask_rows != t || mask_keys != kv_len {
+        return Err(Error::shape(OP, &[q.shape(), k.shape()], format!("the mask covers {} rows and {} keys", mask_rows, mask_keys)));
     }
     if let Some((cos, sin)) = rope {
         expect_f32(OP, cos)?;

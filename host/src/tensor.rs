@@ -88,7 +88,7 @@ impl Blocks {
 pub enum Storage {
     Cpu(Arc<CpuBuffer>),
     #[cfg(feature = "cuda")]
-    Cuda(Arc<crate::cuda::DeviceBuffer>),
+    Cuda(Arc<crate::cuda::pool::DeviceBuffer>),
 }
 
 #[derive(Clone, Debug)]

@@ -13,33 +13,12 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::simd;
-use gpu::math::{bf16_to_f32, f16_to_f32};
 use super::pool;
+pub use super::weights::Weights;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Weight rows per task.
 const NB: usize = 16;
-
-/// The weight operand as stored.
-#[derive(Clone, Copy)]
-pub enum Weights<'a> {
-    F32(&'a [f32]),
-    F16(&'a [u16]),
-    Bf16(&'a [u16]),
-}
-
-impl Weights<'_> {
-    /// Writes rows `r0..r0 + rows` (each `k` long) widened to f32 into `dst`.
-    pub(crate) fn widen_rows(&self, r0: usize, rows: usize, k: usize, dst: &mut [f32]) {
-        let range = r0 * k..(r0 + rows) * k;
-        let dst = &mut dst[..rows * k];
-        match *self {
-            Weights::F32(w) => dst.copy_from_slice(&w[range]),
-            Weights::F16(w) => dst.iter_mut().zip(&w[range]).for_each(|(d, &b)| *d = f16_to_f32(b)),
-            Weights::Bf16(w) => dst.iter_mut().zip(&w[range]).for_each(|(d, &b)| *d = bf16_to_f32(b)),
-        }
-    }
-}
 
 /// Dot product with 8 independent accumulators (vectorizes; fixed summation order).
 #[inline(always)]
@@ -196,6 +175,7 @@ fn columns(a: &[f32], w: Weights<'_>, bias: Option<&[f32]>, m: usize, k: usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu::math::{bf16_to_f32, f16_to_f32};
 
     fn naive(a: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f64> {
         let mut out = vec![0.0f64; m * n];

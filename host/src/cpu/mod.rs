@@ -6,9 +6,11 @@ mod elementwise;
 mod gather;
 mod linear;
 pub mod pool;
+mod qisa;
 pub mod qlinear;
 mod rope;
 mod rowwise;
+mod weights;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 

@@ -429,7 +429,7 @@ impl CudaBackend {
 
     pub(super) fn attention_block_sparse_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
         const OP: &str = "attention_block_sparse";
-        let (t, heads, kv_heads, d) = ops::block_sparse_dims(q, k, v, mask, rope)?;
+        let (t, heads, kv_heads, d) = ops::block_sparse_dims(q, k, v, (mask.rows(), mask.keys()), rope)?;
         if !flash_fits(d) {
             log_unflashed(d);
             return attention_block_sparse_composite(self, q, k, v, mask, scale, rope);

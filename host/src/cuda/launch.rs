@@ -7,6 +7,7 @@ use super::module::Kernels;
 use super::pool::DeviceBuffer;
 use crate::kernels::Kernel;
 use crate::{Error, Result};
+pub use super::error::{cuda_err, OkOrCuda};
 
 pub const MAX_GRID_X: usize = (1 << 31) - 1;
 pub const MAX_GRID_Y: usize = 65_535;
@@ -35,25 +36,6 @@ impl Launcher<'_> {
         self.kernels.launch(self.stream, kernel, grid, block, shared_bytes, params)
     }
 
-}
-
-pub fn cuda_err(op: &str, e: cust::error::CudaError) -> Error {
-    Error::Cuda { op: op.to_string(), msg: e.to_string() }
-}
-
-/// Turns a raw driver status into a `Result` naming the call.
-pub trait OkOrCuda {
-    fn ok_or_cuda(self, op: &str) -> Result<()>;
-}
-
-impl OkOrCuda for cust::sys::CUresult {
-    fn ok_or_cuda(self, op: &str) -> Result<()> {
-        if self == cust::sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::Cuda { op: op.to_string(), msg: format!("{:?}", self) })
-        }
-    }
 }
 
 /// Checks that `buf` holds at least `bytes`.

@@ -7,13 +7,14 @@
 mod attention;
 pub mod driver;
 mod elementwise;
+mod error;
 mod embedding;
 mod graph;
 mod launch;
 mod linear;
 mod module;
 mod norm;
-mod pool;
+pub(crate) mod pool;
 mod qlinear;
 mod rope;
 mod sample;

@@ -1,7 +1,7 @@
 //! The loaded kernel module: one PTX module chosen for the device, every kernel's function
 //! handle looked up once at load, and the launch call itself.
 
-use super::launch::OkOrCuda;
+use super::error::OkOrCuda;
 use crate::kernels::{Arch, Kernel, KernelsRequest, Ptx};
 use crate::{Error, Result};
 use cust::module::Module;

@@ -12,7 +12,7 @@
 //! Within the recording, freed blocks are reused by later allocations, as they are in plain
 //! runs, so a recorded step needs no more memory than a plain one.
 
-use crate::backend::MemoryStats;
+use crate::memory::MemoryStats;
 use crate::{Error, Result};
 use cust::context::{Context, CurrentContext};
 use cust::memory::DevicePointer;

@@ -2,7 +2,7 @@
 //! top-p (applied in that order, as transformers' logits processors do), with counter-based
 //! draws (`gpu::math::sample_uniform`) shared with the GPU sampling kernels.
 
-use crate::backend::DeviceSampling;
+pub use crate::pick::{argmax, pick, DeviceSampling};
 
 /// Sampling settings. `temperature <= 0` means greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -108,40 +108,6 @@ impl Sampler {
         let k = if p.top_k == 0 || p.top_k > logits.len() { logits.len() } else { p.top_k };
         pick(logits, &DeviceSampling { temperature: p.temperature, top_k: k, top_p: p.top_p, seed: p.seed }, counter)
     }
-}
-
-/// The device sampler's rule on the host: greedy is the first maximum; otherwise the `top_k`
-/// best logits sorted (logit descending, id ascending on ties), then
-/// `gpu::math::pick_sorted` with the draw `sample_uniform(seed, counter)`. The GPU kernels
-/// make the same choice from the same logits.
-pub fn pick(logits: &[f32], s: &DeviceSampling, counter: u64) -> u32 {
-    if s.is_greedy() || logits.len() <= 1 {
-        return argmax(logits);
-    }
-    let rank = |a: &u32, b: &u32| {
-        let (x, y) = (logits[*a as usize], logits[*b as usize]);
-        y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(b))
-    };
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let k = s.top_k.clamp(1, idx.len());
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, rank);
-        idx.truncate(k);
-    }
-    idx.sort_unstable_by(rank);
-    let sorted: Vec<f32> = idx.iter().map(|&i| logits[i as usize]).collect();
-    idx[gpu::math::pick_sorted(&sorted, s.temperature, s.top_p, gpu::math::sample_uniform(s.seed, counter))]
-}
-
-/// The largest logit's index (the first on ties, as torch.argmax).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// transformers' RepetitionPenaltyLogitsProcessor: a seen token's logit is divided by the

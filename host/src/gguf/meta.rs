@@ -19,7 +19,7 @@
 
 use super::{Array, Gguf, Value, Writer};
 use crate::image::PreprocessConfig;
-use crate::model::Config;
+use crate::model::config::Config;
 use crate::{Error, Result, Tokenizer};
 use serde_json::json;
 

@@ -5,6 +5,7 @@ pub mod config;
 pub mod files;
 pub mod gguf_source;
 pub mod kv_cache;
+pub mod names;
 pub mod placement;
 pub mod positions;
 pub mod quantize;

@@ -29,7 +29,7 @@
 
 use super::config::Config;
 use super::source::TensorSource;
-use super::{text, vision};
+use super::names::{TEXT_PREFIX, VISION_PREFIX};
 use crate::{DType, Error, Result};
 
 /// Bytes each part takes on the device.
@@ -76,7 +76,7 @@ impl Sizes {
         // 1. text layers: the fused qkv is one allocation, norms and biases are f32
         let layers = (0..t.num_hidden_layers)
             .map(|l| {
-                let p = format!("{}layers.{}.", text::PREFIX, l);
+                let p = format!("{}layers.{}.", TEXT_PREFIX, l);
                 let a = |proj: &str| format!("{}self_attn.{}.weight", p, proj);
                 let qkv = src.stored_bytes(&a("q_proj"), &[qd, h]) + src.stored_bytes(&a("k_proj"), &[kvd, h]) + src.stored_bytes(&a("v_proj"), &[kvd, h]);
                 let bias = if t.attention_bias { f32s(qd + 2 * kvd) + f32s(h) } else { 0 };
@@ -87,13 +87,13 @@ impl Sizes {
             })
             .collect();
         let kv_layer = 2 * alloc(context * kvd * kv_dtype.size_of());
-        let embed = w(&format!("{}embed_tokens.weight", text::PREFIX), &[t.vocab_size, h]);
+        let embed = w(&format!("{}embed_tokens.weight", TEXT_PREFIX), &[t.vocab_size, h]);
         let head = f32s(h) + if cfg.tie_word_embeddings { embed } else { w("lm_head.weight", &[t.vocab_size, h]) };
         // 2. the vision tower (the position table as f32)
         let v = &cfg.vision;
         let (vh, vi) = (v.hidden_size, v.intermediate_size);
         let row = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
-        let vp = vision::PREFIX;
+        let vp = VISION_PREFIX;
         let linear = |name: &str, out: usize, inp: usize| w(&format!("{}.weight", name), &[out, inp]) + f32s(out);
         let mut vision = w(&format!("{}patch_embed.proj.weight", vp), &[vh, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size]) + f32s(vh) + f32s(v.num_position_embeddings * vh);
         for k in 0..v.depth {

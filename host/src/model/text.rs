@@ -12,7 +12,7 @@ use gpu::params::CURSOR_FIELDS;
 use std::sync::Arc;
 
 /// Checkpoint names of the text decoder.
-pub const PREFIX: &str = "model.language_model.";
+pub const PREFIX: &str = super::names::TEXT_PREFIX;
 
 /// Visual features to add to the hidden states of the image-token rows after the first
 /// decoder layers (DeepStack): `features[k]` is added after layer `k`.

@@ -14,7 +14,7 @@ use crate::{Backend, BlockMask, Error, Gelu, Result, Tensor};
 use std::sync::Arc;
 
 /// Checkpoint names of the vision tower.
-pub const PREFIX: &str = "model.visual.";
+pub const PREFIX: &str = super::names::VISION_PREFIX;
 
 const LN_EPS: f32 = 1e-6;
 

@@ -26,7 +26,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod quant;
 
-use super::linear::Weights;
+use super::weights::Weights;
 use core::arch::x86_64::_MM_HINT_T1;
 use gpu::math::{bf16_to_f32, f16_to_f32};
 use super::pool;

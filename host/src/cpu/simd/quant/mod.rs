@@ -75,7 +75,7 @@ fn intel() -> bool {
     &v == b"GenuineIntel"
 }
 
-use crate::cpu::qlinear::QIsa;
+use crate::cpu::qisa::QIsa;
 use crate::quant::act::Q8Acts;
 use crate::DType;
 use core::arch::x86_64::*;

@@ -5,12 +5,12 @@
 //! already in the KV cache, through the same decode path as `generate` (recorded CUDA graphs
 //! where the backend records).
 
+use super::progress::Progress;
 use super::load::CliResult;
 use qwen3_vl::model::placement::human;
 use super::DeviceArgs;
 use qwen3_vl::generate::{Sampler, SamplingParams, Session};
 use qwen3_vl::{Backend, Mark};
-use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -84,11 +84,6 @@ fn prompt(n: usize, vocab: u64, salt: u64) -> Vec<u32> {
     (0..n as u64).map(|i| (((i + salt) * 2_654_435_761 + 12_345) % vocab.min(150_000)) as u32).collect()
 }
 
-/// One line of progress on stderr (overwritten in place).
-fn progress(what: &str, run: usize, runs: usize) {
-    eprint!("\r{:<40}", format!("{} {}/{}", what, run, runs));
-    let _ = std::io::stderr().flush();
-}
 
 fn seconds(b: &dyn Backend, a: &Mark, c: &Mark) -> CliResult<f64> {
     Ok(b.seconds_between(a, c)?)
@@ -132,8 +127,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let mut greedy = Sampler::new(SamplingParams::greedy());
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     // 1. prefill of the prompt, then decode after `context` tokens, warm-up run first
+    let bar = Progress::count("prefill + decode runs (a warm-up first)", a.runs as u64 + 1, "runs");
     for run in 0..=a.runs {
-        progress("prefill + decode run", run, a.runs);
+        bar.set(run as u64, a.runs as u64 + 1);
         sess.reset();
         let t0 = b.mark()?;
         sess.feed(&prompt(a.prompt_tokens, vocab, 0))?;
@@ -157,6 +153,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             decode.push(a.gen_tokens as f64 / seconds(b, &t2, &t3)?);
         }
     }
+    bar.finish("runs");
     eprintln!();
     // 2. the vision tower on one synthetic image, and the time to the first token of a prompt
     //    holding that image (tower, prefill of image + text tokens, first logits)
@@ -169,8 +166,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
         let sliced = qwen3_vl::model::vision::tower_tokens(&[w.grid], merge) < w.tokens(merge);
         let x = if sliced { None } else { Some(model.vision.backend(b).upload_f32(&[w.patches.len() / w.row_len, w.row_len], &w.patches)?) };
         let mut times = Vec::new();
+        let bar = Progress::count("vision tower runs (a warm-up first)", a.runs as u64 + 1, "runs");
         for run in 0..=a.runs {
-            progress("vision tower run", run, a.runs);
+            bar.set(run as u64, a.runs as u64 + 1);
             let t0 = b.mark()?;
             let out = match &x {
                 Some(x) => {
@@ -190,14 +188,16 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
                 times.push(seconds(b, &t0, &t1)? * 1e3);
             }
         }
+        bar.finish("runs");
         eprintln!();
         let mut ids = w.prompt_ids(&model.config);
         ids.extend(prompt(a.prompt_tokens, vocab, 3));
         let images = qwen3_vl::model::Images { patches: &w.patches, row_len: w.row_len, grids: &[w.grid] };
         let mut s = Session::with_kv_dtype(&model, b, ids.len() + 1, kv)?;
         let mut first = Vec::new();
+        let bar = Progress::count("vision + prompt, first tokens (a warm-up first)", a.runs as u64 + 1, "runs");
         for run in 0..=a.runs {
-            progress("vision + prompt, first token", run, a.runs);
+            bar.set(run as u64, a.runs as u64 + 1);
             s.reset();
             let t0 = b.mark()?;
             s.feed_with_images(&ids, Some(&images))?;
@@ -206,6 +206,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
                 first.push(seconds(b, &t0, &t1)? * 1e3);
             }
         }
+        bar.finish("runs");
         eprintln!();
         vision_ms = Some(median(times.clone()));
         ttft_ms = Some(median(first));
@@ -291,8 +292,9 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
     let kv = a.device.kv_dtype(b);
     let vocab = model.config.text.vocab_size as u64;
     let (mut prefill, mut decode, mut steps) = (Vec::new(), Vec::new(), 0);
+    let bar = Progress::count("batched runs (a warm-up first)", a.runs as u64 + 1, "runs");
     for run in 0..=a.runs {
-        progress("batched run", run, a.runs);
+        bar.set(run as u64, a.runs as u64 + 1);
         let r = super::bench_batch::run_batch(model, b, kv, n, a.prompt_tokens, a.gen_tokens, a.max_prefill_tokens, &|len, salt| prompt(len, vocab, salt))?;
         if run > 0 {
             prefill.push(r.prefill_tokens_per_s);
@@ -300,6 +302,7 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
             steps = r.steps;
         }
     }
+    bar.finish("runs");
     eprintln!();
     let (p, d) = (median(prefill), median(decode));
     let peak = b.memory_stats().peak;

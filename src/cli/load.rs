@@ -2,7 +2,6 @@
 //! directory and its small files, images, prompts; then the backend and the weights, with a
 //! progress bar, and reports for -v (placement, memory, timings).
 
-use super::logger::quiet;
 use super::{ranges, DeviceArgs};
 use qwen3_vl::generate::SamplingParams;
 use qwen3_vl::generation_config::GenerationDefaults;
@@ -12,7 +11,7 @@ use qwen3_vl::video::{VideoConfig, VideoLimits};
 use qwen3_vl::model::placement::human;
 use qwen3_vl::model::{Config, LoadQuant, Mix, Model, ModelFiles, Offload, Opened, Placement};
 use qwen3_vl::{Backend, DeviceKind, Tokenizer};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -74,44 +73,6 @@ pub struct Loaded {
 }
 
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-extern "C" {
-    fn isatty(fd: i32) -> i32;
-}
-
-fn stderr_is_terminal() -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { isatty(2) == 1 }
-}
-
-/// A text progress bar on stderr: `label [#####.....]  52%  1.1/2.1 GB`, redrawn in place on a
-/// terminal; elsewhere (logs, pipes) only the finished bar is printed; nothing with -q.
-pub fn progress_bar(label: &str) -> impl FnMut(usize, usize) + '_ {
-    let mut last = usize::MAX;
-    let live = stderr_is_terminal();
-    let silent = quiet();
-    move |done, total| {
-        let pct = if total == 0 { 100 } else { done * 100 / total };
-        if silent || pct == last || (!live && done < total) {
-            return;
-        }
-        last = pct;
-        let filled = pct * 30 / 100;
-        eprint!(
-            "\r{} [{}{}] {:>3}%  {:.2}/{:.2} GB",
-            label,
-            "#".repeat(filled),
-            ".".repeat(30 - filled),
-            pct,
-            done as f64 / 1e9,
-            total as f64 / 1e9
-        );
-        if done >= total {
-            eprintln!();
-        }
-        let _ = std::io::stderr().flush();
-    }
-}
 
 /// Resident memory of this process (now and peak), from /proc.
 fn process_memory() -> String {
@@ -634,7 +595,9 @@ pub fn load_model(dev: &DeviceArgs, backend: &dyn Backend, opened: &Opened, quan
     let (p, host) = place(dev, backend, opened, quant, context, images)?;
     let offload = host.as_ref().map(|h| Offload { host: h, placement: &p });
     let lq = LoadQuant { mix: quant, vision_q8: p.vision_q8 };
-    let model = Model::load_placed(opened, lq, backend, offload, &mut progress_bar("loading weights"))?;
+    let bar = super::progress::Progress::bytes("loading weights", 0);
+    let model = Model::load_placed(opened, lq, backend, offload, &mut |done, total| bar.set(done as u64, total as u64))?;
+    bar.clear();
     Ok((model, host))
 }
 

@@ -21,6 +21,7 @@ mod kernels_bench;
 mod load;
 mod logger;
 mod logits;
+mod progress;
 mod quantize;
 mod ranges;
 mod serve;

@@ -130,7 +130,9 @@ fn write(pool: &rayon::ThreadPool, w: &Writer, path: &Path, ck: &Checkpoint, ten
         Some(p) => ck.read_f32(names::PATCH_EMBED, p)?,
         None => Vec::new(),
     };
-    w.write(path, |i| {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let bar = super::progress::Progress::count(&format!("writing {}", name), (slices + tensors.len()) as u64, "tensors");
+    let tensor_bytes = |i: usize| -> qwen3_vl::Result<Vec<u8>> {
         if i < slices {
             let p = patch.expect("slices only with a patch embedding");
             let (hc, t, pp) = (p[0] * p[1], p[2], p[3] * p[4]);
@@ -146,6 +148,12 @@ fn write(pool: &rayon::ThreadPool, w: &Writer, path: &Path, ck: &Checkpoint, ten
         let f = ck.read_f32(name, shape)?;
         let rows = if shape.len() >= 2 { shape[..shape.len() - 1].iter().product() } else { 1 };
         pool.install(|| qwen3_vl::quant::quantize_vec_par(*dt, &f, rows)).ok_or_else(|| qwen3_vl::Error::Checkpoint { file: path.display().to_string(), tensor: name.clone(), msg: format!("cannot store {:?} as {}", shape, dt) })
+    };
+    w.write(path, |i| {
+        let bytes = tensor_bytes(i);
+        bar.inc();
+        bytes
     })?;
+    bar.clear();
     Ok(())
 }

@@ -1,0 +1,81 @@
+//! Progress bars on stderr (indicatif) for work that takes seconds: loading weights, quantizing,
+//! benchmark runs. They are drawn only on a terminal (indicatif's stderr target draws nothing
+//! into a pipe or a log file) and never with -q; elsewhere a finished bar leaves one line, so a
+//! log still says what was done and how long it took.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Instant;
+
+/// One bar: `label [#####.....] 52% 1.10/2.10 GB 0:01 ETA 0:01` (bytes) or `label [##...] 3/8
+/// runs` (counts).
+pub struct Progress {
+    bar: ProgressBar,
+    label: String,
+    bytes: bool,
+    start: Instant,
+    /// -q: no summary line either.
+    quiet: bool,
+}
+
+impl Progress {
+    /// A bar over `total` bytes.
+    pub fn bytes(label: &str, total: u64) -> Progress {
+        Progress::new(label, total, true, "{msg} [{bar:30}] {percent:>3}% {binary_bytes}/{binary_total_bytes} {elapsed} ETA {eta}")
+    }
+
+    /// A bar over `total` items named `unit` (`runs`, `tensors`).
+    pub fn count(label: &str, total: u64, unit: &str) -> Progress {
+        let template = format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {} {{elapsed}} ETA {{eta}}", unit);
+        Progress::new(label, total, false, &template)
+    }
+
+    fn new(label: &str, total: u64, bytes: bool, template: &str) -> Progress {
+        let quiet = super::logger::quiet();
+        let live = !quiet && std::io::stderr().is_terminal();
+        let target = if live { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+        let bar = ProgressBar::with_draw_target(Some(total), target);
+        let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("#>.");
+        bar.set_style(style);
+        bar.set_message(label.to_string());
+        Progress { bar, label: label.to_string(), bytes, start: Instant::now(), quiet }
+    }
+
+    /// Sets how much is done and the total (the total may grow as work is discovered).
+    pub fn set(&self, done: u64, total: u64) {
+        if self.bar.length() != Some(total) {
+            self.bar.set_length(total);
+        }
+        self.bar.set_position(done);
+    }
+
+    /// One more item done.
+    pub fn inc(&self) {
+        self.bar.inc(1);
+    }
+
+    /// Clears the live bar; the caller reports what was done in its own words.
+    pub fn clear(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    /// Clears the live bar and leaves one line: `label: 2.10 GB in 1.3 s` / `label: 8 runs in 4.0 s`.
+    pub fn finish(&self, unit: &str) {
+        self.bar.finish_and_clear();
+        let done = self.bar.position();
+        let secs = self.start.elapsed().as_secs_f64();
+        let what = if self.bytes { format!("{:.2} GB", done as f64 / 1e9) } else { format!("{} {}", done, unit) };
+        if !self.quiet {
+            eprintln!("{}: {} in {:.1} s", self.label, what, secs);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        // an error path that never finished the bar leaves no half-drawn line behind
+        if !self.bar.is_finished() {
+            self.bar.finish_and_clear();
+        }
+    }
+}

@@ -204,3 +204,20 @@ fn malformed_files_are_named_in_the_error() {
         }
     }
 }
+
+#[test]
+fn encode_within_stops_at_the_limit_and_otherwise_equals_encode() {
+    let t = qwen();
+    for case in reference("encode").iter().filter_map(|c| c.text.as_ref()) {
+        let ids = t.encode(case);
+        assert_eq!(t.encode_within(case, ids.len()).as_ref(), Some(&ids), "{:?}", case);
+        if !ids.is_empty() {
+            assert_eq!(t.encode_within(case, ids.len() - 1), None, "{:?}", case);
+        }
+    }
+    // a single 8 MiB run of letters is one piece: refused by its length, without BPE over it
+    let t0 = std::time::Instant::now();
+    assert_eq!(t.encode_within(&"a".repeat(8 << 20), 8192), None);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(t.longest_token_bytes() >= "<|image_pad|>".len());
+}

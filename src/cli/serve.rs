@@ -60,9 +60,17 @@ pub struct ServeArgs {
     /// Most requests waiting for the model; more get 429 with Retry-After (1 to 4096).
     #[clap(long, default_value = "16", value_parser = ranges::queue, allow_hyphen_values = true)]
     queue: usize,
-    /// Most open connections; more get 503 (1 to 4096).
-    #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
+    /// Most open connections, idle ones included; more are answered 503 (1 to 4096).
+    #[clap(long, default_value = "1024", value_parser = ranges::connections, allow_hyphen_values = true)]
     max_connections: usize,
+    /// Most open connections from one client address; more are answered 503 (1 to 4096; raise
+    /// it behind a proxy, whose connections all come from one address).
+    #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
+    max_client_connections: usize,
+    /// Most chat requests being received and checked at once (each holds its body in memory);
+    /// more get 503 (1 to 4096). Queued and generating requests hold none.
+    #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
+    max_active_requests: usize,
     /// Seconds a client has to send a whole request, and that an idle connection stays open.
     #[clap(long, default_value = "30", value_parser = ranges::seconds, allow_hyphen_values = true)]
     read_timeout: u64,
@@ -125,42 +133,51 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     cfg.kv_cache_tokens = a.kv_cache_tokens;
     cfg.max_prefill_tokens = a.max_prefill_tokens;
     cfg.max_connections = a.max_connections;
+    cfg.max_client_connections = a.max_client_connections;
+    cfg.max_active_requests = a.max_active_requests;
     cfg.read_timeout = Duration::from_secs(a.read_timeout);
     cfg.idle_timeout = Duration::from_secs(a.read_timeout);
-    // 2. the socket (a taken port fails before the weights load)
+    // 2. the socket (a taken port fails before the weights load), answering at once: /health
+    //    says "loading" until the model is ready
     let listener = TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| format!("cannot listen on {}:{}: {}", a.host, a.port, e))?;
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
         log::warn!("listening on {}, reachable from the network{}", addr, if cfg.api_key.is_none() { " without an API key (--api-key)" } else { "" });
     }
-    // 3. the weights
     let per_request = (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context);
     if let Some(n) = cfg.kv_cache_tokens {
         if n < per_request {
             return Err(format!("--kv-cache-tokens {} is less than one request may need ({} prompt + {} output tokens)", n, cfg.tokens.max_prompt, cfg.tokens.max_output).into());
         }
     }
-    // the placement plans for the whole KV cache of the engine
-    // any request may carry images: under a budget the vision tower goes first
     let kv_tokens = cfg.kv_cache_tokens.unwrap_or_else(|| server::default_kv_tokens(cfg.max_batch, per_request));
+    let (model_id, queue, max_prompt, max_output, max_images, max_pixels) =
+        (cfg.model_id.clone(), cfg.queue_capacity, cfg.tokens.max_prompt, cfg.tokens.max_output, cfg.parse.max_images, cfg.images.max_source_pixels);
+    let front = server::Front::start(listener, cfg, Arc::new(signals::shutdown_requested))?;
+    eprintln!("accepting connections on http://{} (loading the model)", addr);
+    // a test aid: hold the loading state this long, so that tests can see it
+    if let Some(ms) = std::env::var("QWEN3_VL_TEST_LOAD_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(Duration::from_millis(ms.min(60_000)));
+    }
+    // 3. the weights: the placement plans for the whole KV cache of the engine; any request
+    //    may carry images, so under a budget the vision tower goes first
     let l = a.model.load(checked, kv_tokens, Some(per_request.min(kv_tokens)))?;
-    cfg.defaults = a.sampling.params(&l.defaults);
-    cfg.kv_dtype = Some(l.kv_dtype);
+    let defaults = a.sampling.params(&l.defaults);
     log::info!(
         "serving '{}' at http://{}/v1 (sampling defaults: {}; queue {}, prompt <= {} tokens, output <= {} tokens, <= {} images of <= {} pixels)",
-        cfg.model_id,
+        model_id,
         addr,
-        describe_sampling(&cfg.defaults),
-        cfg.queue_capacity,
-        cfg.tokens.max_prompt,
-        cfg.tokens.max_output,
-        cfg.parse.max_images,
-        cfg.images.max_source_pixels
+        describe_sampling(&defaults),
+        queue,
+        max_prompt,
+        max_output,
+        max_images,
+        max_pixels
     );
     // the line that scripts and tests wait for, printed even with -q
     eprintln!("listening on http://{}", addr);
-    let stops = stop_ids(&l.tokenizer);
+    let stop_ids = stop_ids(&l.tokenizer);
     let tokenizer = Arc::new(l.tokenizer);
-    server::serve(listener, cfg, &l.model, &*l.backend, tokenizer, stops, Arc::new(signals::shutdown_requested))?;
+    front.serve(server::Loaded { model: &l.model, backend: &*l.backend, tokenizer, stop_ids, defaults, kv_dtype: Some(l.kv_dtype) })?;
     Ok(())
 }

@@ -1,13 +1,21 @@
-//! HTTP/1.1 on blocking sockets: reading one request (head parsed by `httparse`, body by
-//! Content-Length or chunked transfer coding) under size and time limits, and writing
-//! responses, whole or chunked (for server-sent events).
+//! HTTP on top of hyper: the limits on one request, response bodies (whole, or server-sent
+//! events as the model produces them), error responses, and reading a request body within its
+//! size and time limits.
 //!
-//! Reading is generic over [`Read`] so that the fuzz test can drive it from memory. Every
-//! limit is checked before memory is reserved: a declared Content-Length or chunk size never
-//! sizes an allocation by itself.
+//! Framing (request line, headers, Content-Length, chunked coding, `Expect: 100-continue`,
+//! pipelining, HTTP/1.0's close-delimited replies) is hyper's; every limit here is checked
+//! before memory is reserved: a declared Content-Length never sizes an allocation by itself.
 
 use super::openai::ApiError;
-use std::io::{self, Read, Write};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Response, StatusCode};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
 
 /// Limits on one request.
 #[derive(Clone, Copy, Debug)]
@@ -26,345 +34,158 @@ impl Default for Limits {
     }
 }
 
-/// One parsed request.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Request {
-    pub method: String,
-    /// The path without the query string.
-    pub path: String,
-    /// Header names lower-cased, values as sent (non-UTF-8 bytes replaced).
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// Whether the connection may serve another request after this one.
-    pub keep_alive: bool,
+/// A stream of body pieces produced as the reply is made (server-sent events).
+pub(crate) trait Stream: Send {
+    /// The next piece; `None` ends the body.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>>;
 }
 
-impl Request {
-    /// The first value of header `name` (lower-case).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+/// A response body: whole, or streamed; `on_drop` runs once hyper is done with it (the
+/// response written, or the connection gone).
+pub(crate) struct Body {
+    kind: Kind,
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+enum Kind {
+    Full(Option<Bytes>),
+    Stream(Box<dyn Stream>),
+}
+
+impl Body {
+    pub fn full(bytes: impl Into<Bytes>) -> Body {
+        Body { kind: Kind::Full(Some(bytes.into())), on_drop: None }
+    }
+
+    pub fn stream(s: impl Stream + 'static) -> Body {
+        Body { kind: Kind::Stream(Box::new(s)), on_drop: None }
+    }
+
+    /// Runs `f` when the body is dropped.
+    pub fn on_drop(mut self, f: impl FnOnce() + Send + 'static) -> Body {
+        self.on_drop = Some(Box::new(f));
+        self
     }
 }
 
-/// Why no request was read.
-#[derive(Debug)]
-pub enum ReadError {
-    /// The peer closed the connection (or went idle past the limit) between requests.
-    Closed,
-    /// The request was malformed or over a limit: answer with this error, then close.
-    Bad(ApiError),
-    /// The socket failed, or the request did not arrive in time: close without answering
-    /// (after a 408 when part of it had arrived).
-    Timeout { started: bool },
-    Io(io::Error),
+impl Drop for Body {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
 }
 
-/// Asked after every read that brought bytes and every read that timed out, with whether
-/// part of the request has arrived: `true` keeps reading, `false` gives up
-/// ([`ReadError::Timeout`]). So a deadline holds also against a client that trickles bytes.
-pub type TimeoutPolicy<'a> = &'a mut dyn FnMut(bool) -> bool;
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
 
-/// A byte source with the bytes read ahead of the current request (pipelined requests).
-pub struct Connection<R> {
-    pub inner: R,
-    buf: Vec<u8>,
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.get_mut().kind {
+            Kind::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Stream(s) => s.poll_next(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.kind, Kind::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Stream(_) => SizeHint::default(),
+        }
+    }
 }
 
-impl<R: Read> Connection<R> {
-    pub fn new(inner: R) -> Connection<R> {
-        Connection { inner, buf: Vec::new() }
-    }
+pub(crate) type Reply = Response<Body>;
 
-    /// Whether bytes of a next request are already buffered.
-    pub fn has_buffered(&self) -> bool {
-        !self.buf.is_empty()
-    }
+fn with_type(status: u16, content_type: &'static str, body: Body) -> Reply {
+    let mut r = Response::new(body);
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
 
-    /// Reads more bytes into the buffer, at most `max` in total; `Ok(0)` at end of stream.
-    fn fill(&mut self, max: usize, started: bool, on_timeout: TimeoutPolicy<'_>) -> Result<usize, ReadError> {
-        let mut chunk = [0u8; 8192];
-        loop {
-            let room = max.saturating_sub(self.buf.len()).min(chunk.len());
-            if room == 0 {
-                return Ok(0);
-            }
-            match self.inner.read(&mut chunk[..room]) {
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    if n > 0 && !on_timeout(true) {
-                        return Err(ReadError::Timeout { started: true });
-                    }
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    if !on_timeout(started) {
-                        return Err(ReadError::Timeout { started });
-                    }
-                }
-                Err(e) => return Err(ReadError::Io(e)),
-            }
-        }
-    }
+pub(crate) fn json(status: u16, v: &serde_json::Value) -> Reply {
+    with_type(status, "application/json", Body::full(v.to_string()))
+}
 
-    /// Reads one request. `on_timeout` decides whether to keep waiting (see
-    /// [`TimeoutPolicy`]); `on_continue` is called when the client asked for
-    /// `100 Continue` before sending its body (and the body is within the limit).
-    pub fn read_request(&mut self, limits: &Limits, on_timeout: TimeoutPolicy<'_>, on_continue: &mut dyn FnMut() -> io::Result<()>) -> Result<Request, ReadError> {
-        // 1. the head: up to the blank line, at most max_head bytes
-        let head_len = loop {
-            if let Some(end) = find_head_end(&self.buf) {
-                break end;
-            }
-            if self.buf.len() >= limits.max_head {
-                return Err(ReadError::Bad(ApiError::new(431, "request_too_large", format!("the request head exceeds {} bytes", limits.max_head))));
-            }
-            let started = !self.buf.is_empty();
-            if self.fill(limits.max_head, started, on_timeout)? == 0 {
-                return Err(if started { ReadError::Bad(ApiError::bad_request("the connection closed in the middle of the request head")) } else { ReadError::Closed });
-            }
-        };
-        // 2. parse it
-        let mut storage = vec![httparse::EMPTY_HEADER; limits.max_headers];
-        let mut parsed = httparse::Request::new(&mut storage);
-        match parsed.parse(&self.buf[..head_len]) {
-            Ok(httparse::Status::Complete(_)) => {}
-            Ok(httparse::Status::Partial) => return Err(ReadError::Bad(ApiError::bad_request("incomplete request head"))),
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(ReadError::Bad(ApiError::new(431, "request_too_large", format!("more than {} header lines", limits.max_headers))));
-            }
-            Err(e) => return Err(ReadError::Bad(ApiError::bad_request(format!("malformed request head: {}", e)))),
-        }
-        let method = parsed.method.unwrap_or("").to_string();
-        let target = parsed.path.unwrap_or("");
-        let path = target.split('?').next().unwrap_or("").to_string();
-        let version = parsed.version.unwrap_or(1);
-        let headers: Vec<(String, String)> = parsed.headers.iter().map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_string())).collect();
-        self.buf.drain(..head_len);
-        let get = |name: &str| headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
-        let connection = get("connection").join(",").to_ascii_lowercase();
-        let keep_alive = if version == 0 { connection.contains("keep-alive") } else { !connection.contains("close") };
-        // 3. the body framing
-        let lengths = get("content-length");
-        let chunked = match get("transfer-encoding").last().map(|v| v.to_ascii_lowercase()) {
-            None => false,
-            Some(te) if te == "chunked" => true,
-            Some(te) => return Err(ReadError::Bad(ApiError::new(501, "unsupported_transfer_encoding", format!("transfer-encoding '{}' is not supported (only chunked)", te)))),
-        };
-        if chunked && !lengths.is_empty() {
-            return Err(ReadError::Bad(ApiError::bad_request("both Content-Length and Transfer-Encoding: chunked were sent")));
-        }
-        let declared = match lengths.as_slice() {
-            [] => None,
-            [one] => Some(parse_length(one)?),
-            [first, rest @ ..] => {
-                if rest.iter().any(|v| v != first) {
-                    return Err(ReadError::Bad(ApiError::bad_request("conflicting Content-Length headers")));
-                }
-                Some(parse_length(first)?)
-            }
-        };
-        if let Some(n) = declared {
-            if n > limits.max_body as u64 {
-                return Err(ReadError::Bad(too_large(limits.max_body)));
-            }
-        }
-        let has_body = chunked || declared.map_or(false, |n| n > 0);
-        if has_body && get("expect").iter().any(|v| v.eq_ignore_ascii_case("100-continue")) {
-            on_continue().map_err(ReadError::Io)?;
-        }
-        // 4. the body
-        let body = if chunked {
-            self.read_chunked(limits.max_body, on_timeout)?
-        } else {
-            let n = declared.unwrap_or(0) as usize;
-            while self.buf.len() < n {
-                if self.fill(n, true, on_timeout)? == 0 {
-                    return Err(ReadError::Bad(ApiError::bad_request(format!("the body ended after {} of {} bytes", self.buf.len(), n))));
-                }
-            }
-            self.buf.drain(..n).collect()
-        };
-        Ok(Request { method, path, headers, body, keep_alive })
-    }
+pub(crate) fn text(status: u16, content_type: &'static str, body: String) -> Reply {
+    with_type(status, content_type, Body::full(body))
+}
 
-    /// One line (without CRLF) of a chunked body, at most `max` bytes.
-    fn read_line(&mut self, max: usize, on_timeout: TimeoutPolicy<'_>) -> Result<Vec<u8>, ReadError> {
-        loop {
-            if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
-                let line = self.buf[..i].to_vec();
-                self.buf.drain(..i + 2);
-                return Ok(line);
-            }
-            if self.buf.len() > max {
-                return Err(ReadError::Bad(ApiError::bad_request("a chunk-size or trailer line is too long")));
-            }
-            let want = self.buf.len() + 1024;
-            if self.fill(want, true, on_timeout)? == 0 {
-                return Err(ReadError::Bad(ApiError::bad_request("the connection closed in the middle of a chunked body")));
-            }
-        }
-    }
+/// A 200 of server-sent events from `s`.
+pub(crate) fn events(s: impl Stream + 'static) -> Reply {
+    let mut r = with_type(200, "text/event-stream", Body::stream(s));
+    r.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
 
-    fn read_chunked(&mut self, max_body: usize, on_timeout: TimeoutPolicy<'_>) -> Result<Vec<u8>, ReadError> {
-        let mut body = Vec::new();
-        loop {
-            let line = self.read_line(256, on_timeout)?;
-            let size_text = String::from_utf8_lossy(&line);
-            let hex = size_text.split(';').next().unwrap_or("").trim();
-            if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(ReadError::Bad(ApiError::bad_request(format!("bad chunk size '{}'", size_text.chars().take(40).collect::<String>()))));
-            }
-            let size = u64::from_str_radix(hex, 16).map_err(|_| ReadError::Bad(ApiError::bad_request("bad chunk size")))?;
-            if size == 0 {
-                // trailers, up to the blank line
-                for _ in 0..64 {
-                    if self.read_line(8192, on_timeout)?.is_empty() {
-                        return Ok(body);
-                    }
-                }
-                return Err(ReadError::Bad(ApiError::bad_request("too many trailer lines")));
-            }
-            if size > (max_body - body.len()) as u64 {
-                return Err(ReadError::Bad(too_large(max_body)));
-            }
-            let size = size as usize;
-            while self.buf.len() < size + 2 {
-                if self.fill(size + 2, true, on_timeout)? == 0 {
-                    return Err(ReadError::Bad(ApiError::bad_request("the connection closed in the middle of a chunk")));
-                }
-            }
-            if &self.buf[size..size + 2] != b"\r\n" {
-                return Err(ReadError::Bad(ApiError::bad_request("a chunk does not end with CRLF")));
-            }
-            body.extend_from_slice(&self.buf[..size]);
-            self.buf.drain(..size + 2);
-        }
+/// The OpenAI-style error body of `e`, with Retry-After and Allow when it has them.
+pub(crate) fn error(e: &ApiError) -> Reply {
+    let mut r = json(e.status, &e.to_json());
+    if let Some(s) = e.retry_after {
+        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
     }
+    if e.status == 405 {
+        r.headers_mut().insert(ALLOW, HeaderValue::from_static(e.allow.unwrap_or("GET")));
+    }
+    r
+}
+
+/// `e` as a whole HTTP/1.1 response that closes the connection, for writing to the socket
+/// directly where hyper does not answer: a request that did not arrive in time, or whose head
+/// hyper could not parse.
+pub(crate) fn error_bytes(e: &ApiError) -> Vec<u8> {
+    let body = e.to_json().to_string();
+    let reason = StatusCode::from_u16(e.status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Error");
+    format!("HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}", e.status, reason, body.len(), body).into_bytes()
 }
 
 fn too_large(max: usize) -> ApiError {
     ApiError::new(413, "request_too_large", format!("the request body exceeds the limit of {} bytes", max))
 }
 
-fn parse_length(v: &str) -> Result<u64, ReadError> {
-    if v.is_empty() || v.len() > 19 || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ReadError::Bad(ApiError::bad_request(format!("bad Content-Length '{}'", v.chars().take(40).collect::<String>()))));
+/// The body size a request declares (its Content-Length), checked against `max` before any of
+/// it is read.
+pub(crate) fn check_declared(body: &Incoming, max: usize) -> Result<(), ApiError> {
+    if body.size_hint().lower() > max as u64 {
+        return Err(too_large(max));
     }
-    v.parse().map_err(|_| ReadError::Bad(ApiError::bad_request("bad Content-Length")))
+    Ok(())
 }
 
-/// The length of the head including its blank line, once complete.
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+/// Reads a whole body: at most `max` bytes (413 past it, counted as it arrives, so a chunked
+/// body is cut off too), all of it by `deadline` (408 after), framing errors 400.
+pub(crate) async fn read_body(mut body: Incoming, max: usize, deadline: Instant) -> Result<Vec<u8>, ApiError> {
+    check_declared(&body, max)?;
+    let mut out = Vec::with_capacity((body.size_hint().lower() as usize).min(64 * 1024));
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(ApiError::new(408, "request_timeout", "the request body did not arrive in time")),
+            Ok(None) => return Ok(out),
+            Ok(Some(Err(e))) => return Err(ApiError::bad_request(format!("the request body could not be read: {}", e))),
+            Ok(Some(Ok(f))) => f,
+        };
+        if let Ok(data) = frame.into_data() {
+            if data.len() > max - out.len() {
+                return Err(too_large(max));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
 }
 
-/// The reason phrase of a status code we send.
-pub fn reason(status: u16) -> &'static str {
+/// The error answered in place of hyper's bare response to a request head it could not parse
+/// (`status`: the one hyper chose).
+pub(crate) fn head_error(status: u16, limits: &Limits) -> ApiError {
     match status {
-        100 => "Continue",
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        411 => "Length Required",
-        413 => "Payload Too Large",
-        415 => "Unsupported Media Type",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        501 => "Not Implemented",
-        503 => "Service Unavailable",
-        _ => "Unknown",
-    }
-}
-
-/// A whole response.
-pub struct Response {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub extra_headers: Vec<(&'static str, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    pub fn json(status: u16, body: &serde_json::Value) -> Response {
-        Response { status, content_type: "application/json", extra_headers: Vec::new(), body: body.to_string().into_bytes() }
-    }
-
-    pub fn text(status: u16, content_type: &'static str, body: String) -> Response {
-        Response { status, content_type, extra_headers: Vec::new(), body: body.into_bytes() }
-    }
-
-    /// The OpenAI-style error body of `e`, with Retry-After when it has one.
-    pub fn error(e: &ApiError) -> Response {
-        let mut r = Response::json(e.status, &e.to_json());
-        if let Some(s) = e.retry_after {
-            r.extra_headers.push(("Retry-After", s.to_string()));
-        }
-        if e.status == 405 {
-            r.extra_headers.push(("Allow", e.allow.unwrap_or("GET").to_string()));
-        }
-        r
-    }
-
-    /// Writes the response; `keep_alive` decides the Connection header.
-    pub fn write_to(&self, w: &mut dyn Write, keep_alive: bool) -> io::Result<()> {
-        let mut head = format!(
-            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n",
-            self.status,
-            reason(self.status),
-            self.content_type,
-            self.body.len(),
-            if keep_alive { "keep-alive" } else { "close" }
-        );
-        for (k, v) in &self.extra_headers {
-            head.push_str(&format!("{}: {}\r\n", k, v));
-        }
-        head.push_str("\r\n");
-        let mut out = head.into_bytes();
-        out.extend_from_slice(&self.body);
-        w.write_all(&out)?;
-        w.flush()
-    }
-}
-
-/// A response sent in chunks as it is produced (server-sent events).
-pub struct ChunkedWriter<'a> {
-    w: &'a mut dyn Write,
-}
-
-impl<'a> ChunkedWriter<'a> {
-    /// Sends the head of a 200 `content_type` response with chunked transfer coding.
-    pub fn start(w: &'a mut dyn Write, content_type: &str, keep_alive: bool) -> io::Result<ChunkedWriter<'a>> {
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: {}\r\n\r\n",
-            content_type,
-            if keep_alive { "keep-alive" } else { "close" }
-        );
-        w.write_all(head.as_bytes())?;
-        w.flush()?;
-        Ok(ChunkedWriter { w })
-    }
-
-    /// Sends one chunk (nothing for empty data, which would end the body).
-    pub fn send(&mut self, data: &[u8]) -> io::Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let mut out = format!("{:x}\r\n", data.len()).into_bytes();
-        out.extend_from_slice(data);
-        out.extend_from_slice(b"\r\n");
-        self.w.write_all(&out)?;
-        self.w.flush()
-    }
-
-    /// Ends the body.
-    pub fn finish(self) -> io::Result<()> {
-        self.w.write_all(b"0\r\n\r\n")?;
-        self.w.flush()
+        431 => ApiError::new(431, "request_too_large", format!("the request head exceeds {} bytes or {} header lines", limits.max_head, limits.max_headers)),
+        414 => ApiError::new(414, "request_too_large", "the request target is too long"),
+        400 => ApiError::bad_request("malformed HTTP request: bad request line, header, Content-Length, or a Transfer-Encoding other than chunked"),
+        s => ApiError::new(s, "bad_request", "the request could not be read"),
     }
 }
 
@@ -372,60 +193,15 @@ impl<'a> ChunkedWriter<'a> {
 mod tests {
     use super::*;
 
-    fn read(raw: &[u8]) -> Result<Request, ReadError> {
-        Connection::new(raw).read_request(&Limits::default(), &mut |_| true, &mut || Ok(()))
-    }
-
     #[test]
-    fn reads_content_length_and_chunked_bodies_and_pipelined_requests() {
-        let raw = b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
-        let mut c = Connection::new(&raw[..]);
-        let r = c.read_request(&Limits::default(), &mut |_| true, &mut || Ok(())).unwrap();
-        assert_eq!((r.method.as_str(), r.path.as_str(), &r.body[..], r.keep_alive), ("POST", "/v1/chat/completions", &b"hello"[..], true));
-        let r = c.read_request(&Limits::default(), &mut |_| true, &mut || Ok(())).unwrap();
-        assert_eq!((r.path.as_str(), r.keep_alive), ("/health", false));
-        assert!(matches!(c.read_request(&Limits::default(), &mut |_| true, &mut || Ok(())), Err(ReadError::Closed)));
-        let r = read(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-T: 1\r\n\r\n").unwrap();
-        assert_eq!(r.body, b"abcde");
-    }
-
-    #[test]
-    fn the_deadline_holds_against_a_trickle() {
-        // a reader that hands out one byte per read: the policy is asked after each
-        struct Trickle(Vec<u8>);
-        impl Read for Trickle {
-            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-                if self.0.is_empty() || buf.is_empty() {
-                    return Ok(0);
-                }
-                buf[0] = self.0.remove(0);
-                Ok(1)
-            }
-        }
-        let mut calls = 0;
-        let mut c = Connection::new(Trickle(b"GET /health HTTP/1.1\r\nX: aaaaaaaaaaaaaaaa\r\n\r\n".to_vec()));
-        let r = c.read_request(&Limits::default(), &mut |started| {
-            calls += 1;
-            started && calls < 10
-        }, &mut || Ok(()));
-        assert!(matches!(r, Err(ReadError::Timeout { started: true })));
-        assert_eq!(calls, 10);
-    }
-
-    #[test]
-    fn framing_errors_get_the_right_status() {
-        let status = |raw: &[u8]| match read(raw) {
-            Err(ReadError::Bad(e)) => e.status,
-            other => panic!("{:?}", other.map(|r| r.path)),
-        };
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n"), 413);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"), 501);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"), 400);
-        assert_eq!(status(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n"), 413);
-        assert_eq!(status(b"GARBAGE\r\n\r\n"), 400);
-        assert_eq!(status(&[b"GET / HTTP/1.1\r\nX: ".to_vec(), vec![b'a'; 20000]].concat()), 431);
+    fn raw_error_responses_are_complete_and_close() {
+        let e = ApiError { retry_after: Some(3), ..ApiError::new(408, "request_timeout", "late") };
+        let raw = String::from_utf8(error_bytes(&e)).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 408 Request Timeout\r\n") && head.contains("connection: close"), "{}", head);
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        assert_eq!(serde_json::from_str::<serde_json::Value>(body).unwrap()["error"]["code"], "request_timeout");
+        assert_eq!(head_error(431, &Limits::default()).status, 431);
+        assert_eq!(head_error(400, &Limits::default()).code, "bad_request");
     }
 }

@@ -44,6 +44,9 @@ pub struct Metrics {
     decode_us: AtomicU64,
     pub running: AtomicUsize,
     pub connections: AtomicUsize,
+    /// Connections closed unanswered (over a connection limit while many refusals were being
+    /// answered already).
+    pub dropped_connections: AtomicU64,
     /// The engine after its last step: waiting sequences, rows of the step, KV blocks used and
     /// free, preemptions so far, and steps and their seconds.
     waiting: AtomicUsize,
@@ -153,6 +156,7 @@ impl Metrics {
         c("qwen3vl_engine_steps_total", "Engine steps run.", self.steps.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_step_seconds_total", "Time spent in engine steps.", format!("{:.6}", self.step_us.load(Ordering::Relaxed) as f64 / 1e6), "counter", &mut metric);
         c("qwen3vl_open_connections", "Open client connections.", self.connections.load(Ordering::Relaxed).to_string(), "gauge", &mut metric);
+        c("qwen3vl_connections_dropped_total", "Connections closed unanswered (over a connection limit during a flood of refusals).", self.dropped_connections.load(Ordering::Relaxed).to_string(), "counter", &mut metric);
         let h = lock(&self.ttft);
         let mut lines: Vec<String> = TTFT_BUCKETS
             .iter()

@@ -1,21 +1,26 @@
 //! An OpenAI-compatible HTTP server: `POST /v1/chat/completions` (text and images, streamed or
 //! not), `GET /v1/models`, `GET /health`, `GET /metrics`.
 //!
-//! Threads: one accepts connections; one per connection reads requests, checks them (JSON,
-//! images, token limits) and waits for its reply; the thread that calls [`serve`] runs the
-//! model, one request at a time, from a bounded queue (full: 429 with Retry-After). A client
-//! that disconnects cancels its request, queued or running. When `shutdown()` turns true,
-//! new requests get 503, queued and running ones finish, then [`serve`] returns.
+//! Threads: a small tokio runtime runs the HTTP side (hyper): it accepts connections, reads
+//! requests, checks them (JSON, then images and tokens on its blocking pool) and streams their
+//! replies; the thread that calls [`Front::serve`] runs the model, up to `max_batch` requests at
+//! once, from a bounded queue (full: 429 with Retry-After). The front starts before the model
+//! is loaded ([`Front::start`]): until [`Front::serve`] is called, `/health` answers 503
+//! "loading" and chat requests 503. A client that disconnects cancels its request, queued or
+//! running. When `shutdown()` turns true, new requests get 503, queued and running ones
+//! finish, then [`Front::serve`] returns.
 //!
-//! Modules: `http` (requests and responses on the socket), `openai` (the JSON format),
-//! `images` (image URLs to patches), `prompt` (template, tokens, budgets), `queue` (the queue
-//! and the model loop), `stop` (stop strings), `metrics` (Prometheus text), `conn` (routing
-//! and the per-connection loop).
+//! Modules: `net` (accepting, connection limits, time limits), `io` (a connection's socket
+//! under hyper), `http` (bodies, responses, limits), `conn` (routing and answering), `openai`
+//! (the JSON format), `images` (image URLs to patches), `prompt` (template, tokens, budgets),
+//! `queue` (the queue and the model loop), `stop` (stop strings), `metrics` (Prometheus text).
 
 mod conn;
 pub mod http;
 pub mod images;
+mod io;
 pub mod metrics;
+mod net;
 pub mod openai;
 pub mod prompt;
 pub mod queue;
@@ -24,10 +29,8 @@ pub mod stop;
 use crate::generate::SamplingParams;
 use crate::model::Model;
 use crate::{Backend, Tokenizer};
-use std::io::{self, Write};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How many requests decode and preprocess images at once.
@@ -47,20 +50,21 @@ pub struct ServerConfig {
     pub parse: openai::ParseLimits,
     pub images: images::ImagePolicy,
     pub tokens: prompt::TokenLimits,
-    /// Sampling defaults (the checkpoint's generation_config.json) for unset request fields.
-    pub defaults: SamplingParams,
     /// Most requests waiting for the model.
     pub queue_capacity: usize,
-    /// Most open connections; more are answered 503 and closed.
+    /// Most open connections, idle ones included; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Most open connections from one client address; more are answered 503 and closed.
+    pub max_client_connections: usize,
+    /// Most chat requests being received and checked at once (each holds its body); more are
+    /// answered 503. Requests queued or generating hold none.
+    pub max_active_requests: usize,
     /// Time a client has to send a whole request once it started.
     pub read_timeout: Duration,
     /// Time an idle keep-alive connection stays open.
     pub idle_timeout: Duration,
     /// After shutdown, how long to wait for responses still being written.
     pub drain_timeout: Duration,
-    /// KV-cache element type of the sessions (`None`: the backend's default).
-    pub kv_dtype: Option<host::DType>,
     /// Requests generated at once (the engine's batch).
     pub max_batch: usize,
     /// The engine's KV cache in tokens (`None`: [`default_kv_tokens`]).
@@ -79,13 +83,13 @@ impl ServerConfig {
             parse: openai::ParseLimits::default(),
             images: images::ImagePolicy::new(preprocess, crate::video::VideoConfig::qwen3_vl_default(), None, 4096 * 4096, 20 << 20),
             tokens: prompt::TokenLimits { max_prompt: 8192.min(context), max_output: 2048.min(context), context },
-            defaults: SamplingParams::greedy(),
             queue_capacity: 16,
-            max_connections: 64,
+            max_connections: 1024,
+            max_client_connections: 64,
+            max_active_requests: 64,
             read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),
-            kv_dtype: None,
             max_batch: 16,
             kv_cache_tokens: None,
             max_prefill_tokens: 2048,
@@ -93,18 +97,32 @@ impl ServerConfig {
     }
 }
 
+/// What the server needs of the loaded model besides the model itself.
+pub(crate) struct Ready {
+    pub tokenizer: Arc<Tokenizer>,
+    pub image_token: u32,
+    /// Sampling defaults (the checkpoint's generation_config.json) for unset request fields.
+    pub defaults: SamplingParams,
+}
+
 /// State shared by all threads.
 pub(crate) struct Shared {
     pub cfg: ServerConfig,
-    pub tokenizer: Arc<Tokenizer>,
-    pub image_token: u32,
-    pub queue: queue::JobQueue,
+    /// Set once the model is loaded.
+    pub ready: OnceLock<Ready>,
+    pub queue: Arc<queue::JobQueue>,
+    /// Places of chat requests being received and checked.
+    pub intake: Arc<tokio::sync::Semaphore>,
+    /// Open connections by client.
+    pub clients: net::Clients,
     /// Requests decoding images at the same time.
     pub image_slots: images::Slots,
     /// Images prepared before, by their request bytes (a chat sends its images every turn).
     pub image_cache: images::Cache,
     pub metrics: metrics::Metrics,
     pub shutting_down: AtomicBool,
+    /// Turns true at shutdown (the accept loop and the connections wait on it).
+    pub stop: tokio::sync::watch::Sender<bool>,
     /// Seconds per finished request, smoothed (f64 bits): for Retry-After.
     pub avg_job_secs: AtomicU64,
     pub created: u64,
@@ -113,6 +131,14 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// New requests get 503 from now on; idle connections close, the listener too.
+    pub fn begin_shutdown(&self) {
+        if !self.shutting_down.swap(true, Ordering::SeqCst) {
+            log::info!("shutting down: finishing the accepted requests");
+        }
+        self.stop.send_replace(true);
     }
 
     /// Seconds after which a refused client may try again: the expected time for the queue
@@ -130,113 +156,131 @@ pub fn default_kv_tokens(max_batch: usize, per_request: usize) -> usize {
     per_request.max((max_batch * 1024).min(16_384))
 }
 
-/// Serves on `listener` until `shutdown()` turns true and the accepted work is done. The
-/// model runs on the calling thread.
-pub fn serve(
-    listener: TcpListener,
-    cfg: ServerConfig,
-    model: &Model,
-    backend: &dyn Backend,
-    tokenizer: Arc<Tokenizer>,
-    stop_ids: Vec<u32>,
+/// The loaded model, handed to [`Front::serve`].
+pub struct Loaded<'a> {
+    pub model: &'a Model,
+    pub backend: &'a dyn Backend,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Token ids that end a reply.
+    pub stop_ids: Vec<u32>,
+    /// Sampling defaults for unset request fields.
+    pub defaults: SamplingParams,
+    /// KV-cache element type (`None`: the backend's default).
+    pub kv_dtype: Option<host::DType>,
+}
+
+/// The HTTP side of the server, running on its own threads from [`Front::start`] on.
+pub struct Front {
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
     shutdown: Arc<dyn Fn() -> bool + Send + Sync>,
-) -> io::Result<()> {
-    let shared = Arc::new(Shared {
-        queue: queue::JobQueue::new(cfg.queue_capacity),
-        image_slots: images::Slots::new(IMAGE_SLOTS),
-        image_cache: images::Cache::new(IMAGE_CACHE_BYTES),
-        cfg,
-        tokenizer: Arc::clone(&tokenizer),
-        image_token: model.config.image_token_id,
-        metrics: metrics::Metrics::default(),
-        shutting_down: AtomicBool::new(false),
-        avg_job_secs: AtomicU64::new(1f64.to_bits()),
-        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-    });
-    // 1. the acceptor thread
-    listener.set_nonblocking(true)?;
-    let acceptor = {
-        let (shared, shutdown) = (Arc::clone(&shared), Arc::clone(&shutdown));
-        std::thread::Builder::new().name("accept".into()).spawn(move || accept_loop(listener, shared, shutdown))?
-    };
-    // 2. the model loop, on this thread, until shut down and drained
-    let kv_dtype = shared.cfg.kv_dtype.unwrap_or_else(|| backend.default_kv_dtype());
-    let per_request = shared.cfg.tokens.max_prompt + shared.cfg.tokens.max_output;
-    let kv_tokens = shared.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(shared.cfg.max_batch, per_request));
-    let mut ecfg = host::engine::EngineConfig::new(shared.cfg.max_batch, kv_tokens, kv_dtype);
-    ecfg.max_prefill_tokens = shared.cfg.max_prefill_tokens;
-    log::info!("engine: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
-    let engine = queue::Worker { model, backend, tokenizer: &tokenizer, stop_ids, engine: ecfg };
-    let stopping = || {
-        if shutdown() {
-            shared.shutting_down.store(true, Ordering::SeqCst);
-        }
-        shared.is_shutting_down()
-    };
-    engine.run(&shared.queue, &shared.metrics, &stopping, |secs| {
-        let old = f64::from_bits(shared.avg_job_secs.load(Ordering::Relaxed));
-        shared.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
-    });
-    // 3. wait for the responses still being written
-    log::info!("shutting down: the queue is drained, waiting for open responses");
-    let t0 = Instant::now();
-    while shared.metrics.connections.load(Ordering::SeqCst) > 0 && t0.elapsed() < shared.cfg.drain_timeout {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = acceptor.join();
-    log::info!("server stopped");
-    Ok(())
 }
 
-/// Waits until `listener` has a connection to accept or `timeout` passes (so the loop still
-/// sees a shutdown request in time, while a new connection is taken at once).
-fn wait_readable(listener: &TcpListener, timeout: Duration) {
-    use std::os::unix::io::AsRawFd;
-    let mut fd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd for the duration of the call; the listener outlives it.
-    let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
-    if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-        std::thread::sleep(timeout); // poll itself failed: fall back to the old pace
+impl Front {
+    /// Starts answering on `listener` (the model still loading: `/health` says so) and watching
+    /// `shutdown()`.
+    pub fn start(listener: std::net::TcpListener, cfg: ServerConfig, shutdown: Arc<dyn Fn() -> bool + Send + Sync>) -> std::io::Result<Front> {
+        raise_fd_limit(cfg.max_connections);
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let shared = Arc::new(Shared {
+            queue: Arc::new(queue::JobQueue::new(cfg.queue_capacity)),
+            intake: Arc::new(tokio::sync::Semaphore::new(cfg.max_active_requests.max(1))),
+            clients: net::Clients::default(),
+            image_slots: images::Slots::new(IMAGE_SLOTS),
+            image_cache: images::Cache::new(IMAGE_CACHE_BYTES),
+            cfg,
+            ready: OnceLock::new(),
+            metrics: metrics::Metrics::default(),
+            shutting_down: AtomicBool::new(false),
+            stop,
+            avg_job_secs: AtomicU64::new(1f64.to_bits()),
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("http").enable_all().build()?;
+        listener.set_nonblocking(true)?;
+        let listener = {
+            let _in = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)?
+        };
+        runtime.spawn(net::accept_loop(listener, Arc::clone(&shared)));
+        let (s2, sd) = (Arc::clone(&shared), Arc::clone(&shutdown));
+        runtime.spawn(async move {
+            while !sd() && !s2.is_shutting_down() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            s2.begin_shutdown();
+        });
+        Ok(Front { shared, runtime: Some(runtime), shutdown })
+    }
+
+    /// Serves with the loaded model until `shutdown()` turns true and the accepted work is
+    /// done. The model runs on the calling thread.
+    pub fn serve(mut self, m: Loaded<'_>) -> std::io::Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults };
+        if shared.ready.set(ready).is_err() {
+            return Err(std::io::Error::other("the server was given a model twice"));
+        }
+        // 1. the model loop, on this thread, until shut down and drained
+        let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
+        let per_request = shared.cfg.tokens.max_prompt + shared.cfg.tokens.max_output;
+        let kv_tokens = shared.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(shared.cfg.max_batch, per_request));
+        let mut ecfg = host::engine::EngineConfig::new(shared.cfg.max_batch, kv_tokens, kv_dtype);
+        ecfg.max_prefill_tokens = shared.cfg.max_prefill_tokens;
+        log::info!("engine: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
+        let engine = queue::Worker { model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
+        let shutdown = Arc::clone(&self.shutdown);
+        let stopping = || {
+            if shutdown() {
+                shared.begin_shutdown();
+            }
+            shared.is_shutting_down()
+        };
+        engine.run(&shared.queue, &shared.metrics, &stopping, |secs| {
+            let old = f64::from_bits(shared.avg_job_secs.load(Ordering::Relaxed));
+            shared.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
+        });
+        // 2. wait for the responses still being written
+        log::info!("shutting down: the queue is drained, waiting for open responses");
+        let t0 = Instant::now();
+        while shared.metrics.connections.load(Ordering::SeqCst) > 0 && t0.elapsed() < shared.cfg.drain_timeout {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+        log::info!("server stopped");
+        Ok(())
     }
 }
 
-/// Accepts connections (polling, so that shutdown is noticed) and gives each a thread.
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<dyn Fn() -> bool + Send + Sync>) {
-    loop {
-        if shutdown() {
-            shared.shutting_down.store(true, Ordering::SeqCst);
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.shared.begin_shutdown();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
         }
-        if shared.is_shutting_down() {
-            return; // dropping the listener refuses new connections
+    }
+}
+
+/// Raises the soft limit on open files to what `max_connections` needs (up to the hard limit),
+/// warning when even that is too low.
+fn raise_fd_limit(max_connections: usize) {
+    let want = (max_connections + 256) as libc::rlim_t;
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
         }
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nonblocking(false);
-                if shared.metrics.connections.load(Ordering::SeqCst) >= shared.cfg.max_connections {
-                    log::warn!("refusing a connection from {}: {} connections are open", peer, shared.cfg.max_connections);
-                    let e = openai::ApiError::new(503, "too_many_connections", "too many open connections; try again later");
-                    let mut s = stream;
-                    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-                    let _ = http::Response::error(&openai::ApiError { retry_after: Some(1), ..e }).write_to(&mut s, false);
-                    let _ = s.flush();
-                    continue;
-                }
-                shared.metrics.connections.fetch_add(1, Ordering::SeqCst);
-                let s2 = Arc::clone(&shared);
-                let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || {
-                    conn::handle(stream, &s2);
-                    s2.metrics.connections.fetch_sub(1, Ordering::SeqCst);
-                });
-                if let Err(e) = spawned {
-                    log::error!("cannot start a connection thread: {}", e);
-                    shared.metrics.connections.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_readable(&listener, Duration::from_millis(20)),
-            Err(e) => {
-                log::warn!("accept failed: {}", e);
-                std::thread::sleep(Duration::from_millis(50));
+        if r.rlim_cur < want {
+            let raised = libc::rlimit { rlim_cur: want.min(r.rlim_max), rlim_max: r.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r = raised;
             }
         }
+    }
+    if r.rlim_cur < want {
+        log::warn!("open files are limited to {}: fewer than --max-connections {} may be served (raise ulimit -n)", r.rlim_cur, max_connections);
     }
 }

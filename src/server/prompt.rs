@@ -25,10 +25,37 @@ pub struct Prompt {
     pub max_tokens: usize,
 }
 
+/// How much NFC normalization may shorten text, at most, in bytes (3: a Hangul syllable's three
+/// 3-byte jamo become one 3-byte syllable; no composition shrinks more), rounded up.
+const NFC_SHRINK: usize = 4;
+
+/// Text bytes that surely take more than `max_prompt` tokens: no token stands for more than
+/// the tokenizer's longest token of normalized text, and normalization shortens text at most
+/// [`NFC_SHRINK`] times. A sound bound (no prompt that could fit is refused by it), checked
+/// before anything is decoded or tokenized.
+pub fn max_text_bytes(tok: &Tokenizer, max_prompt: usize) -> usize {
+    max_prompt.saturating_add(1).saturating_mul(tok.longest_token_bytes()).saturating_mul(NFC_SHRINK)
+}
+
 /// Fetches and preprocesses the images, renders and tokenizes the conversation, and fixes the
 /// output budget. With `slots`, images are decoded only while holding one; with `cache`, an
 /// image sent before is taken from it, not decoded again.
+///
+/// Size comes first: text longer than [`max_text_bytes`] is refused before any image is
+/// fetched, and the tokenizer stops as soon as the prompt passes `limits.max_prompt` tokens
+/// ([`Tokenizer::encode_within`]), so a huge prompt costs time in proportion to the limit, not
+/// to its length.
 pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>, cache: Option<&images::Cache>) -> Result<Prompt, ApiError> {
+    // 0. text that cannot fit, by its length alone
+    let text_bytes: usize = req.messages.iter().flat_map(|m| &m.parts).map(|p| if let Part::Text(t) = p { t.len() } else { 0 }).sum();
+    let bound = max_text_bytes(tok, limits.max_prompt);
+    if text_bytes > bound {
+        return Err(ApiError::invalid(
+            "messages",
+            "context_length_exceeded",
+            format!("the messages' text is {} bytes, more than can fit in this server's prompt limit of {} tokens (at most {} bytes)", text_bytes, limits.max_prompt, bound),
+        ));
+    }
     // 1. images, in order of appearance: their token counts from their headers first (a
     // request that cannot fit is refused before decoding anything), then the pixels
     let mut encoded = Vec::new();
@@ -94,20 +121,16 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
         text.push_str(&render_turn_parts(role, &parts));
     }
     text.push_str(GENERATION_PROMPT);
-    // 3. tokens: the image and video placeholders must be exactly the images' and videos'
-    let ids = tok.encode(&text);
+    // 3. tokens, up to the limit; the image and video placeholders must be exactly the images'
+    //    and videos'
+    let ids = tok.encode_within(&text, limits.max_prompt).ok_or_else(|| {
+        ApiError::invalid("messages", "context_length_exceeded", format!("the prompt takes more than this server's limit of {} tokens", limits.max_prompt))
+    })?;
     let video_token = tok.token_to_id("<|video_pad|>");
     let placeholders = ids.iter().filter(|&&t| t == image_token || Some(t) == video_token).count();
     let image_tokens: usize = prepared.iter().map(|i| i.tokens).sum();
     if placeholders != image_tokens {
         return Err(ApiError::invalid("messages", "invalid_value", "the message text contains <|image_pad|> or <|video_pad|> tokens; images must be sent as image_url parts, videos as video_url parts"));
-    }
-    if ids.len() > limits.max_prompt {
-        return Err(ApiError::invalid(
-            "messages",
-            "context_length_exceeded",
-            format!("the prompt is {} tokens ({} of them for images), more than this server's limit of {}", ids.len(), image_tokens, limits.max_prompt),
-        ));
     }
     // 4. the output budget
     let room = limits.context.saturating_sub(ids.len());

@@ -13,7 +13,6 @@ use host::engine::{combine_image_keys, Engine, EngineConfig, Event as EngineEven
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,7 +39,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Set by the connection when its client went away.
     pub cancel: Arc<AtomicBool>,
-    pub events: Sender<Event>,
+    /// The connection's end: a send never blocks the model thread.
+    pub events: tokio::sync::mpsc::UnboundedSender<Event>,
     /// When the request arrived (time to first token counts from here).
     pub received: Instant,
 }
@@ -57,6 +57,8 @@ pub enum Refused {
 struct State {
     jobs: VecDeque<Job>,
     closed: bool,
+    /// Places held by [`Ticket`]s: requests admitted, still being checked.
+    reserved: usize,
 }
 
 /// A bounded FIFO of jobs that can be closed (when the model thread has drained it).
@@ -68,7 +70,7 @@ pub struct JobQueue {
 
 impl JobQueue {
     pub fn new(capacity: usize) -> JobQueue {
-        JobQueue { state: Mutex::new(State { jobs: VecDeque::new(), closed: false }), ready: Condvar::new(), capacity }
+        JobQueue { state: Mutex::new(State { jobs: VecDeque::new(), closed: false, reserved: 0 }), ready: Condvar::new(), capacity }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -94,8 +96,38 @@ impl JobQueue {
         if s.closed {
             return Err(Refused::Closed);
         }
-        if s.jobs.len() >= self.capacity {
+        if s.jobs.len() + s.reserved >= self.capacity {
             return Err(Refused::Full);
+        }
+        s.jobs.push_back(job);
+        self.ready.notify_one();
+        Ok(s.jobs.len())
+    }
+
+    /// Holds a place in the queue for a request that is still to be checked (images decoded,
+    /// text tokenized), so that a request the queue has no room for is refused before that
+    /// work. The place is given back when the ticket is dropped, or used by
+    /// [`submit_reserved`](Self::submit_reserved).
+    pub fn reserve(self: &Arc<Self>) -> Result<Ticket, Refused> {
+        let mut s = self.lock();
+        if s.closed {
+            return Err(Refused::Closed);
+        }
+        if s.jobs.len() + s.reserved >= self.capacity {
+            return Err(Refused::Full);
+        }
+        s.reserved += 1;
+        Ok(Ticket(Some(Arc::clone(self))))
+    }
+
+    /// Queues `job` in the place `ticket` holds (refused only when the queue has closed since).
+    pub fn submit_reserved(&self, mut ticket: Ticket, job: Job) -> Result<usize, Refused> {
+        let mut s = self.lock();
+        if ticket.0.take().is_some() {
+            s.reserved -= 1;
+        }
+        if s.closed {
+            return Err(Refused::Closed);
         }
         s.jobs.push_back(job);
         self.ready.notify_one();
@@ -120,6 +152,17 @@ impl JobQueue {
                 return None;
             }
             s = self.ready.wait_timeout(s, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// A place held in a [`JobQueue`] (see [`JobQueue::reserve`]).
+pub struct Ticket(Option<Arc<JobQueue>>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(q) = self.0.take() {
+            q.lock().reserved -= 1;
         }
     }
 }
@@ -342,7 +385,7 @@ impl Worker<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc::channel;
+    use tokio::sync::mpsc::unbounded_channel as channel;
 
     fn job() -> Job {
         Job {
@@ -371,5 +414,19 @@ mod tests {
         assert!(q.next(&|| true).is_some());
         assert!(q.next(&|| true).is_none());
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Closed);
+    }
+
+    #[test]
+    fn tickets_hold_places_until_used_or_dropped() {
+        let q = Arc::new(JobQueue::new(2));
+        let a = q.reserve().unwrap();
+        let b = q.reserve().unwrap();
+        assert_eq!(q.reserve().err(), Some(Refused::Full));
+        assert_eq!(q.submit(job()).unwrap_err(), Refused::Full);
+        assert_eq!(q.len(), 0, "reserved places are not waiting jobs");
+        drop(a);
+        assert_eq!(q.submit_reserved(b, job()), Ok(1));
+        assert_eq!(q.submit(job()), Ok(2));
+        assert_eq!(q.reserve().err(), Some(Refused::Full));
     }
 }

@@ -54,17 +54,28 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `serve` on the tiny model on 127.0.0.1 with a free port, plus `args`.
+    /// Starts `serve` on the tiny model on 127.0.0.1 with a free port, plus `args`, and waits
+    /// until the model is loaded.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = cli("serve", &["--host", "127.0.0.1", "--port", "0"]).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn qwen3-vl serve");
+        Server::start_until(args, &[], "listening on http://")
+    }
+
+    /// Starts `serve` with `args` and environment `env`, returning once it prints a line that
+    /// begins with `prefix` followed by its address (`accepting connections on http://`: bound,
+    /// the model still loading; `listening on http://`: ready).
+    pub fn start_until(args: &[&str], env: &[(&str, &str)], prefix: &'static str) -> Server {
+        let mut c = cli("serve", &["--host", "127.0.0.1", "--port", "0"]);
+        c.args(args).envs(env.iter().copied());
+        let mut child = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn qwen3-vl serve");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let stderr = child.stderr.take().unwrap();
         let sink = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().flatten() {
-                if let Some(addr) = line.strip_prefix("listening on http://") {
-                    let _ = tx.send(addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()));
+                if let Some(addr) = line.strip_prefix(prefix) {
+                    let port = addr.split_whitespace().next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
+                    let _ = tx.send(port);
                 }
                 let mut l = sink.lock().unwrap();
                 l.push_str(&line);
@@ -183,21 +194,15 @@ fn read_line(s: &mut TcpStream) -> std::io::Result<String> {
 }
 
 /// Reads one response from `s` (Content-Length, chunked, or to the end of the stream),
-/// leaving any bytes after it unread.
+/// leaving any bytes after it unread. Interim (1xx) responses before it are skipped, as HTTP/1.1
+/// clients must.
 pub fn read_response(s: &mut TcpStream) -> std::io::Result<Response> {
-    let line = read_line(s)?;
-    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad status line {:?}", line)))?;
-    let mut headers = Vec::new();
-    loop {
-        let h = read_line(s)?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
+    let (status, headers) = loop {
+        let (status, headers) = read_head(s)?;
+        if !(100..200).contains(&status) {
+            break (status, headers);
         }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
+    };
     let get = |n: &str| headers.iter().find(|(k, _): &&(String, String)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
     let mut body = Vec::new();
     if let Some(n) = get("content-length") {
@@ -219,6 +224,24 @@ pub fn read_response(s: &mut TcpStream) -> std::io::Result<Response> {
         s.read_to_end(&mut body)?;
     }
     Ok(Response { status, headers, body })
+}
+
+/// Reads a status line and headers.
+fn read_head(s: &mut TcpStream) -> std::io::Result<(u16, Vec<(String, String)>)> {
+    let line = read_line(s)?;
+    let status = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad status line {:?}", line)))?;
+    let mut headers = Vec::new();
+    loop {
+        let h = read_line(s)?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    Ok((status, headers))
 }
 
 /// Sends `raw` on a new connection and reads the response.

@@ -227,7 +227,8 @@ pub(super) fn build(vocab: HashMap<String, u32>, merges: MergeMap, added_tokens:
         added.push((content, id));
     }
 
-    Ok(Tokenizer { entries, ids, added: AddedTokens::new(added), bpe: Bpe::new(byte_ids, merges), nfc })
+    let longest = entries.iter().flatten().map(|e| e.bytes.len().max(e.token.len())).max().unwrap_or(1).max(1);
+    Ok(Tokenizer { entries, ids, added: AddedTokens::new(added), bpe: Bpe::new(byte_ids, merges), nfc, longest })
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ pub struct Tokenizer {
     bpe: Bpe,
     /// Whether the normalizer is NFC (otherwise there is none).
     nfc: bool,
+    /// Bytes of the longest token (its decoded bytes or, for an added token, its text): no id
+    /// stands for more text than this.
+    longest: usize,
 }
 
 /// One token of the vocabulary.
@@ -90,6 +93,44 @@ impl Tokenizer {
         for piece in pretokenize::split(&text) {
             self.bpe.encode(piece, ids);
         }
+    }
+
+    /// [`encode`](Self::encode) for at most `max` ids: `None` as soon as the text is known to
+    /// take more. The work is bounded by `max`, not by the text's length (past normalization,
+    /// which is linear): BPE runs on a piece only while the piece can still fit, since a piece of
+    /// `n` bytes takes at least `n / longest_token_bytes()` ids, and encoding stops once the ids
+    /// pass `max`. When it returns `Some`, the ids are exactly `encode`'s.
+    pub fn encode_within(&self, text: &str, max: usize) -> Option<Vec<u32>> {
+        let mut ids = Vec::new();
+        for segment in self.added.split(text) {
+            match segment {
+                Segment::Added(id) => ids.push(id),
+                Segment::Text(text) => {
+                    let text = if self.nfc { normalize::nfc(text) } else { Cow::Borrowed(text) };
+                    for piece in pretokenize::split(&text) {
+                        let room = max.saturating_sub(ids.len());
+                        if piece.len() > room.saturating_mul(self.longest) {
+                            return None;
+                        }
+                        self.bpe.encode(piece, &mut ids);
+                        if ids.len() > max {
+                            return None;
+                        }
+                    }
+                }
+            }
+            if ids.len() > max {
+                return None;
+            }
+        }
+        Some(ids)
+    }
+
+    /// Bytes of text that one id stands for at most (the longest token's; an added token's
+    /// text counts as written). Text of more than `n` times this many bytes, after
+    /// normalization, takes more than `n` ids.
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest
     }
 
     /// The text of `ids`, as Hugging Face's `decode`: the tokens' bytes joined, with each invalid

@@ -174,10 +174,10 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         max_images,
         max_pixels
     );
-    // the line that scripts and tests wait for, printed even with -q
-    eprintln!("listening on http://{}", addr);
     let stop_ids = stop_ids(&l.tokenizer);
     let tokenizer = Arc::new(l.tokenizer);
-    front.serve(server::Loaded { model: &l.model, backend: &*l.backend, tokenizer, stop_ids, defaults, kv_dtype: Some(l.kv_dtype) })?;
+    let loaded = server::Loaded { model: &l.model, backend: &*l.backend, tokenizer, stop_ids, defaults, kv_dtype: Some(l.kv_dtype) };
+    // the line that scripts and tests wait for (requests are taken by then), printed even with -q
+    front.serve(loaded, || eprintln!("listening on http://{}", addr))?;
     Ok(())
 }

@@ -214,13 +214,14 @@ impl Front {
     }
 
     /// Serves with the loaded model until `shutdown()` turns true and the accepted work is
-    /// done. The model runs on the calling thread.
-    pub fn serve(mut self, m: Loaded<'_>) -> std::io::Result<()> {
+    /// done. The model runs on the calling thread; `on_ready` is called once requests are taken.
+    pub fn serve(mut self, m: Loaded<'_>, on_ready: impl FnOnce()) -> std::io::Result<()> {
         let shared = Arc::clone(&self.shared);
         let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults };
         if shared.ready.set(ready).is_err() {
             return Err(std::io::Error::other("the server was given a model twice"));
         }
+        on_ready();
         // 1. the model loop, on this thread, until shut down and drained
         let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
         let per_request = shared.cfg.tokens.max_prompt + shared.cfg.tokens.max_output;

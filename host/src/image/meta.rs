@@ -6,7 +6,7 @@
 //! `http://ns.adobe.com/xap/1.0/`, uncompressed PNG iTXt `XML:com.adobe.xmp`, WebP `XMP `
 //! chunk). Anything malformed counts as no orientation.
 
-use super::decode::Format;
+use super::format::Format;
 
 /// The EXIF orientation tag.
 const ORIENTATION: u16 = 0x0112;

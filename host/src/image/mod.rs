@@ -19,6 +19,7 @@
 //! ```
 
 mod decode;
+mod format;
 mod meta;
 pub(crate) mod preprocess;
 mod resize;

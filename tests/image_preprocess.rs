@@ -45,15 +45,12 @@ fn max_diff_u8(a: &[u8], b: &[u8]) -> u8 {
     a.iter().zip(b).map(|(&x, &y)| if x > y { x - y } else { y - x }).max().unwrap_or(0)
 }
 
-/// How far our decode may be from Pillow's, in 8-bit levels, by file: lossless formats must
-/// agree exactly; JPEG decoders differ in IDCT, upsampling and color conversion rounding; the
-/// VP8 decoder of the `image` crate (0.24.4) has loop-filter divergences from libwebp (measured
-/// up to 6 levels on lossy_alpha_36x40.webp; lossy_36x40.webp is exact).
+/// How far our decode may be from Pillow's, in 8-bit levels, by file: lossless formats and
+/// WebP (image-webp decodes VP8 and converts YUV to RGB as libwebp does) must agree exactly;
+/// JPEG decoders differ in IDCT, upsampling and color conversion rounding.
 fn decode_tolerance(file: &str) -> u8 {
     if file.ends_with(".jpg") {
         3
-    } else if file.starts_with("lossy") {
-        8
     } else {
         0
     }
@@ -122,8 +119,8 @@ fn patches_match_transformers_on_pillow_rgb() {
     }
 }
 
-/// The whole path, our decoder included: exact for lossless files; for JPEG and lossy WebP the
-/// decoder differences pass through resize and normalization (1 level = 2/255 after it).
+/// The whole path, our decoder included: exact for PNG and WebP; for JPEG the decoder
+/// differences pass through resize and normalization (1 level = 2/255 after it).
 #[test]
 fn patches_match_transformers_end_to_end() {
     let m = manifest();

@@ -12,12 +12,19 @@
 //! One more step comes from the processor: a PNG with a tRNS color key (rather than an alpha
 //! channel) keeps that key through `convert("RGB")`, and the processor's `convert_to_rgb` then
 //! paints the pixels of the key color white; so does [`decode_image`] (see
-//! `meta::png_color_key`). WebP goes through `webp.rs` to decode as libwebp does.
+//! `meta::png_color_key`).
+//!
+//! The pixels come from the `image` crate's PNG and WebP decoders (its WebP decoder, image-webp,
+//! upsamples chroma and converts YUV to RGB as libwebp does) and, for JPEG, from jpeg-decoder,
+//! which `image` used before 0.25: its successor there, zune-jpeg, interpolates chroma past the
+//! right and bottom edges and so differs from libjpeg (Pillow) by up to 16 levels at those
+//! edges where jpeg-decoder stays within 3. The EXIF orientation and the color key come from
+//! `meta.rs`, read as Pillow reads them.
 
 use super::format::{sniff_or_fail, Format};
 use super::{meta, webp, RgbImage};
 use crate::{Error, Result};
-use ::image::{DynamicImage, ImageFormat};
+use ::image::{DynamicImage, ImageReader, Limits};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
@@ -49,9 +56,16 @@ pub fn image_dimensions(bytes: &[u8], name: &str) -> Result<(usize, usize)> {
     let format = sniff_or_fail(bytes, name)?;
     let dims = match format {
         Format::WebP => webp::dimensions(bytes).map_err(|m| fail(m.to_string()))?,
-        Format::Jpeg | Format::Png => {
-            let f = if format == Format::Jpeg { ImageFormat::Jpeg } else { ImageFormat::Png };
-            let reader = ::image::io::Reader::with_format(std::io::Cursor::new(bytes), f);
+        Format::Jpeg => {
+            let mut d = jpeg_decoder::Decoder::new(bytes);
+            catch_unwind(AssertUnwindSafe(|| d.read_info().map(|()| d.info())))
+                .map_err(|_| fail("Jpeg decoder failed on a malformed header".into()))?
+                .map_err(|e| fail(format!("cannot decode the Jpeg header: {}", e)))?
+                .map(|i| (usize::from(i.width), usize::from(i.height)))
+                .ok_or_else(|| fail("cannot decode the Jpeg header".into()))?
+        }
+        Format::Png => {
+            let reader = ImageReader::with_format(std::io::Cursor::new(bytes), format.image_format());
             catch_unwind(AssertUnwindSafe(|| reader.into_dimensions()))
                 .map_err(|_| fail(format!("{:?} decoder failed on a malformed header", format)))?
                 .map(|(w, h)| (w as usize, h as usize))
@@ -93,24 +107,43 @@ pub fn decode_image_limited(bytes: &[u8], name: &str, max_pixels: usize) -> Resu
     Ok(orient(rgb, meta::orientation(bytes, format)))
 }
 
-/// Decodes with the `image` crate's allocations capped at `max_alloc` bytes.
-fn decode_pixels(bytes: &[u8], format: Format, max_alloc: u64) -> ::image::ImageResult<RgbImage> {
-    let load = |data: &[u8], f: ImageFormat| {
-        let mut reader = ::image::io::Reader::with_format(std::io::Cursor::new(data), f);
-        let mut limits = ::image::io::Limits::default();
-        limits.max_alloc = Some(max_alloc);
-        reader.limits(limits);
-        reader.decode().map(to_rgb)
-    };
-    match format {
-        Format::Jpeg => load(bytes, ImageFormat::Jpeg),
-        Format::Png => load(bytes, ImageFormat::Png),
-        Format::WebP => match webp::bitstream(bytes) {
-            Some(webp::Bitstream::Lossy(vp8)) => webp::decode_lossy(vp8),
-            Some(webp::Bitstream::Lossless(vp8l)) => load(&webp::simple_lossless_file(vp8l), ImageFormat::WebP),
-            None => load(bytes, ImageFormat::WebP),
-        },
+/// Decodes with the decoders' allocations capped at `max_alloc` bytes.
+fn decode_pixels(bytes: &[u8], format: Format, max_alloc: u64) -> std::result::Result<RgbImage, String> {
+    if format == Format::Jpeg {
+        return decode_jpeg(bytes, max_alloc).map_err(|e| e.to_string());
     }
+    let mut reader = ImageReader::with_format(std::io::Cursor::new(bytes), format.image_format());
+    let mut limits = Limits::default();
+    limits.max_alloc = Some(max_alloc);
+    reader.limits(limits);
+    reader.decode().map(to_rgb).map_err(|e| e.to_string())
+}
+
+/// A JPEG through jpeg-decoder, converted as `to_rgb` does; CMYK (Adobe-inverted or not, as the
+/// decoder reads its APP14 marker) to RGB as `image` 0.24 did, within a level of Pillow.
+fn decode_jpeg(bytes: &[u8], max_alloc: u64) -> std::result::Result<RgbImage, jpeg_decoder::Error> {
+    use jpeg_decoder::PixelFormat;
+    let mut d = jpeg_decoder::Decoder::new(bytes);
+    d.set_max_decoding_buffer_size(usize::try_from(max_alloc).unwrap_or(usize::MAX));
+    let px = d.decode()?;
+    let info = d.info().expect("jpeg-decoder knows the frame after decoding it");
+    let (width, height) = (usize::from(info.width), usize::from(info.height));
+    let data: Vec<u8> = match info.pixel_format {
+        PixelFormat::RGB24 => px,
+        PixelFormat::L8 => px.iter().flat_map(|&v| [v, v, v]).collect(),
+        PixelFormat::L16 => px.chunks_exact(2).flat_map(|p| [(u16::from_ne_bytes([p[0], p[1]]) >> 8) as u8; 3]).collect(),
+        PixelFormat::CMYK32 => px
+            .chunks_exact(4)
+            .flat_map(|p| {
+                let k = 255 - u16::from(p[3]);
+                [0, 1, 2].map(|c| ((255 - u16::from(p[c])) * k / 255) as u8)
+            })
+            .collect(),
+    };
+    if data.len() != width * height * 3 {
+        return Err(jpeg_decoder::Error::Format(format!("{} bytes of pixels for {}x{}", data.len(), width, height)));
+    }
+    Ok(RgbImage { width, height, data })
 }
 
 /// Pillow's `convert("RGB")` of whatever the decoder produced (see the module docs).

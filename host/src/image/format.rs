@@ -23,6 +23,15 @@ impl Format {
             None
         }
     }
+
+    /// The `image` crate's name for it.
+    pub(crate) fn image_format(self) -> ::image::ImageFormat {
+        match self {
+            Format::Jpeg => ::image::ImageFormat::Jpeg,
+            Format::Png => ::image::ImageFormat::Png,
+            Format::WebP => ::image::ImageFormat::WebP,
+        }
+    }
 }
 
 /// The first bytes of a file in words: `0x47 0x49 0x46 0x38 ("GIF8")`, printable ASCII

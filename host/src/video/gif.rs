@@ -107,10 +107,41 @@ fn scan(b: &[u8], max_frames: usize) -> std::result::Result<(usize, usize, Vec<u
 /// Decodes the frames in order, handing each (upright RGB) to `visit` with its index until it
 /// returns false or the frames end; a corrupt frame ends the video there (with a warning).
 pub(super) fn decode(bytes: &[u8], name: &str, visit: &mut dyn FnMut(usize, RgbImage) -> bool) -> Result<()> {
-    use ::image::AnimationDecoder;
-    let d = decoder(bytes, name)?;
-    if let Some(e) = super::visit_frames(d.into_frames(), visit) {
+    use ::image::{AnimationDecoder, ImageDecoder, Limits};
+    let mut d = decoder(bytes, name)?;
+    // the `image` crate's default allocation cap (512 MiB), which its GIF decoder leaves off
+    d.set_limits(Limits::default()).map_err(|e| fail(name, format!("cannot decode the GIF: {}", e)))?;
+    if let Some(e) = visit_frames(d.into_frames(), visit) {
         log::warn!("{}: stopped at a corrupt GIF frame: {}", name, e);
     }
     Ok(())
+}
+
+/// Hands the composited frames of the `image` crate's GIF decoder, as RGB (alpha dropped),
+/// to `visit` with their index until it returns false. Returns the message of the first frame
+/// that fails to decode (the frames before it were handed out), or of a decoder panic.
+fn visit_frames(frames: ::image::Frames<'_>, visit: &mut dyn FnMut(usize, RgbImage) -> bool) -> Option<String> {
+    let mut err = None;
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        for (i, f) in frames.enumerate() {
+            match f {
+                Ok(f) => {
+                    let buf = f.into_buffer();
+                    let (w, h) = (buf.width() as usize, buf.height() as usize);
+                    let rgb: Vec<u8> = buf.into_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+                    if !visit(i, RgbImage::new(w, h, rgb).expect("an RGBA frame has w·h pixels")) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    err = Some(format!("frame {}: {}", i + 1, e));
+                    break;
+                }
+            }
+        }
+    }));
+    if run.is_err() {
+        return Some("the decoder failed on malformed frame data".into());
+    }
+    err
 }

@@ -200,7 +200,7 @@ fn decode_native(bytes: &[u8], name: &str, cfg: &VideoConfig, limits: &VideoLimi
     if gif {
         gif::decode(bytes, name, &mut keep)?;
     } else {
-        webp::decode(bytes, name, &mut keep)?;
+        webp::decode(bytes, name, (info.width, info.height), &mut keep)?;
     }
     plan.finish(info, frames, cfg, name)
 }
@@ -252,35 +252,6 @@ impl Plan {
         let patches = process::patchify_frames(&out, &self.indices, info.fps, cfg)?;
         Ok(Video { info, indices: self.indices.clone(), patches })
     }
-}
-
-/// Hands the composited frames of an `image` animation decoder, as upright RGB (alpha dropped),
-/// to `visit` with their index until it returns false. Returns the message of the first frame
-/// that fails to decode (the frames before it were handed out), or of a decoder panic.
-fn visit_frames(frames: ::image::Frames<'_>, visit: &mut dyn FnMut(usize, RgbImage) -> bool) -> Option<String> {
-    let mut err = None;
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        for (i, f) in frames.enumerate() {
-            match f {
-                Ok(f) => {
-                    let buf = f.into_buffer();
-                    let (w, h) = (buf.width() as usize, buf.height() as usize);
-                    let rgb: Vec<u8> = buf.into_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
-                    if !visit(i, RgbImage::new(w, h, rgb).expect("an RGBA frame has w·h pixels")) {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    err = Some(format!("frame {}: {}", i + 1, e));
-                    break;
-                }
-            }
-        }
-    }));
-    if run.is_err() {
-        return Some("the decoder failed on malformed frame data".into());
-    }
-    err
 }
 
 /// A temporary file removed on drop.

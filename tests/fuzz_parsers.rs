@@ -1,8 +1,8 @@
 //! Hostile input for every parser that reads outside data: safetensors headers and shard
 //! indexes, config.json, generation_config.json, preprocessor_config.json, tokenizer.json,
-//! the image decoders, HTTP requests (sent to a live `serve`) and chat-completions JSON bodies
-//! (images included), stop strings, and GGUF model files (header, metadata, tokenizer, tensor infos,
-//! then loading and running the model).
+//! the image decoders, the native video decoders (GIF, animated WebP), HTTP requests (sent to a
+//! live `serve`) and chat-completions JSON bodies (images included), stop strings, and GGUF model
+//! files (header, metadata, tokenizer, tensor infos, then loading and running the model).
 //!
 //! Each target mutates real seed files (bit flips, interesting bytes and integers, inserted
 //! tokens, cut and duplicated ranges, and, for JSON, values replaced by hostile ones: huge or
@@ -247,6 +247,39 @@ fn fuzz_image_decoders() {
             if let Ok(img) = decode_image_limited(bytes, "fuzz", 1 << 20) {
                 assert!(img.width * img.height <= 1 << 20 && img.data.len() == img.width * img.height * 3);
                 let _ = preprocess(&img, &cfg);
+            }
+        },
+    );
+}
+
+/// GIF and animated WebP clips (decoded natively, not by ffmpeg), mutated: errors, never a
+/// panic or a frame over the limits.
+#[test]
+fn fuzz_native_video_decoders() {
+    use qwen3_vl::video::{decode_video, VideoConfig, VideoLimits};
+    let dir = root().join("tests/fixtures/video");
+    let mut seeds: Vec<Vec<u8>> = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if matches!(p.extension().and_then(|x| x.to_str()), Some("gif" | "webp")) {
+            seeds.push(std::fs::read(&p).unwrap());
+        }
+    }
+    seeds.sort();
+    assert!(seeds.len() >= 4);
+    let cfg = VideoConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..VideoConfig::qwen3_vl_default() };
+    let limits = VideoLimits { max_frame_pixels: 1 << 16, max_source_frames: 64, ..VideoLimits::default() };
+    fuzz(
+        12,
+        inputs(1500),
+        move |rng| mutate_bytes(&seeds[rng.below(seeds.len())], rng),
+        move |bytes| {
+            // only the native decoders: anything else would go to ffmpeg
+            let native = bytes.starts_with(b"GIF8") || (bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP");
+            if native {
+                if let Ok(v) = decode_video(bytes, "fuzz", &cfg, &limits) {
+                    assert!(v.info.width * v.info.height <= 1 << 16 && !v.indices.is_empty());
+                }
             }
         },
     );

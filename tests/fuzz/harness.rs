@@ -279,8 +279,8 @@ pub fn mutate_json(seed: &Value, rng: &mut Rng) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------
 // 3. the driver
 
-pub const TARGET_NAMES: [&str; 12] = [
-    "safetensors", "shard-index", "config", "generation-config", "preprocessor-config", "tokenizer", "tokenizer-full", "images", "http", "chat-body", "stop-strings", "gguf",
+pub const TARGET_NAMES: [&str; 13] = [
+    "safetensors", "shard-index", "config", "generation-config", "preprocessor-config", "tokenizer", "tokenizer-full", "images", "http", "chat-body", "stop-strings", "gguf", "videos",
 ];
 
 /// Inputs per target in CI (`QWEN3_VL_FUZZ_INPUTS` overrides all).

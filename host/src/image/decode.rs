@@ -112,6 +112,8 @@ fn decode_pixels(bytes: &[u8], format: Format, max_alloc: u64) -> std::result::R
     if format == Format::Jpeg {
         return decode_jpeg(bytes, max_alloc).map_err(|e| e.to_string());
     }
+    let opaque = if format == Format::WebP { webp::without_alpha(bytes) } else { None };
+    let bytes = opaque.as_deref().unwrap_or(bytes);
     let mut reader = ImageReader::with_format(std::io::Cursor::new(bytes), format.image_format());
     let mut limits = Limits::default();
     limits.max_alloc = Some(max_alloc);

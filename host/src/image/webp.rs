@@ -1,6 +1,7 @@
-//! The sizes a still WebP declares, read from its RIFF chunks before anything is decoded, so
-//! that the pixel limit is checked against the largest buffer the decoder (`image-webp`, through
-//! the `image` crate) will allocate.
+//! What is read from a still WebP's RIFF chunks around the `image` crate's decoder (image-webp):
+//! the sizes it declares, before anything is decoded, so that the pixel limit is checked
+//! against the largest buffer the decoder will allocate; and, for lossy files with alpha, the
+//! color bitstream alone.
 
 /// Width and height of a still WebP as its headers declare them: the larger of the extended
 /// header's canvas (VP8X) and the bitstream's own frame header (they agree in a valid file, and
@@ -39,4 +40,32 @@ pub(crate) fn dimensions(b: &[u8]) -> Result<(usize, usize), &'static str> {
         i = i.saturating_add(8 + len + (len & 1));
     }
     Err("no VP8 or VP8L image data found")
+}
+
+/// For a still lossy WebP with an alpha channel (VP8X + ALPH + VP8): a simple-format file of
+/// its VP8 chunk alone. The alpha is dropped after decoding anyway (`convert("RGB")`) and does
+/// not change the color samples, so the decoder is spared the alpha plane and the RGBA buffer.
+/// `None` for every other file, which is decoded as it is.
+pub(crate) fn without_alpha(b: &[u8]) -> Option<Vec<u8>> {
+    let (mut alph, mut i) = (false, 12usize);
+    while let Some(head) = b.get(i..i + 8) {
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let chunk = b.get(i..(i + 8).checked_add(len)?)?;
+        match &head[..4] {
+            b"ALPH" => alph = true,
+            b"VP8 " if alph => {
+                let mut f = Vec::with_capacity(12 + chunk.len() + 1);
+                f.extend_from_slice(b"RIFF");
+                f.extend_from_slice(&u32::try_from(4 + chunk.len() + (len & 1)).ok()?.to_le_bytes());
+                f.extend_from_slice(b"WEBP");
+                f.extend_from_slice(chunk);
+                f.resize(f.len() + (len & 1), 0);
+                return Some(f);
+            }
+            b"VP8 " | b"VP8L" | b"ANIM" | b"ANMF" => return None,
+            _ => {}
+        }
+        i = i.checked_add(8 + len + (len & 1))?;
+    }
+    None
 }

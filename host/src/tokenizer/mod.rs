@@ -15,8 +15,9 @@
 //! (`cargo bench --features hf-tokenizers --bench tokenizer`, BENCHMARKS.md "Tokenizer"),
 //! `tokenizers` 0.22 gives the same ids but encodes about 20 times slower (1.6 against 38 MB/s
 //! on a 2-core EPYC, one thread) and decodes 14 times slower; 1.0.0-rc.3 encodes faster than
-//! this one but differs from the Python reference on 2 of `reference.json`'s cases. Measure
-//! again when `tokenizers` 1.0 is released.
+//! this one but differs from the Python reference on 2 of `reference.json`'s cases. Neither
+//! bounds its work by a number of ids as [`Tokenizer::encode_within`] does (truncation cuts
+//! after encoding everything). Measure again when `tokenizers` 1.0 is released.
 
 mod added;
 mod bpe;

@@ -155,7 +155,7 @@ fn config_sizes_out_of_bounds_are_refused_before_allocating() {
         std::fs::write(dir.join("config.json"), cfg).unwrap();
         let e = load_err(&dir);
         assert!(e.contains("config.json") && e.contains(&format!("text_config.num_hidden_layers = {} is out of range (1 to 1024)", huge)), "{}", e);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qwen3-vl")).args(["generate", "--device", "cpu", "-p", "hi", "-m"]).arg(&*dir).output().unwrap();
+        let out = std::process::Command::new(common::server::bin()).args(["generate", "--device", "cpu", "-p", "hi", "-m"]).arg(&*dir).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{}", stderr);
         assert!(stderr.contains("num_hidden_layers") && !stderr.contains("panicked"), "{}", stderr);

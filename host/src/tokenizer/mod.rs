@@ -21,6 +21,7 @@
 
 mod added;
 mod bpe;
+mod class;
 pub mod gguf;
 mod load;
 mod normalize;

@@ -17,24 +17,12 @@
 //!
 //! Every character matches one alternative, so the pieces cover the text without gaps.
 
+use super::class::Class;
 use super::unicode_tables::CLASSES;
 use std::cmp::Ordering;
 
 /// The regex of the `Split` pre-tokenizer that [`split`] implements.
 pub(super) const PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// The classes of characters that the pattern tells apart.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Class {
-    /// `\p{L}`
-    Letter,
-    /// `\p{N}`
-    Number,
-    /// `\s`
-    Space,
-    /// Everything else: punctuation, symbols, marks, emoji, controls, unassigned code points.
-    Other,
-}
 
 /// The class of `c`, as the reference regex engine sees it.
 pub(super) fn class(c: char) -> Class {

@@ -226,17 +226,24 @@ fn fuzz_tokenizer_json_full_size() {
     );
 }
 
-#[test]
-fn fuzz_image_decoders() {
-    let dir = root().join("tests/fixtures/images");
-    let mut seeds: Vec<Vec<u8>> = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap() {
+/// The contents of the files in `dir` (under the repository root) with one of `extensions` and
+/// fewer than `max_bytes` bytes, sorted (the same seeds in the same order on every machine).
+fn seed_files(dir: &str, extensions: &[&str], max_bytes: u64) -> Vec<Vec<u8>> {
+    let mut seeds = Vec::new();
+    for e in std::fs::read_dir(root().join(dir)).unwrap() {
         let p = e.unwrap().path();
-        if matches!(p.extension().and_then(|x| x.to_str()), Some("png" | "jpg" | "webp")) && std::fs::metadata(&p).unwrap().len() < 200_000 {
+        let wanted = p.extension().and_then(|x| x.to_str()).map_or(false, |x| extensions.contains(&x));
+        if wanted && std::fs::metadata(&p).unwrap().len() < max_bytes {
             seeds.push(std::fs::read(&p).unwrap());
         }
     }
     seeds.sort();
+    seeds
+}
+
+#[test]
+fn fuzz_image_decoders() {
+    let seeds = seed_files("tests/fixtures/images", &["png", "jpg", "webp"], 200_000);
     assert!(seeds.len() >= 20);
     let cfg = PreprocessConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..PreprocessConfig::qwen3_vl_default() };
     fuzz(
@@ -257,15 +264,7 @@ fn fuzz_image_decoders() {
 #[test]
 fn fuzz_native_video_decoders() {
     use qwen3_vl::video::{decode_video, VideoConfig, VideoLimits};
-    let dir = root().join("tests/fixtures/video");
-    let mut seeds: Vec<Vec<u8>> = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        if matches!(p.extension().and_then(|x| x.to_str()), Some("gif" | "webp")) {
-            seeds.push(std::fs::read(&p).unwrap());
-        }
-    }
-    seeds.sort();
+    let seeds = seed_files("tests/fixtures/video", &["gif", "webp"], u64::MAX);
     assert!(seeds.len() >= 4);
     let cfg = VideoConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..VideoConfig::qwen3_vl_default() };
     let limits = VideoLimits { max_frame_pixels: 1 << 16, max_source_frames: 64, ..VideoLimits::default() };

@@ -7,12 +7,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::Instant;
 
-/// One bar: `label [#####.....] 52% 1.10/2.10 GB 0:01 ETA 0:01` (bytes) or `label [##...] 3/8
+/// One bar: `label [#####.....] 52% 1.10/2.10 GiB 0:01 ETA 0:01` (bytes) or `label [##...] 3/8
 /// runs` (counts).
 pub struct Progress {
     bar: ProgressBar,
     label: String,
-    bytes: bool,
     start: Instant,
     /// -q: no summary line either.
     quiet: bool,
@@ -21,16 +20,16 @@ pub struct Progress {
 impl Progress {
     /// A bar over `total` bytes.
     pub fn bytes(label: &str, total: u64) -> Progress {
-        Progress::new(label, total, true, "{msg} [{bar:30}] {percent:>3}% {binary_bytes}/{binary_total_bytes} {elapsed} ETA {eta}")
+        Progress::new(label, total, "{msg} [{bar:30}] {percent:>3}% {binary_bytes}/{binary_total_bytes} {elapsed} ETA {eta}")
     }
 
     /// A bar over `total` items named `unit` (`runs`, `tensors`).
     pub fn count(label: &str, total: u64, unit: &str) -> Progress {
         let template = format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {} {{elapsed}} ETA {{eta}}", unit);
-        Progress::new(label, total, false, &template)
+        Progress::new(label, total, &template)
     }
 
-    fn new(label: &str, total: u64, bytes: bool, template: &str) -> Progress {
+    fn new(label: &str, total: u64, template: &str) -> Progress {
         let quiet = super::logger::quiet();
         let live = !quiet && std::io::stderr().is_terminal();
         let target = if live { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
@@ -38,7 +37,7 @@ impl Progress {
         let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("#>.");
         bar.set_style(style);
         bar.set_message(label.to_string());
-        Progress { bar, label: label.to_string(), bytes, start: Instant::now(), quiet }
+        Progress { bar, label: label.to_string(), start: Instant::now(), quiet }
     }
 
     /// Sets how much is done and the total (the total may grow as work is discovered).
@@ -59,14 +58,12 @@ impl Progress {
         self.bar.finish_and_clear();
     }
 
-    /// Clears the live bar and leaves one line: `label: 2.10 GB in 1.3 s` / `label: 8 runs in 4.0 s`.
+    /// The work is all done: clears the live bar and leaves one line, `label: 8 runs in 4.0 s`.
     pub fn finish(&self, unit: &str) {
         self.bar.finish_and_clear();
-        let done = self.bar.position();
-        let secs = self.start.elapsed().as_secs_f64();
-        let what = if self.bytes { format!("{:.2} GB", done as f64 / 1e9) } else { format!("{} {}", done, unit) };
+        let done = self.bar.length().unwrap_or_else(|| self.bar.position());
         if !self.quiet {
-            eprintln!("{}: {} in {:.1} s", self.label, what, secs);
+            eprintln!("{}: {} {} in {:.1} s", self.label, done, unit, self.start.elapsed().as_secs_f64());
         }
     }
 }

@@ -37,7 +37,7 @@ impl QIsa {
             #[cfg(target_arch = "x86_64")]
             QIsa::Avx512Vnni => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512vnni"),
             #[cfg(target_arch = "x86_64")]
-            QIsa::AvxVnni => is_x86_feature_detected!("avx2") && has_avx_vnni(),
+            QIsa::AvxVnni => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avxvnni"),
             #[cfg(target_arch = "x86_64")]
             QIsa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(not(target_arch = "x86_64"))]
@@ -62,10 +62,4 @@ impl QIsa {
             }
         }
     }
-}
-
-/// AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4), as std detects it.
-#[cfg(target_arch = "x86_64")]
-fn has_avx_vnni() -> bool {
-    is_x86_feature_detected!("avxvnni")
 }

@@ -172,12 +172,13 @@ impl<'a> Chat<'a> {
         self.history.extend_from_slice(&g.tokens[..g.tokens.len().saturating_sub(1)]);
         self.history_images = all_images;
         let kept = match g.stop {
-            Stop::StopToken(_) => &g.tokens[..g.tokens.len() - 1],
+            Stop::StopToken(_) | Stop::Constraint => &g.tokens[..g.tokens.len() - 1],
             Stop::MaxTokens => &g.tokens[..],
         };
         let text = self.l.tokenizer.decode(kept, true)?;
         self.pending = match g.stop {
             Stop::StopToken(t) => format!("{}\n", self.l.tokenizer.decode(&[t], false)?),
+            Stop::Constraint => "<|im_end|>\n".to_string(),
             Stop::MaxTokens => format!("{}<|im_end|>\n", self.l.tokenizer.decode(&g.tokens[g.tokens.len().saturating_sub(1)..], false)?),
         };
         self.turns.push(Turn { user: user.to_string(), images, reply: text });

@@ -94,6 +94,7 @@ pub fn summary(g: &Generated, why_length: &str) -> String {
         match g.stop {
             Stop::StopToken(_) => "end of reply",
             Stop::MaxTokens => why_length,
+            Stop::Constraint => "a constraint rejected the token drawn",
         }
     )
 }

@@ -276,7 +276,11 @@ impl Worker<'_> {
                     }
                     EngineEvent::Finished { id, stop, prefill_secs, decode_secs, cached_tokens, .. } => {
                         if let Some(a) = active.remove(&id) {
-                            let reason = if matches!(stop, Stop::StopToken(_)) { "stop" } else { "length" };
+                            let reason = match stop {
+                                Stop::StopToken(_) => "stop",
+                                Stop::MaxTokens => "length",
+                                Stop::Constraint => "error",
+                            };
                             on_finished(a.job.received.elapsed().as_secs_f64());
                             self.finish(a, reason, metrics, prefill_secs, decode_secs, cached_tokens);
                         }

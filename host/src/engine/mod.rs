@@ -642,7 +642,13 @@ impl<'a> Engine<'a> {
             s.first_token.get_or_insert(now);
             s.generated += 1;
             events.push(Event::Token { id: s.id, token: t });
-            let stop = if s.stop_ids.contains(&t) {
+            let accepted = s.sampler.accept(t);
+            if let Err(e) = &accepted {
+                log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);
+            }
+            let stop = if accepted.is_err() {
+                Some(Stop::Constraint)
+            } else if s.stop_ids.contains(&t) {
                 Some(Stop::StopToken(t))
             } else if s.generated >= s.max_new {
                 Some(Stop::MaxTokens)
@@ -723,7 +729,7 @@ impl<'a> Engine<'a> {
         for (r, (p, at)) in parts.iter().zip(draws(parts)).enumerate() {
             let s = &mut self.running[p.seq];
             let mut row = all[r * vocab..r * vocab + n.min(vocab)].to_vec();
-            out.push(s.sampler.sample_at(&mut row, &s.tokens, at as u64));
+            out.push(s.sampler.sample_at(&mut row, &s.tokens, at as u64)?);
         }
         Ok(out)
     }

@@ -66,6 +66,9 @@ pub enum Stop {
     StopToken(u32),
     /// The token budget ran out.
     MaxTokens,
+    /// A constraint of the sampler (a grammar) rejected the token drawn or failed; the token is
+    /// reported, not fed back. (Never expected: the mask allows only what the grammar takes.)
+    Constraint,
 }
 
 /// What one [`Session::generate`] call did.
@@ -275,7 +278,7 @@ impl<'a> Session<'a> {
                 let t = st.logits.as_ref().ok_or_else(|| Error::Device { op: "decode", msg: "the step produced no logits".into() })?;
                 let mut logits = b.download_f32(t)?;
                 logits.truncate(m.sampled_vocab());
-                Ok(sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64))
+                sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64)
             }
         }
     }
@@ -312,10 +315,15 @@ impl<'a> Session<'a> {
         let mut out = Vec::new();
         let mut stop = Stop::MaxTokens;
         // the first token from the prompt's logits, drawn as the device would (counter: the cache row)
-        let mut t = sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64);
+        let mut t = sampler.sample_at(&mut logits, &self.tokens, (self.cache.len() - 1) as u64)?;
         for i in 0..max_new {
             out.push(t);
             let go_on = on_token(t);
+            if let Err(e) = sampler.accept(t) {
+                log::error!("generate: a constraint rejected token {}: {}", t, e);
+                stop = Stop::Constraint;
+                break;
+            }
             if stop_ids.contains(&t) {
                 stop = Stop::StopToken(t);
                 break;

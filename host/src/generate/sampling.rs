@@ -32,8 +32,41 @@ pub struct OutputPenalties {
     pub frequency: f32,
 }
 
+/// What restricts a sequence's next token beyond the sampling settings: a grammar (structured
+/// output), `min_tokens` (no stop token yet), ... A [`Sampler`] holds any number; a token is
+/// allowed when every one allows it.
+pub trait Constraint: Send {
+    /// Writes the tokens allowed next: bit `t % 32` of `words[t / 32]` set when token `t` may
+    /// come next (`words.len() == ceil(n / 32)` for the `n` sampled ids). Words come in all ones.
+    fn fill_mask(&mut self, words: &mut [u32]) -> crate::Result<()>;
+    /// Moves past `token`, which the sequence took (however it was drawn).
+    fn accept(&mut self, token: u32) -> crate::Result<()>;
+}
+
+/// Words of a mask over `n` token ids.
+pub fn mask_words(n: usize) -> usize {
+    (n + 31) / 32
+}
+
+/// Whether `mask` allows token `t` (ids past the mask are not allowed).
+pub fn mask_allows(mask: &[u32], t: usize) -> bool {
+    mask.get(t / 32).map_or(false, |w| w >> (t % 32) & 1 == 1)
+}
+
+/// Lowers every logit `mask` does not allow to negative infinity.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (t, l) in logits.iter_mut().enumerate() {
+        if !mask_allows(mask, t) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 pub struct Sampler {
     params: SamplingParams,
+    /// What restricts the next token (see [`Constraint`]); the host applies the mask in
+    /// [`Sampler::sample_at`], the device in its sampling step.
+    constraints: Vec<Box<dyn Constraint>>,
     /// Draw counter of [`Sampler::sample`] (the session passes token positions instead).
     step: u64,
     penalties: OutputPenalties,
@@ -43,7 +76,45 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { params, step: 0, penalties: OutputPenalties::default(), produced: Default::default() }
+        Sampler { params, constraints: Vec::new(), step: 0, penalties: OutputPenalties::default(), produced: Default::default() }
+    }
+
+    /// This sampler with `c` restricting its tokens too.
+    pub fn with_constraint(mut self, c: Box<dyn Constraint>) -> Sampler {
+        self.constraints.push(c);
+        self
+    }
+
+    /// Whether the next token is drawn under a mask ([`Sampler::fill_mask`]).
+    pub fn masks(&self) -> bool {
+        !self.constraints.is_empty()
+    }
+
+    /// The tokens allowed next, over `words.len() * 32` ids (see [`Constraint::fill_mask`]):
+    /// all ones without constraints.
+    pub fn fill_mask(&mut self, words: &mut [u32]) -> crate::Result<()> {
+        words.fill(u32::MAX);
+        if self.constraints.len() == 1 {
+            return self.constraints[0].fill_mask(words);
+        }
+        let mut each = vec![u32::MAX; words.len()];
+        for c in &mut self.constraints {
+            each.fill(u32::MAX);
+            c.fill_mask(&mut each)?;
+            for (w, e) in words.iter_mut().zip(&each) {
+                *w &= e;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the constraints the token the sequence took. Every caller that feeds a drawn token
+    /// on (the engine, the session) calls this once per token, drawn on the host or the device.
+    pub fn accept(&mut self, token: u32) -> crate::Result<()> {
+        for c in &mut self.constraints {
+            c.accept(token)?;
+        }
+        Ok(())
     }
 
     /// This sampler with presence / frequency penalties on its own output.
@@ -60,7 +131,7 @@ impl Sampler {
     /// device takes), or `None` when these settings need the host.
     pub fn device_sampling(&self, max_top_k: usize) -> Option<DeviceSampling> {
         let p = &self.params;
-        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() {
+        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || self.masks() {
             return None; // the penalties need the context and the logits on the host
         }
         let s = DeviceSampling { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
@@ -75,7 +146,7 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place); `context` holds the ids the
     /// repetition penalty applies to. Draws are numbered by an internal counter.
-    pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+    pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> crate::Result<u32> {
         let c = self.step;
         self.step += 1;
         self.sample_at(logits, context, c)
@@ -83,12 +154,19 @@ impl Sampler {
 
     /// [`Sampler::sample`] with draw number `counter` (the session uses the cache row of the
     /// token whose logits these are, as the device sampler does).
-    pub fn sample_at(&mut self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
+    /// With constraints, the logits they do not allow are lowered to negative infinity first
+    /// (a constraint that cannot give its mask fails the draw).
+    pub fn sample_at(&mut self, logits: &mut [f32], context: &[u32], counter: u64) -> crate::Result<u32> {
+        if self.masks() {
+            let mut words = vec![0u32; mask_words(logits.len())];
+            self.fill_mask(&mut words)?;
+            apply_mask(logits, &words);
+        }
         let t = self.choose(logits, context, counter);
         if self.penalties != OutputPenalties::default() {
             *self.produced.entry(t).or_insert(0) += 1;
         }
-        t
+        Ok(t)
     }
 
     fn choose(&self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
@@ -142,10 +220,55 @@ mod tests {
         assert_eq!(Sampler::new(SamplingParams { top_k: 65, ..topk }).device_sampling(64), None);
     }
 
+    /// Allows only its ids; counts the tokens it was told of.
+    struct Only(Vec<u32>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Constraint for Only {
+        fn fill_mask(&mut self, words: &mut [u32]) -> crate::Result<()> {
+            words.fill(0);
+            for &t in &self.0 {
+                words[t as usize / 32] |= 1 << (t % 32);
+            }
+            Ok(())
+        }
+        fn accept(&mut self, token: u32) -> crate::Result<()> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.0.contains(&token) {
+                Ok(())
+            } else {
+                Err(crate::Error::Tokenizer { msg: format!("token {} is not allowed", token) })
+            }
+        }
+    }
+
+    #[test]
+    fn constraints_mask_the_host_draw_and_intersect() {
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let logits: Vec<f32> = (0..70).map(|i| i as f32).collect();
+        let mut s = Sampler::new(SamplingParams::greedy()).with_constraint(Box::new(Only(vec![3, 40, 65], seen.clone())));
+        assert!(s.masks());
+        assert_eq!(s.device_sampling(64), None, "masked draws stay on the host until the device takes masks");
+        assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), 65);
+        s = s.with_constraint(Box::new(Only(vec![3, 40], seen.clone())));
+        assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), 40);
+        let mut w = vec![0; mask_words(70)];
+        s.fill_mask(&mut w).unwrap();
+        assert_eq!(w, [1 << 3, 1 << 8, 0]);
+        assert!(mask_allows(&w, 40) && !mask_allows(&w, 65) && !mask_allows(&w, 9999));
+        s.accept(3).unwrap();
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert!(s.accept(65).is_err());
+        // sampled draws stay inside the mask too
+        let mut t = Sampler::new(SamplingParams { temperature: 5.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, seed: 9 }).with_constraint(Box::new(Only(vec![1, 2], seen)));
+        for _ in 0..40 {
+            assert!([1, 2].contains(&t.sample(&mut logits.clone(), &[]).unwrap()));
+        }
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum() {
         let mut s = Sampler::new(SamplingParams::greedy());
-        assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0], &[]), 1);
+        assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0], &[]).unwrap(), 1);
     }
 
     #[test]
@@ -159,11 +282,11 @@ mod tests {
     fn top_k_one_is_greedy_and_sampling_is_seeded() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, top_p: 1.0, repetition_penalty: 1.0, seed: 1 });
-        assert_eq!(s.sample(&mut logits.clone(), &[]), argmax(&logits));
+        assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), argmax(&logits));
         let p = SamplingParams { temperature: 0.8, top_k: 20, top_p: 0.9, repetition_penalty: 1.0, seed: 42 };
         let draw = |p| {
             let mut s = Sampler::new(p);
-            (0..20).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<_>>()
+            (0..20).map(|_| s.sample(&mut logits.clone(), &[]).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(draw(p), draw(p));
         assert!(draw(p).iter().any(|&t| t != draw(p)[0]), "sampling should vary across steps");
@@ -175,12 +298,12 @@ mod tests {
         // produced, and the prompt's tokens (the context) are not penalized
         let logits = [3.0f32, 1.5, 0.0];
         let mut s = Sampler::new(SamplingParams::greedy()).with_output_penalties(OutputPenalties { presence: 2.0, frequency: 0.0 });
-        assert_eq!(s.sample(&mut logits.clone(), &[0, 0, 0]), 0);
-        assert_eq!(s.sample(&mut logits.clone(), &[0]), 1);
+        assert_eq!(s.sample(&mut logits.clone(), &[0, 0, 0]).unwrap(), 0);
+        assert_eq!(s.sample(&mut logits.clone(), &[0]).unwrap(), 1);
         // frequency 0.5 per occurrence: token 0 falls to 3.0 - 0.5 n; it ties with token 1 at
         // n = 3 (the first maximum wins) and loses at n = 4
         let mut f = Sampler::new(SamplingParams::greedy()).with_output_penalties(OutputPenalties { presence: 0.0, frequency: 0.5 });
-        let seq: Vec<u32> = (0..5).map(|_| f.sample(&mut logits.clone(), &[])).collect();
+        let seq: Vec<u32> = (0..5).map(|_| f.sample(&mut logits.clone(), &[]).unwrap()).collect();
         assert_eq!(seq, [0, 0, 0, 0, 1]);
     }
 
@@ -190,7 +313,7 @@ mod tests {
         let logits = [5.0f32, 3.0, 0.0, 0.0];
         let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, repetition_penalty: 1.0, seed: 7 });
         for _ in 0..50 {
-            assert_eq!(s.sample(&mut logits.clone(), &[]), 0);
+            assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), 0);
         }
     }
 }

@@ -55,7 +55,7 @@ fn run(e: &mut Engine<'_>, late: Vec<Request>, cancel_at: Option<(usize, SeqId)>
         }
         for ev in e.step().unwrap() {
             match ev {
-                Event::Token { id, token } => {
+                Event::Token { id, token, .. } => {
                     assert!(!finished.contains_key(&id), "a token after the end of {}", id);
                     out.entry(id).or_default().push(token);
                 }
@@ -257,7 +257,7 @@ fn run_one(e: &mut Engine<'_>, req: Request) -> (Vec<u32>, usize) {
     while e.has_work() {
         for ev in e.step().unwrap() {
             match ev {
-                Event::Token { id: i, token } if i == id => tokens.push(token),
+                Event::Token { id: i, token, .. } if i == id => tokens.push(token),
                 Event::Finished { id: i, cached_tokens, .. } if i == id => cached = Some(cached_tokens),
                 _ => {}
             }

@@ -90,7 +90,7 @@ fn two_at_once(model: &Model, b: &dyn Backend, kv: DType, prompts: [&[u32]; 2], 
     let mut added = false;
     while e.has_work() {
         for ev in e.step().unwrap() {
-            if let qwen3_vl::engine::Event::Token { id, token } = ev {
+            if let qwen3_vl::engine::Event::Token { id, token, .. } = ev {
                 out[id as usize].push(token);
             }
         }

@@ -261,7 +261,7 @@ impl Worker<'_> {
             // 4. tokens out as text, finished jobs closed
             for ev in events {
                 match ev {
-                    EngineEvent::Token { id, token } => {
+                    EngineEvent::Token { id, token, .. } => {
                         let stop = match active.get_mut(&id) {
                             Some(a) => self.token(a, token, metrics),
                             None => None,

@@ -31,7 +31,7 @@ impl Engine<'_> {
             };
             for ev in events {
                 match ev {
-                    Event::Token { id: i, token } if i == id => {
+                    Event::Token { id: i, token, .. } if i == id => {
                         first.get_or_insert_with(Instant::now);
                         tokens.push(token);
                         if !on_token(token) {

@@ -20,6 +20,10 @@
 //! are keyed by its images' content too (patches and grids, hashed with this process's random
 //! key): a prompt whose cached prefix covers all its image tokens skips the vision tower, one
 //! whose prefix ends inside them keeps only the blocks before its first image token.
+//!
+//! Siblings ([`Engine::add_siblings`], OpenAI's `n`): sequences on one prompt, each with its own
+//! sampler. They wait until the first one's prompt is in the cache, then take its whole blocks
+//! from the prefix cache: the prompt is computed once, only its last partial block again.
 
 mod alone;
 pub mod blocks;
@@ -27,6 +31,7 @@ pub mod graph;
 pub mod paged;
 
 use crate::backend::DeviceSampling;
+use crate::generate::logprobs::TokenLogprobs;
 use crate::generate::{Sampler, Stop};
 use crate::model::positions::multimodal_positions;
 use crate::model::text::Deepstack;
@@ -40,6 +45,7 @@ use paged::{PagedKv, PagedStep, StepRows};
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// How the engine batches and how large its cache is.
@@ -125,8 +131,9 @@ pub struct Request {
 /// What a step did for one sequence.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// A new token (a stop token included).
-    Token { id: SeqId, token: u32 },
+    /// A new token (a stop token included), with its log-probabilities when its sampler
+    /// reports them ([`Sampler::with_logprobs`]).
+    Token { id: SeqId, token: u32, logprobs: Option<Box<TokenLogprobs>> },
     /// The sequence ended (after its last `Token`); its blocks are free again.
     /// `cached_tokens`: prompt tokens whose keys and values came from the prefix cache.
     Finished { id: SeqId, stop: Stop, prompt_tokens: usize, cached_tokens: usize, generated: usize, prefill_secs: f64, decode_secs: f64 },
@@ -152,6 +159,8 @@ pub struct EngineStats {
     /// Tokens drawn on the host from downloaded logits (a repetition or output penalty in the
     /// step, or a top-k the device does not take); the others were drawn in the step.
     pub host_samples: u64,
+    /// Prompt rows computed (prefill chunk rows; rows taken from the prefix cache are not).
+    pub prefill_rows: u64,
 }
 
 struct Seq {
@@ -177,7 +186,8 @@ struct Seq {
     first_image: usize,
     images_end: usize,
     image_key: u64,
-    images: Option<ImageInput>,
+    /// Shared with its siblings ([`Engine::add_siblings`]).
+    images: Option<Arc<ImageInput>>,
     /// The tower's output for the images (made on the first prefill, kept across preemption).
     vision: Option<VisionOutput>,
     generated: usize,
@@ -186,6 +196,8 @@ struct Seq {
     stop_ids: Vec<u32>,
     added: Instant,
     first_token: Option<Instant>,
+    /// A sibling waits for this sequence's prompt to be in the cache ([`Engine::add_siblings`]).
+    after: Option<SeqId>,
 }
 
 impl Seq {
@@ -330,7 +342,7 @@ impl<'a> Engine<'a> {
             first_image,
             images_end,
             image_key,
-            images: req.images,
+            images: req.images.map(Arc::new),
             vision: None,
             generated: 0,
             max_new: req.max_new,
@@ -338,8 +350,61 @@ impl<'a> Engine<'a> {
             stop_ids: req.stop_ids,
             added: Instant::now(),
             first_token: None,
+            after: None,
         });
         Ok(id)
+    }
+
+    /// Queues one more sequence on sequence `of`'s prompt and images for each of `samplers`
+    /// (same `max_new` and stop ids, each its own draws): OpenAI's `n`. Call it right after
+    /// [`Engine::add`] returned `of`, while it still waits. Each sibling is admitted once `of`'s
+    /// prompt is in the cache (or `of` ended) and takes its whole blocks from the prefix cache,
+    /// so the prompt is computed once and only its last partial block again per sibling.
+    pub fn add_siblings(&mut self, of: SeqId, samplers: Vec<Sampler>) -> Result<Vec<SeqId>> {
+        let lead = self.waiting.iter().position(|s| s.id == of).ok_or_else(|| Error::Limit { op: "engine", msg: format!("sequence {} is not waiting: siblings are added right after it", of) })?;
+        let mut ids = Vec::with_capacity(samplers.len());
+        for sampler in samplers {
+            let l = &self.waiting[lead];
+            let id = self.next_id;
+            self.next_id += 1;
+            let s = Seq {
+                id,
+                tokens: l.tokens.clone(),
+                pos: l.pos.clone(),
+                next_pos: l.next_pos,
+                prompt_len: l.prompt_len,
+                cached: 0,
+                blocks: Vec::new(),
+                hashed: 0,
+                hash: 0,
+                reused: None,
+                first_image: l.first_image,
+                images_end: l.images_end,
+                image_key: l.image_key,
+                images: l.images.clone(),
+                vision: None,
+                generated: 0,
+                max_new: l.max_new,
+                sampler,
+                stop_ids: l.stop_ids.clone(),
+                added: Instant::now(),
+                first_token: None,
+                after: Some(of),
+            };
+            self.waiting.push_back(s);
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Whether waiting sequence `w` may be admitted: not a sibling, or its first sequence's
+    /// prompt is cached (it runs past its prompt, or ended).
+    fn may_admit(&self, w: &Seq) -> bool {
+        let Some(of) = w.after else { return true };
+        if self.waiting.iter().any(|s| s.id == of) {
+            return false;
+        }
+        self.running.iter().find(|s| s.id == of).map_or(true, |s| s.cached >= s.prompt_len)
     }
 
     /// Ends a sequence now, its blocks freed (no event follows). False when it is unknown
@@ -490,7 +555,7 @@ impl<'a> Engine<'a> {
             if i == self.running.len() {
                 // admit the next waiting sequence when there is room and its blocks are free
                 let fits = match self.waiting.front() {
-                    Some(w) => self.running.len() < self.cfg.max_batch && budget > 0 && self.pool.free() * self.kv.block() >= w.tokens.len(),
+                    Some(w) => self.running.len() < self.cfg.max_batch && budget > 0 && self.pool.free() * self.kv.block() >= w.tokens.len() && self.may_admit(w),
                     None => false,
                 };
                 if !fits {
@@ -516,6 +581,7 @@ impl<'a> Engine<'a> {
                 let n = if whole { pending } else { pending.min(budget) };
                 images_taken |= whole;
                 parts.push(Part { seq: i, from: s.cached, n, decode: false });
+                self.stats.prefill_rows += n as u64;
                 budget = budget.saturating_sub(n);
             }
             i += 1;
@@ -641,7 +707,7 @@ impl<'a> Engine<'a> {
             let now = Instant::now();
             s.first_token.get_or_insert(now);
             s.generated += 1;
-            events.push(Event::Token { id: s.id, token: t });
+            events.push(Event::Token { id: s.id, token: t, logprobs: s.sampler.take_logprobs().map(Box::new) });
             let accepted = s.sampler.accept(t);
             if let Err(e) = &accepted {
                 log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);

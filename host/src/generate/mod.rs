@@ -7,6 +7,8 @@
 //! `bench` run, and the draw numbering the engine follows.
 
 pub mod chat;
+pub mod logprobs;
+pub mod min_tokens;
 pub mod sampling;
 
 pub use sampling::{Sampler, SamplingParams};

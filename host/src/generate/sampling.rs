@@ -1,8 +1,11 @@
 //! Next-token choice: greedy, or sampling with a repetition penalty, temperature, top-k and
 //! top-p (applied in that order, as transformers' logits processors do), with counter-based
-//! draws (`gpu::math::sample_uniform`) shared with the GPU sampling kernels.
+//! draws (`gpu::math::sample_uniform`) shared with the GPU sampling kernels. Output penalties,
+//! a logit bias and constraint masks adjust the logits before the draw; the log-probabilities
+//! of the drawn tokens are reported when asked ([`super::logprobs`]).
 
 pub use crate::pick::{argmax, pick, DeviceSampling};
+use super::logprobs::{token_logprobs, TokenLogprobs};
 
 /// Sampling settings. `temperature <= 0` means greedy.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,11 +75,42 @@ pub struct Sampler {
     penalties: OutputPenalties,
     /// How often each token was produced (kept only while a penalty is on).
     produced: std::collections::HashMap<u32, u32>,
+    /// Added to the logits of these tokens before every draw (OpenAI's `logit_bias`).
+    logit_bias: Vec<(u32, f32)>,
+    /// Report the drawn token's log-probability and this many top ones (`None`: off).
+    logprobs: Option<usize>,
+    /// The last draw's log-probabilities, until [`Sampler::take_logprobs`].
+    last_logprobs: Option<TokenLogprobs>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { params, constraints: Vec::new(), step: 0, penalties: OutputPenalties::default(), produced: Default::default() }
+        Sampler { params, constraints: Vec::new(), step: 0, penalties: OutputPenalties::default(), produced: Default::default(), logit_bias: Vec::new(), logprobs: None, last_logprobs: None }
+    }
+
+    /// This sampler with `bias` added to those tokens' logits before every draw (after the
+    /// penalties; ids past the logits are ignored).
+    pub fn with_logit_bias(mut self, bias: Vec<(u32, f32)>) -> Sampler {
+        self.logit_bias = bias;
+        self
+    }
+
+    /// This sampler reporting each drawn token's log-probability and the `top` most likely
+    /// ones ([`Sampler::take_logprobs`]); its draws then happen on the host.
+    pub fn with_logprobs(mut self, top: usize) -> Sampler {
+        self.logprobs = Some(top);
+        self
+    }
+
+    /// Whether draws report log-probabilities.
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs.is_some()
+    }
+
+    /// The log-probabilities of the last token drawn (when asked for with
+    /// [`Sampler::with_logprobs`]); taken once.
+    pub fn take_logprobs(&mut self) -> Option<TokenLogprobs> {
+        self.last_logprobs.take()
     }
 
     /// This sampler with `c` restricting its tokens too.
@@ -131,8 +165,8 @@ impl Sampler {
     /// device takes), or `None` when these settings need the host.
     pub fn device_sampling(&self, max_top_k: usize) -> Option<DeviceSampling> {
         let p = &self.params;
-        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || self.masks() {
-            return None; // the penalties need the context and the logits on the host
+        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || self.masks() || !self.logit_bias.is_empty() || self.logprobs.is_some() {
+            return None; // the penalties need the context and the logits on the host, as do the bias and log-probabilities
         }
         let s = DeviceSampling { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
         if s.is_greedy() {
@@ -162,14 +196,19 @@ impl Sampler {
             self.fill_mask(&mut words)?;
             apply_mask(logits, &words);
         }
-        let t = self.choose(logits, context, counter);
+        self.adjust(logits, context);
+        let t = self.choose(logits, counter);
+        if let Some(top) = self.logprobs {
+            self.last_logprobs = Some(token_logprobs(logits, self.params.temperature, t, top));
+        }
         if self.penalties != OutputPenalties::default() {
             *self.produced.entry(t).or_insert(0) += 1;
         }
         Ok(t)
     }
 
-    fn choose(&self, logits: &mut [f32], context: &[u32], counter: u64) -> u32 {
+    /// The penalties and the logit bias, applied to `logits` in place.
+    fn adjust(&self, logits: &mut [f32], context: &[u32]) {
         let p = self.params;
         if p.repetition_penalty != 1.0 {
             apply_repetition_penalty(logits, context, p.repetition_penalty);
@@ -180,6 +219,16 @@ impl Sampler {
                 *l -= pen.presence + pen.frequency * n as f32;
             }
         }
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+    }
+
+    /// The draw from adjusted logits.
+    fn choose(&self, logits: &[f32], counter: u64) -> u32 {
+        let p = self.params;
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
         }
@@ -263,6 +312,31 @@ mod tests {
         for _ in 0..40 {
             assert!([1, 2].contains(&t.sample(&mut logits.clone(), &[]).unwrap()));
         }
+    }
+
+    #[test]
+    fn logit_bias_moves_the_draw_and_logprobs_follow_the_drawn_distribution() {
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        // +100 on token 3 makes greedy pick it; the log-probabilities are those of the biased
+        // logits (temperature 1 for greedy)
+        let mut s = Sampler::new(SamplingParams::greedy()).with_logit_bias(vec![(3, 100.0), (99, 5.0)]).with_logprobs(2);
+        assert_eq!(s.device_sampling(64), None, "biased and logprob draws stay on the host");
+        assert_eq!(s.sample(&mut logits.to_vec(), &[]).unwrap(), 3);
+        let lp = s.take_logprobs().unwrap();
+        assert_eq!((lp.token, lp.top[0].0, lp.top[1].0), (3, 3, 0));
+        assert!(lp.logprob > -1e-6 && lp.logprob <= 0.0);
+        assert!(s.take_logprobs().is_none(), "taken once");
+        // at temperature 0.5 the values are the log-softmax of logits / 0.5, whatever is drawn
+        let p = SamplingParams { temperature: 0.5, top_k: 2, top_p: 1.0, repetition_penalty: 1.0, seed: 4 };
+        let mut t = Sampler::new(p).with_logprobs(0);
+        let tok = t.sample(&mut logits.to_vec(), &[]).unwrap();
+        let z: f64 = logits.iter().map(|&l| (l as f64 / 0.5).exp()).sum();
+        let lp = t.take_logprobs().unwrap();
+        assert!(tok < 2 && lp.top.is_empty());
+        assert!((lp.logprob as f64 - (logits[tok as usize] as f64 / 0.5 - z.ln())).abs() < 1e-5);
+        // a -100 bias removes the leader from greedy's choice
+        let mut u = Sampler::new(SamplingParams::greedy()).with_logit_bias(vec![(0, -100.0)]);
+        assert_eq!(u.sample(&mut logits.to_vec(), &[]).unwrap(), 1);
     }
 
     #[test]

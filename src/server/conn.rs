@@ -1,15 +1,17 @@
-//! Routing one request and answering it. A chat request is checked in the order of its costs
-//! (a place among the requests being read, its declared size, its body within limits, its
-//! JSON, a place in the queue, then its images and tokens, on the blocking pool), queued for
-//! the model thread, and answered from its events, whole or as server-sent events. A client
-//! that goes away cancels its request (see `io` for how a departure is told apart from a
-//! half-close).
+//! Routing one request and answering it. A chat or completions request is checked in the
+//! order of its costs (a place among the requests being read, its declared size, its body
+//! within limits, its JSON, a place in the queue, then its images and tokens, on the blocking
+//! pool), queued for the model thread, and answered from its events, whole or as server-sent
+//! events ([`reply`](super::reply)). A client that goes away cancels its request (see `io` for
+//! how a departure is told apart from a half-close).
 
 use super::http::{self, Reply};
 use super::io::Conn;
 use super::openai::{self, ApiError};
-use super::queue::{Event, Job, Refused};
-use super::{prompt, Shared};
+use super::queue::{Choices, Event, Job, Refused, Ticket};
+use super::reply::{Answer, Format};
+use super::settings::{self, Settings};
+use super::{completions, prompt, Shared};
 use crate::generate::sampling::OutputPenalties;
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -90,8 +92,9 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, Client
             }
         }
         ("POST", "/v1/chat/completions") => return chat(req, conn).await,
+        ("POST", "/v1/completions") => return completions::handle(req, conn).await,
         (_, "/health") | (_, "/metrics") | (_, "/v1/models") => http::error(&method_not_allowed("GET")),
-        (_, "/v1/chat/completions") => http::error(&method_not_allowed("POST")),
+        (_, "/v1/chat/completions") | (_, "/v1/completions") => http::error(&method_not_allowed("POST")),
         _ => http::error(&ApiError::new(404, "not_found", format!("no route for {} {}", method, path.chars().take(200).collect::<String>()))),
     })
 }
@@ -100,12 +103,12 @@ fn model_json(shared: &Shared) -> serde_json::Value {
     json!({"id": shared.cfg.model_id, "object": "model", "created": shared.created, "owned_by": "qwen3-vl"})
 }
 
-/// A fresh completion id.
-fn completion_id() -> String {
+/// A fresh completion id (`chatcmpl-...` for chat, `cmpl-...` for completions).
+fn completion_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    format!("chatcmpl-{:x}{:06x}", t, n & 0xff_ffff)
+    format!("{}-{:x}{:06x}", prefix, t, n & 0xff_ffff)
 }
 
 /// Cancels a job when dropped unarmed: the reply was abandoned (the client left).
@@ -141,38 +144,65 @@ async fn next_event(rx: &mut UnboundedReceiver<Event>, conn: &Conn, http11: bool
     }
 }
 
-fn refuse(status: u16, code: &'static str, retry_after: u64, msg: impl Into<String>) -> Result<Reply, ClientGone> {
+pub(crate) fn refuse(status: u16, code: &'static str, retry_after: u64, msg: impl Into<String>) -> Result<Reply, ClientGone> {
     Ok(http::error(&ApiError { retry_after: Some(retry_after), ..ApiError::new(status, code, msg) }))
 }
 
 /// Runs `f` on the blocking pool (JSON, images and tokens must not hold up the connections).
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
         log::error!("a request's check failed: {}", e);
         Err(ApiError::new(500, "internal_error", "internal error while checking the request"))
     })
 }
 
-/// `POST /v1/chat/completions`.
-async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientGone> {
+/// A request body read within the limits, with its place among the requests being checked
+/// (held until its images and tokens are done).
+pub(crate) struct Intake {
+    pub body: Vec<u8>,
+    pub place: tokio::sync::OwnedSemaphorePermit,
+    pub http11: bool,
+    pub received: Instant,
+}
+
+/// The checks every generation request passes first: not shutting down, the model loaded, a
+/// place among the requests being read, and the body within its limits.
+pub(crate) async fn intake(req: Request<Incoming>, shared: &Arc<Shared>) -> Result<Intake, Result<Reply, ClientGone>> {
     let received = Instant::now();
-    let shared = Arc::clone(&conn.shared);
     let http11 = req.version() == Version::HTTP_11;
     if shared.is_shutting_down() {
-        return refuse(503, "shutting_down", 5, "the server is shutting down");
+        return Err(refuse(503, "shutting_down", 5, "the server is shutting down"));
     }
     if shared.ready.get().is_none() {
-        return refuse(503, "loading", 5, "the model is still loading; try again shortly");
+        return Err(refuse(503, "loading", 5, "the model is still loading; try again shortly"));
     }
-    // 1. a place among the requests being read and checked, then the body within its limits
     let place = match Arc::clone(&shared.intake).try_acquire_owned() {
         Ok(p) => p,
-        Err(_) => return refuse(503, "server_busy", 1, format!("{} requests are being received already; try again shortly", shared.cfg.max_active_requests)),
+        Err(_) => return Err(refuse(503, "server_busy", 1, format!("{} requests are being received already; try again shortly", shared.cfg.max_active_requests))),
     };
     let deadline = tokio::time::Instant::now() + shared.cfg.read_timeout;
-    let body = match http::read_body(req.into_body(), shared.cfg.http.max_body, deadline).await {
-        Ok(b) => b,
-        Err(e) => return Ok(http::error(&e)),
+    match http::read_body(req.into_body(), shared.cfg.http.max_body, deadline).await {
+        Ok(body) => Ok(Intake { body, place, http11, received }),
+        Err(e) => Err(Ok(http::error(&e))),
+    }
+}
+
+/// A place in the queue before any image is decoded or text tokenized.
+pub(crate) fn reserve(shared: &Shared) -> Result<Ticket, Result<Reply, ClientGone>> {
+    match shared.queue.reserve() {
+        Ok(t) => Ok(t),
+        Err(Refused::Full) => Err(refuse(429, "queue_full", shared.retry_after(), format!("{} requests are already waiting; try again later", shared.queue.capacity()))),
+        Err(Refused::Closed) => Err(refuse(503, "shutting_down", 5, "the server is shutting down")),
+    }
+}
+
+/// `POST /v1/chat/completions`.
+async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientGone> {
+    let shared = Arc::clone(&conn.shared);
+    // 1. a place among the requests being read and checked, then the body within its limits
+    let Intake { body, place, http11, received } = match intake(req, &shared).await {
+        Ok(i) => i,
+        Err(reply) => return reply,
     };
     // 2. the JSON, then a place in the queue before any image is decoded or text tokenized
     let limits = shared.cfg.parse;
@@ -180,10 +210,9 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Ok(p) => Arc::new(p),
         Err(e) => return Ok(http::error(&e)),
     };
-    let ticket = match shared.queue.reserve() {
+    let ticket = match reserve(&shared) {
         Ok(t) => t,
-        Err(Refused::Full) => return refuse(429, "queue_full", shared.retry_after(), format!("{} requests are already waiting; try again later", shared.queue.capacity())),
-        Err(Refused::Closed) => return refuse(503, "shutting_down", 5, "the server is shutting down"),
+        Err(reply) => return reply,
     };
     // 3. images and tokens (images decoded here, in parallel with the model)
     let p = {
@@ -191,6 +220,7 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         blocking(move || {
             let ready = shared.ready.get().expect("checked above");
             let s = &shared;
+            settings::check_vocab(&parsed.settings, ready.tokenizer.vocab_size())?;
             prompt::build(&parsed, &ready.tokenizer, ready.image_token, &s.cfg.images, &s.cfg.tokens, Some(&s.image_slots), Some(&s.image_cache))
         })
         .await
@@ -200,16 +230,24 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Ok(p) => p,
         Err(e) => return Ok(http::error(&e)),
     };
-    // 4. queue it
-    let d = shared.ready.get().expect("checked above").defaults;
+    // 4. queued, and answered from the model's events
+    run(conn, ticket, p, &parsed.settings, Format::Chat, received, http11).await
+}
+
+/// Queues a checked request's prompt with its settings, and answers from the model's events:
+/// whole, or as server-sent events.
+pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st: &Settings, format: Format, received: Instant, http11: bool) -> Result<Reply, ClientGone> {
+    let shared = Arc::clone(&conn.shared);
+    // 1. the job: unset fields from the defaults, a fresh seed unless one is given
+    let d = shared.ready.get().expect("checked by intake").defaults;
     let params = crate::generate::SamplingParams {
-        temperature: parsed.temperature.unwrap_or(d.temperature),
-        top_k: parsed.top_k.unwrap_or(d.top_k),
-        top_p: parsed.top_p.unwrap_or(d.top_p),
-        repetition_penalty: parsed.repetition_penalty.unwrap_or(d.repetition_penalty),
-        seed: parsed.seed.unwrap_or(d.seed),
+        temperature: st.temperature.unwrap_or(d.temperature),
+        top_k: st.top_k.unwrap_or(d.top_k),
+        top_p: st.top_p.unwrap_or(d.top_p),
+        repetition_penalty: st.repetition_penalty.unwrap_or(d.repetition_penalty),
+        seed: st.seed.unwrap_or_else(settings::fresh_seed),
     };
-    log::debug!("sampling {:?}, {} prompt tokens, {} images, max_tokens {}", params, p.ids.len(), p.images.len(), p.max_tokens);
+    log::debug!("sampling {:?}, {} prompt tokens, {} images, max_tokens {}, n {}", params, p.ids.len(), p.images.len(), p.max_tokens, st.n);
     let (tx, mut rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let job = Job {
@@ -217,8 +255,9 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         images: p.images,
         max_tokens: p.max_tokens,
         params,
-        penalties: OutputPenalties { presence: parsed.presence_penalty, frequency: parsed.frequency_penalty },
-        stop: parsed.stop.clone(),
+        penalties: OutputPenalties { presence: st.presence_penalty, frequency: st.frequency_penalty },
+        stop: st.stop.clone(),
+        choices: Choices { n: st.n, logprobs: st.logprobs, logit_bias: st.logit_bias.clone(), min_tokens: st.min_tokens, ignore_eos: st.ignore_eos },
         cancel: Arc::clone(&cancel),
         events: tx,
         received,
@@ -228,11 +267,12 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Err(_) => return refuse(503, "shutting_down", 5, "the server is shutting down"),
     }
     let mut guard = CancelOnDrop(Some(cancel));
-    // 5. the answer, from the model's events
-    let (id, model, created) = (completion_id(), shared.cfg.model_id.clone(), shared.created_now());
+    // 2. the answer, from the model's events
+    let prefix = if format == Format::Chat { "chatcmpl" } else { "cmpl" };
+    let mut answer = Answer::new(completion_id(prefix), shared.created_now(), shared.cfg.model_id.clone(), format, st.n, st.logprobs.is_some());
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    if parsed.stream {
+    if st.stream {
         // a failure before the model takes the job is still a plain 500
         let first = match next_event(&mut rx, conn, http11, &mut tick).await {
             None => return Err(ClientGone),
@@ -242,22 +282,23 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
             }
             Some(e) => e,
         };
-        let s = EventStream { rx, first: Some(first), guard, id, created, model, include_usage: parsed.include_usage, role_sent: false, done: false };
+        let opening = answer.opening().iter().map(event).collect();
+        let s = EventStream { rx, first: Some(first), guard, answer, include_usage: st.include_usage, opening: Some(opening), done: false };
         return Ok(http::events(s));
     }
-    let mut text = String::new();
     loop {
         match next_event(&mut rx, conn, http11, &mut tick).await {
             None => return Err(ClientGone),
-            Some(Event::Started) => {}
-            Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Failed(m)) => {
                 guard.disarm();
                 return Ok(http::error(&ApiError::new(500, "generation_failed", m)));
             }
-            Some(Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens }) => {
-                guard.disarm();
-                return Ok(http::json(200, &openai::completion(&id, created, &model, &text, finish_reason, prompt_tokens, cached_tokens, completion_tokens)));
+            Some(ev) => {
+                answer.absorb(ev);
+                if answer.done() {
+                    guard.disarm();
+                    return Ok(http::json(200, &answer.whole()));
+                }
             }
         }
     }
@@ -270,25 +311,19 @@ impl Shared {
     }
 }
 
-/// A reply as server-sent events: a role chunk, content chunks, a chunk with the finish reason,
-/// the usage chunk when asked, and `data: [DONE]`. Dropped before the end (hyper could not
-/// write to the client), it cancels the job.
+/// A reply as server-sent events: the opening chunks (chat roles, completion echoes), a chunk
+/// per text event, one with each choice's finish reason, the usage chunk when asked, and
+/// `data: [DONE]`. Dropped before the end (hyper could not write to the client), it cancels the
+/// job.
 struct EventStream {
     rx: UnboundedReceiver<Event>,
     first: Option<Event>,
     guard: CancelOnDrop,
-    id: String,
-    created: u64,
-    model: String,
+    answer: Answer,
     include_usage: bool,
-    role_sent: bool,
+    /// The opening chunks, until sent.
+    opening: Option<String>,
     done: bool,
-}
-
-impl EventStream {
-    fn chunk(&self, delta: serde_json::Value, finish_reason: Option<&str>) -> String {
-        event(&openai::chunk(&self.id, self.created, &self.model, delta, finish_reason))
-    }
 }
 
 fn event(v: &serde_json::Value) -> String {
@@ -300,9 +335,8 @@ impl http::Stream for EventStream {
         if self.done {
             return Poll::Ready(None);
         }
-        if !self.role_sent {
-            self.role_sent = true;
-            return Poll::Ready(Some(self.chunk(json!({"role": "assistant", "content": ""}), None).into()));
+        if let Some(open) = self.opening.take().filter(|o: &String| !o.is_empty()) {
+            return Poll::Ready(Some(open.into()));
         }
         loop {
             let ev = match self.first.take() {
@@ -314,20 +348,19 @@ impl http::Stream for EventStream {
             };
             let out = match ev {
                 Event::Started => continue,
-                Event::Text(t) => self.chunk(json!({"content": t}), None),
                 Event::Failed(m) => {
                     self.done = true;
                     self.guard.disarm();
                     event(&ApiError::new(500, "generation_failed", m).to_json()) + "data: [DONE]\n\n"
                 }
-                Event::Done { finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
-                    self.done = true;
-                    self.guard.disarm();
-                    let mut out = self.chunk(json!({}), Some(finish_reason));
-                    if self.include_usage {
-                        out += &event(&openai::usage_chunk(&self.id, self.created, &self.model, prompt_tokens, cached_tokens, completion_tokens));
+                ev => {
+                    let mut out: String = self.answer.chunks(ev, self.include_usage).iter().map(event).collect();
+                    if self.answer.done() {
+                        self.done = true;
+                        self.guard.disarm();
+                        out += "data: [DONE]\n\n";
                     }
-                    out + "data: [DONE]\n\n"
+                    out
                 }
             };
             return Poll::Ready(Some(out.into()));

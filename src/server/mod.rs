@@ -1,5 +1,5 @@
 //! An OpenAI-compatible HTTP server: `POST /v1/chat/completions` (text and images, streamed or
-//! not), `GET /v1/models`, `GET /health`, `GET /metrics`.
+//! not), `POST /v1/completions` (raw prompts), `GET /v1/models`, `GET /health`, `GET /metrics`.
 //!
 //! Threads: a small tokio runtime runs the HTTP side (hyper): it accepts connections, reads
 //! requests, checks them (JSON, then images and tokens on its blocking pool) and streams their
@@ -12,18 +12,25 @@
 //!
 //! Modules: `net` (accepting, connection limits, time limits), `io` (a connection's socket
 //! under hyper), `http` (bodies, responses, limits), `conn` (routing and answering), `openai`
-//! (the JSON format), `images` (image URLs to patches), `prompt` (template, tokens, budgets),
-//! `queue` (the queue and the model loop), `stop` (stop strings), `metrics` (Prometheus text).
+//! (the JSON format), `fields` (which request fields are taken), `settings` (sampling, `n`,
+//! logprobs, ...), `completions` (the legacy endpoint), `reply` and `logprobs` (response
+//! objects), `images` (image URLs to patches), `prompt` (template, tokens, budgets), `queue`
+//! (the queue and the model loop), `stop` (stop strings), `metrics` (Prometheus text).
 
+pub mod completions;
 mod conn;
+pub mod fields;
 pub mod http;
 pub mod images;
 mod io;
+pub mod logprobs;
 pub mod metrics;
 mod net;
 pub mod openai;
 pub mod prompt;
 pub mod queue;
+pub mod reply;
+pub mod settings;
 pub mod stop;
 
 use crate::generate::SamplingParams;

@@ -1,7 +1,10 @@
 //! The OpenAI chat-completions wire format: request bodies checked field by field (each error
-//! names the parameter and what it must be), errors as `{"error": {message, type, param,
-//! code}}`, and the response and stream-chunk objects.
+//! names the parameter and what it must be; the accepted fields in `fields`, the generation
+//! settings in `settings`), errors as `{"error": {message, type, param, code}}`, and the
+//! response and stream-chunk objects.
 
+use super::fields::{self, Api};
+use super::settings::{self, Settings};
 use serde_json::{json, Map, Value};
 
 /// An error answered to the client: HTTP status and the OpenAI error object.
@@ -76,19 +79,8 @@ pub struct ChatMessage {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
-    pub stream: bool,
-    /// `stream_options.include_usage`: a last chunk carries the usage.
-    pub include_usage: bool,
-    /// `max_completion_tokens`, else `max_tokens`.
-    pub max_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub seed: Option<u64>,
-    pub stop: Vec<String>,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub repetition_penalty: Option<f32>,
+    /// Sampling, lengths, choices, logprobs, streaming.
+    pub settings: Settings,
 }
 
 impl ChatRequest {
@@ -126,12 +118,12 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
+pub(crate) fn wrong_type(param: &str, want: &str, got: &Value) -> ApiError {
     ApiError::invalid(param, "invalid_type", format!("'{}' must be {}, not {}", param, want, type_name(got)))
 }
 
 /// A number parameter within `lo..=hi` (`None` when absent or null).
-fn number(o: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+pub(crate) fn number(o: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => {
@@ -145,7 +137,7 @@ fn number(o: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<
 }
 
 /// An integer parameter within `lo..=hi`.
-fn integer(o: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+pub(crate) fn integer(o: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => {
@@ -158,7 +150,7 @@ fn integer(o: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> Result<Option
     }
 }
 
-fn boolean(o: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+pub(crate) fn boolean(o: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
@@ -171,15 +163,8 @@ pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatReque
     // 1. JSON object (serde_json limits nesting to 128 levels)
     let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(400, "invalid_json", format!("the body is not valid JSON: {}", e)))?;
     let o = v.as_object().ok_or_else(|| ApiError::new(400, "invalid_json", format!("the body must be a JSON object, not {}", type_name(&v))))?;
-    // 2. what we cannot do is refused rather than ignored
-    if let Some(n) = integer(o, "n", i64::MIN, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid("n", "unsupported_value", format!("'n' is {}; only n = 1 is supported", n)));
-        }
-    }
-    if boolean(o, "logprobs")? {
-        return Err(ApiError::invalid("logprobs", "unsupported_parameter", "logprobs are not supported"));
-    }
+    // 2. what we cannot do is refused rather than ignored: unknown fields too
+    fields::check(o, Api::Chat)?;
     for key in ["tools", "functions"] {
         match o.get(key) {
             None | Some(Value::Null) => {}
@@ -201,57 +186,8 @@ pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatReque
     // 3. messages
     let messages = parse_messages(o.get("messages"), limits)?;
     // 4. generation settings
-    let max_new = |key: &str| -> Result<Option<usize>, ApiError> {
-        match integer(o, key, i64::MIN, i64::MAX)? {
-            None => Ok(None),
-            Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
-            Some(n) => Err(ApiError::invalid(key, "invalid_value", format!("'{}' is {}; it must be at least 1", key, n))),
-        }
-    };
-    let max_tokens = match max_new("max_completion_tokens")? {
-        Some(n) => Some(n),
-        None => max_new("max_tokens")?,
-    };
-    let stream = boolean(o, "stream")?;
-    let include_usage = match o.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(so)) => boolean(so, "include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?,
-        Some(v) => return Err(wrong_type("stream_options", "an object", v)),
-    };
-    let top_k = integer(o, "top_k", -1, 1 << 30)?.map(|k| k.max(0) as usize);
-    let seed = integer(o, "seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
-    let stop = match o.get("stop") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a.iter().enumerate().map(|(i, s)| s.as_str().map(String::from).ok_or_else(|| wrong_type(&format!("stop[{}]", i), "a string", s))).collect::<Result<_, _>>()?,
-        Some(v) => return Err(wrong_type("stop", "a string or an array of strings", v)),
-    };
-    if stop.len() > limits.max_stop {
-        return Err(ApiError::invalid("stop", "invalid_value", format!("at most {} stop strings are allowed, got {}", limits.max_stop, stop.len())));
-    }
-    if let Some(i) = stop.iter().position(|s| s.is_empty() || s.len() > limits.max_stop_len) {
-        return Err(ApiError::invalid(format!("stop[{}]", i), "invalid_value", format!("stop strings must have 1 to {} bytes", limits.max_stop_len)));
-    }
-    Ok(ChatRequest {
-        messages,
-        stream,
-        include_usage,
-        max_tokens,
-        temperature: number(o, "temperature", 0.0, 2.0)?,
-        top_p: match number(o, "top_p", 0.0, 1.0)? {
-            Some(p) if p <= 0.0 => return Err(ApiError::invalid("top_p", "invalid_value", "'top_p' must be above 0 (at most 1)")),
-            p => p,
-        },
-        top_k,
-        seed,
-        stop,
-        presence_penalty: number(o, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        frequency_penalty: number(o, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        repetition_penalty: match number(o, "repetition_penalty", 0.0, 10.0)? {
-            Some(r) if r <= 0.0 => return Err(ApiError::invalid("repetition_penalty", "invalid_value", "'repetition_penalty' must be above 0 (at most 10)")),
-            r => r,
-        },
-    })
+    let settings = settings::parse(o, limits, Api::Chat)?;
+    Ok(ChatRequest { messages, settings })
 }
 
 fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMessage>, ApiError> {
@@ -357,27 +293,25 @@ pub fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
-/// A whole (non-streamed) completion.
-pub fn completion(id: &str, created: u64, model: &str, content: &str, finish_reason: &str, prompt: usize, cached: usize, completion_tokens: usize) -> Value {
-    json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason, "logprobs": null}],
-        "usage": usage(prompt, cached, completion_tokens),
-    })
+/// A whole (non-streamed) chat completion of `choices` ([`choice`]).
+pub fn completion(id: &str, created: u64, model: &str, choices: Vec<Value>, usage: Value) -> Value {
+    json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": choices, "usage": usage})
 }
 
-/// One stream chunk with a delta (`{"role": ...}` or `{"content": ...}`) and an optional
-/// finish reason.
-pub fn chunk(id: &str, created: u64, model: &str, delta: Value, finish_reason: Option<&str>) -> Value {
+/// One choice of a whole chat completion; `logprobs`: `{"content": [...]}` when asked.
+pub fn choice(index: usize, content: &str, finish_reason: &str, logprobs: Option<Value>) -> Value {
+    json!({"index": index, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason, "logprobs": logprobs})
+}
+
+/// One stream chunk of choice `index` with a delta (`{"role": ...}` or `{"content": ...}`), an
+/// optional finish reason and the delta's tokens' logprobs (`{"content": [...]}`) when asked.
+pub fn chunk(id: &str, created: u64, model: &str, index: usize, delta: Value, finish_reason: Option<&str>, logprobs: Option<Value>) -> Value {
     json!({
         "id": id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": null}],
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}],
     })
 }
 
@@ -404,8 +338,9 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages.len(), 2);
         assert_eq!(r.messages[1].parts, vec![Part::Text("a".into()), Part::Image { url: "data:x".into(), param: "messages[1].content[1].image_url".into() }, Part::Text("b".into())]);
-        assert_eq!((r.max_tokens, r.temperature, r.top_k, r.seed), (Some(7), Some(0.0), Some(0), Some((-3i64) as u64)));
-        assert!(r.stream && r.include_usage && r.stop == ["x"]);
+        let s = &r.settings;
+        assert_eq!((s.max_tokens, s.temperature, s.top_k, s.seed), (Some(7), Some(0.0), Some(0), Some((-3i64) as u64)));
+        assert!(s.stream && s.include_usage && s.stop == ["x"] && s.n == 1);
     }
 
     #[test]
@@ -419,7 +354,8 @@ mod tests {
         assert_eq!(e(&format!("{{{},\"temperature\":\"hot\"}}", m)).code, "invalid_type");
         assert_eq!(e(&format!("{{{},\"temperature\":3}}", m)).param.as_deref(), Some("temperature"));
         assert_eq!(e(&format!("{{{},\"top_p\":0}}", m)).param.as_deref(), Some("top_p"));
-        assert_eq!(e(&format!("{{{},\"n\":2}}", m)).param.as_deref(), Some("n"));
+        assert_eq!(e(&format!("{{{},\"n\":17}}", m)).param.as_deref(), Some("n"));
+        assert_eq!(e(&format!("{{{},\"suffix\":\"x\"}}", m)).code, "unknown_parameter");
         assert_eq!(e(&format!("{{{},\"max_tokens\":0}}", m)).param.as_deref(), Some("max_tokens"));
         assert_eq!(e(&format!("{{{},\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}}", m)).param.as_deref(), Some("stop"));
         assert_eq!(e(r#"{"messages":[{"role":"tool","content":"x"}]}"#).param.as_deref(), Some("messages[0].role"));

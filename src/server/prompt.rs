@@ -133,23 +133,28 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
         return Err(ApiError::invalid("messages", "invalid_value", "the message text contains <|image_pad|> or <|video_pad|> tokens; images must be sent as image_url parts, videos as video_url parts"));
     }
     // 4. the output budget
-    let room = limits.context.saturating_sub(ids.len());
-    let max_tokens = match req.max_tokens {
+    let max_tokens = output_budget(ids.len(), req.settings.max_tokens, limits.max_output, limits, "messages")?;
+    Ok(Prompt { ids, images: prepared, max_tokens })
+}
+
+/// The tokens to generate after a prompt of `prompt` tokens: `requested` (`max_tokens`) when it
+/// fits the server's limit and the model's context, else a 400 naming `max_tokens`; unset,
+/// `default` (at most what the context leaves). A prompt that leaves no room is a 400 naming
+/// `prompt_param`.
+pub fn output_budget(prompt: usize, requested: Option<usize>, default: usize, limits: &TokenLimits, prompt_param: &str) -> Result<usize, ApiError> {
+    let room = limits.context.saturating_sub(prompt);
+    let max_tokens = match requested {
         Some(n) if n > limits.max_output => {
             return Err(ApiError::invalid("max_tokens", "invalid_value", format!("max_tokens is {}; this server generates at most {} tokens per request", n, limits.max_output)));
         }
         Some(n) if n > room => {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                "context_length_exceeded",
-                format!("the prompt of {} tokens plus max_tokens {} exceeds the model's context of {} tokens", ids.len(), n, limits.context),
-            ));
+            return Err(ApiError::invalid("max_tokens", "context_length_exceeded", format!("the prompt of {} tokens plus max_tokens {} exceeds the model's context of {} tokens", prompt, n, limits.context)));
         }
         Some(n) => n,
-        None => limits.max_output.min(room),
+        None => default.min(limits.max_output).min(room),
     };
     if max_tokens == 0 {
-        return Err(ApiError::invalid("messages", "context_length_exceeded", format!("the prompt of {} tokens leaves no room in the model's context of {}", ids.len(), limits.context)));
+        return Err(ApiError::invalid(prompt_param, "context_length_exceeded", format!("the prompt of {} tokens leaves no room in the model's context of {}", prompt, limits.context)));
     }
-    Ok(Prompt { ids, images: prepared, max_tokens })
+    Ok(max_tokens)
 }

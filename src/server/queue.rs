@@ -1,10 +1,14 @@
 //! The bounded queue between connection threads and the one thread that runs the model, and
-//! that thread's loop: up to `--max-batch` requests at once through the batching engine, their
-//! text streamed back as events.
+//! that thread's loop: up to `--max-batch` sequences at once through the batching engine, their
+//! text streamed back as events. A job of `n` choices runs as `n` sibling sequences on one
+//! prefill (see [`Engine::add_siblings`]); its events name the choice.
 
 use super::images::PreparedImage;
+use super::logprobs::{describe, TokenLogprob};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
+use crate::generate::logprobs::TokenLogprobs;
+use crate::generate::min_tokens::MinTokens;
 use crate::generate::sampling::OutputPenalties;
 use crate::generate::{Sampler, SamplingParams, Stop};
 use crate::model::Model;
@@ -21,12 +25,49 @@ use std::time::{Duration, Instant};
 pub enum Event {
     /// The job left the queue; generation begins.
     Started,
-    /// Generated text (never a broken character, never part of a stop string).
-    Text(String),
-    /// `cached_tokens`: prompt tokens taken from the engine's prefix cache.
-    Done { finish_reason: &'static str, prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize },
+    /// Generated text of choice `index` (never a broken character, never part of a stop
+    /// string), with the log-probabilities of the tokens it came from when they were asked for
+    /// (a token whose text is held back comes with the text that releases it).
+    Text { index: usize, text: String, logprobs: Vec<TokenLogprob> },
+    /// Choice `index` ended (every choice sends one). `cached_tokens`: prompt tokens taken from
+    /// the engine's prefix cache.
+    Done { index: usize, finish_reason: &'static str, prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize },
     /// Generation failed (a 500 for the client).
     Failed(String),
+}
+
+/// What each choice of a job draws with besides its sampling parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choices {
+    /// Sibling sequences on one prefill (OpenAI's `n`), each with its own seed
+    /// ([`choice_seed`]).
+    pub n: usize,
+    /// Log-probabilities of each token and this many top ones.
+    pub logprobs: Option<usize>,
+    pub logit_bias: Vec<(u32, f32)>,
+    /// No stop token (and no stop string) before this many tokens.
+    pub min_tokens: usize,
+    /// The stop tokens do not end the reply.
+    pub ignore_eos: bool,
+}
+
+impl Choices {
+    /// One choice with nothing extra.
+    pub fn one() -> Choices {
+        Choices { n: 1, logprobs: None, logit_bias: Vec::new(), min_tokens: 0, ignore_eos: false }
+    }
+}
+
+/// The seed of choice `index` of a request seeded `seed`: the seed itself for the first (so
+/// `n = 1` draws as before), a splitmix64 mix of both for the others.
+pub fn choice_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// One chat completion to run.
@@ -37,6 +78,7 @@ pub struct Job {
     pub params: SamplingParams,
     pub penalties: OutputPenalties,
     pub stop: Vec<String>,
+    pub choices: Choices,
     /// Set by the connection when its client went away.
     pub cancel: Arc<AtomicBool>,
     /// The connection's end: a send never blocks the model thread.
@@ -178,13 +220,20 @@ pub struct Worker<'a> {
     pub engine: EngineConfig,
 }
 
-/// A job the engine runs: where its text goes and the state of its stream.
+/// A sequence the engine runs (one choice of a job): where its text goes and the state of its
+/// stream.
 struct Active<'t> {
-    job: Job,
+    job: Arc<Job>,
+    /// Which choice of the job.
+    index: usize,
+    /// The token ids that end it (none with `ignore_eos`).
+    stop_ids: Arc<Vec<u32>>,
     dec: StreamDecoder<'t>,
     matcher: StopMatcher,
     first: bool,
     generated: usize,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// The engine's counts into the metrics' gauges.
@@ -261,9 +310,9 @@ impl Worker<'_> {
             // 4. tokens out as text, finished jobs closed
             for ev in events {
                 match ev {
-                    EngineEvent::Token { id, token, .. } => {
+                    EngineEvent::Token { id, token, logprobs } => {
                         let stop = match active.get_mut(&id) {
-                            Some(a) => self.token(a, token, metrics),
+                            Some(a) => self.token(a, token, logprobs, metrics),
                             None => None,
                         };
                         if let Some(reason) = stop {
@@ -279,7 +328,10 @@ impl Worker<'_> {
                             let reason = match stop {
                                 Stop::StopToken(_) => "stop",
                                 Stop::MaxTokens => "length",
-                                Stop::Constraint => "error",
+                                Stop::Constraint => {
+                                    let _ = a.job.events.send(Event::Failed("the sampler's constraint rejected a token".into()));
+                                    "error"
+                                }
                             };
                             on_finished(a.job.received.elapsed().as_secs_f64());
                             self.finish(a, reason, metrics, prefill_secs, decode_secs, cached_tokens);
@@ -291,7 +343,26 @@ impl Worker<'_> {
         }
     }
 
-    /// Hands `job` to the engine (or fails it: a prompt the engine refuses).
+    /// The sampler of choice `index` of `job`: its own seed, the job's penalties, bias,
+    /// logprobs and `min_tokens` (over `stop_ids`).
+    fn sampler(&self, job: &Job, index: usize, stop_ids: &[u32]) -> Sampler {
+        let params = SamplingParams { seed: choice_seed(job.params.seed, index), ..job.params };
+        let c = &job.choices;
+        let mut s = Sampler::new(params).with_output_penalties(job.penalties);
+        if !c.logit_bias.is_empty() {
+            s = s.with_logit_bias(c.logit_bias.clone());
+        }
+        if let Some(top) = c.logprobs {
+            s = s.with_logprobs(top);
+        }
+        if c.min_tokens > 0 && !stop_ids.is_empty() {
+            s = s.with_constraint(Box::new(MinTokens::new(c.min_tokens, stop_ids.to_vec())));
+        }
+        s
+    }
+
+    /// Hands `job` to the engine, its `n` choices as siblings on one prefill (or fails it: a
+    /// prompt the engine refuses).
     fn start<'t>(&'t self, engine: &mut Engine<'_>, active: &mut HashMap<SeqId, Active<'t>>, job: Job, metrics: &Metrics) {
         if job.cancel.load(Ordering::SeqCst) {
             metrics.finished("cancelled", 0, 0, 0.0, 0.0);
@@ -308,17 +379,28 @@ impl Worker<'_> {
                 key: Some(combine_image_keys(&job.images.iter().map(|i| i.key).collect::<Vec<_>>())),
             })
         };
-        let req = Request {
-            prompt: job.prompt.clone(),
-            images,
-            max_new: job.max_tokens,
-            sampler: Sampler::new(job.params).with_output_penalties(job.penalties),
-            stop_ids: self.stop_ids.clone(),
-        };
-        match engine.add(req) {
-            Ok(id) => {
-                let a = Active { dec: self.tokenizer.stream_decoder(true), matcher: StopMatcher::new(job.stop.clone()), first: true, generated: 0, job };
-                active.insert(id, a);
+        let stop_ids = Arc::new(if job.choices.ignore_eos { Vec::new() } else { self.stop_ids.clone() });
+        let req = Request { prompt: job.prompt.clone(), images, max_new: job.max_tokens, sampler: self.sampler(&job, 0, &stop_ids), stop_ids: stop_ids.to_vec() };
+        let added = engine.add(req).and_then(|id| {
+            let more = (1..job.choices.n).map(|i| self.sampler(&job, i, &stop_ids)).collect();
+            Ok(std::iter::once(id).chain(engine.add_siblings(id, more)?).collect::<Vec<_>>())
+        });
+        match added {
+            Ok(ids) => {
+                let job = Arc::new(job);
+                for (index, id) in ids.into_iter().enumerate() {
+                    let a = Active {
+                        dec: self.tokenizer.stream_decoder(true),
+                        matcher: StopMatcher::new(job.stop.clone()),
+                        first: true,
+                        generated: 0,
+                        job: Arc::clone(&job),
+                        index,
+                        stop_ids: Arc::clone(&stop_ids),
+                        logprobs: Vec::new(),
+                    };
+                    active.insert(id, a);
+                }
             }
             Err(e) => {
                 log::error!("generation failed: {}", e);
@@ -328,18 +410,23 @@ impl Worker<'_> {
         }
     }
 
-    /// A new token of `a`: its text through the stop-string matcher to the client. Returns the
-    /// finish reason when the job ends here (a stop string, a client gone, text that does not
-    /// decode).
-    fn token(&self, a: &mut Active<'_>, t: u32, metrics: &Metrics) -> Option<&'static str> {
+    /// A new token of `a`: its text through the stop-string matcher (from `min_tokens` on) to
+    /// the client, with its log-probabilities when asked. Returns the finish reason when the
+    /// sequence ends here (a stop string, a client gone, text that does not decode).
+    fn token(&self, a: &mut Active<'_>, t: u32, logprobs: Option<Box<TokenLogprobs>>, metrics: &Metrics) -> Option<&'static str> {
         if a.first {
             a.first = false;
-            metrics.time_to_first_token(a.job.received.elapsed().as_secs_f64());
+            if a.index == 0 {
+                metrics.time_to_first_token(a.job.received.elapsed().as_secs_f64());
+            }
         }
         a.generated += 1;
         log::trace!("token {}", t);
-        if self.stop_ids.contains(&t) {
+        if a.stop_ids.contains(&t) {
             return None; // the engine reports the end next
+        }
+        if let Some(lp) = logprobs {
+            a.logprobs.push(describe(self.tokenizer, &lp));
         }
         let piece = match a.dec.push(t) {
             Ok(p) => p,
@@ -348,8 +435,9 @@ impl Worker<'_> {
                 return Some("error");
             }
         };
-        let (text, stopped) = a.matcher.push(&piece);
-        if !text.is_empty() && a.job.events.send(Event::Text(text)).is_err() {
+        // (stop strings apply once min_tokens are out, as vLLM's)
+        let (text, stopped) = if a.generated <= a.job.choices.min_tokens { (piece, false) } else { a.matcher.push(&piece) };
+        if !text.is_empty() && a.job.events.send(Event::Text { index: a.index, text, logprobs: std::mem::take(&mut a.logprobs) }).is_err() {
             return Some("cancelled");
         }
         if stopped {
@@ -360,7 +448,8 @@ impl Worker<'_> {
 
     /// Closes a job: held-back text flushed (unless a stop string cut it), `Done` sent.
     fn finish(&self, mut a: Active<'_>, reason: &'static str, metrics: &Metrics, prefill_secs: f64, decode_secs: f64, cached_tokens: usize) {
-        let (prompt, generated) = (a.job.prompt.len(), a.generated);
+        // (the prompt counts once per job, with its first choice)
+        let (prompt, generated) = (if a.index == 0 { a.job.prompt.len() } else { 0 }, a.generated);
         let reason = match reason {
             "error" => {
                 metrics.finished("error", prompt, generated, prefill_secs, decode_secs);
@@ -374,15 +463,15 @@ impl Worker<'_> {
             r => {
                 let (text, _) = a.matcher.push(&a.dec.finish());
                 let rest = text + &a.matcher.finish();
-                if !rest.is_empty() {
-                    let _ = a.job.events.send(Event::Text(rest));
+                if !rest.is_empty() || !a.logprobs.is_empty() {
+                    let _ = a.job.events.send(Event::Text { index: a.index, text: rest, logprobs: std::mem::take(&mut a.logprobs) });
                 }
                 r
             }
         };
         metrics.finished(reason, prompt, generated, prefill_secs, decode_secs);
-        log::info!("{} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.3} s, decode {:.3} s, {}", prompt, cached_tokens, generated, prefill_secs, decode_secs, reason);
-        let _ = a.job.events.send(Event::Done { finish_reason: reason, prompt_tokens: prompt, cached_tokens, completion_tokens: generated });
+        log::info!("{} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.3} s, decode {:.3} s, {}", a.job.prompt.len(), cached_tokens, generated, prefill_secs, decode_secs, reason);
+        let _ = a.job.events.send(Event::Done { index: a.index, finish_reason: reason, prompt_tokens: a.job.prompt.len(), cached_tokens, completion_tokens: generated });
     }
 }
 
@@ -399,6 +488,7 @@ mod tests {
             params: SamplingParams::greedy(),
             penalties: OutputPenalties::default(),
             stop: vec![],
+            choices: Choices::one(),
             cancel: Arc::new(AtomicBool::new(false)),
             events: channel().0,
             received: Instant::now(),

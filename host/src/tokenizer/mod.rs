@@ -155,7 +155,7 @@ impl Tokenizer {
     }
 
     /// The bytes that `id` decodes to (none for a skipped special token).
-    fn token_bytes(&self, id: u32, skip_special_tokens: bool) -> Result<&[u8]> {
+    pub fn token_bytes(&self, id: u32, skip_special_tokens: bool) -> Result<&[u8]> {
         let entry = self.entry(id).ok_or_else(|| Error::Tokenizer {
             msg: format!("unknown token id {} (the vocabulary has {} ids)", id, self.vocab_size()),
         })?;

@@ -98,7 +98,7 @@ def expect_error(kind, code, param, **kw):
 
 
 expect_error(openai.BadRequestError, "invalid_value", "temperature", messages=text_messages(), temperature=5)
-expect_error(openai.BadRequestError, "unsupported_value", "n", messages=text_messages(), n=2)
+expect_error(openai.BadRequestError, "invalid_value", "n", messages=text_messages(), n=17)
 expect_error(openai.BadRequestError, "invalid_value", "messages", messages=[])
 expect_error(openai.BadRequestError, "unsupported_image_url", None, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
 expect_error(openai.BadRequestError, "invalid_base64", None, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}])

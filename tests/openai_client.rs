@@ -54,3 +54,72 @@ fn the_official_openai_client_works() {
     assert!(stdout.contains("all openai client checks passed"));
     s.assert_no_panic();
 }
+
+/// The Python for the official client's scripts, with the `openai` package importable (`None`:
+/// skipped with a note, unless `QWEN3_VL_EXPECT_OPENAI=1`, which fails instead).
+fn openai_python(test: &str) -> Option<Command> {
+    let python = std::env::var("QWEN3_VL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(false, |v| v == "1");
+    let py = || {
+        let mut c = Command::new(&python);
+        if let Some(p) = std::env::var_os("QWEN3_VL_PYTHONPATH") {
+            c.env("PYTHONPATH", p);
+        }
+        c
+    };
+    let probe = py().args(["-c", "import openai"]).output();
+    if !probe.as_ref().map_or(false, |o| o.status.success()) {
+        let why = probe.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
+        assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import openai: {}", python, why);
+        eprintln!("{}: skipped: {} has no openai package (pip install openai)", test, python);
+        return None;
+    }
+    Some(py())
+}
+
+/// `n`, unseeded sampling, logprobs against `qwen3-vl logits`, `/v1/completions`, logit_bias,
+/// min_tokens, ignore_eos and unknown fields through the official client (tests/openai_api.py).
+#[test]
+fn the_rest_of_what_clients_send() {
+    let Some(mut py) = openai_python("the_rest_of_what_clients_send") else { return };
+    let dir = std::env::temp_dir().join(format!("qwen3-vl-openai-api-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // 1. the logits command's output for the prompts the script asks about
+    let (chat_prompt, raw_prompt) = ("Name three colors.", "The quick brown fox");
+    let logits = |args: &[&str], name: &str| {
+        let path = dir.join(name);
+        let out = common::server::cli("logits", args).arg("-o").arg(&path).output().unwrap();
+        assert!(out.status.success(), "logits: {}", String::from_utf8_lossy(&out.stderr));
+        path
+    };
+    let chat_logits = logits(&["-p", chat_prompt], "chat.f32");
+    let raw_logits = logits(&["--raw", "-p", raw_prompt], "raw.f32");
+    let tok = qwen3_vl::Tokenizer::from_file(&common::server::tokenizer()).unwrap();
+    let cat = tok.encode(" cat");
+    assert_eq!(cat.len(), 1, "' cat' is one token");
+    let facts = serde_json::json!({
+        "chat_prompt": chat_prompt,
+        "raw_prompt": raw_prompt,
+        "chat_logits": chat_logits,
+        "raw_logits": raw_logits,
+        "vocab": tok.vocab_size(),
+        "raw_ids": tok.encode(raw_prompt),
+        "eos": tok.token_to_id("<|im_end|>").unwrap(),
+        "token": cat[0],
+        "token_text": tok.decode(&cat, false).unwrap(),
+    });
+    // 2. the script against a server
+    let s = Server::start(&[]);
+    let out = py
+        .arg(common::repo_root().join("tests/openai_api.py"))
+        .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
+        .env("QWEN3_VL_FACTS", facts.to_string())
+        .output()
+        .expect("run the openai api script");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{}", stdout);
+    assert!(out.status.success(), "openai api checks failed:\n{}\n{}\nserver log:\n{}", stdout, stderr, s.log());
+    assert!(stdout.contains("all openai api checks passed"));
+    s.assert_no_panic();
+}

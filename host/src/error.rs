@@ -36,6 +36,9 @@ pub enum Error {
     Video { file: String, msg: String },
     /// A prompt (plus the tokens to generate) longer than the model's context.
     Context { tokens: usize, limit: usize, msg: String },
+    /// A chat template that does not compile, or a conversation it cannot render (`origin`:
+    /// where the template came from).
+    Template { origin: String, msg: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -81,6 +84,7 @@ impl fmt::Display for Error {
             Error::Image { file, msg } => write!(f, "{}: {}", file, msg),
             Error::Video { file, msg } => write!(f, "{}: {}", file, msg),
             Error::Context { tokens, limit, msg } => write!(f, "{} tokens exceed the context limit of {} ({})", tokens, limit, msg),
+            Error::Template { origin, msg } => write!(f, "chat template ({}): {}", origin, msg),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod ops;
 pub mod pages;
 pub mod pick;
 pub mod quant;
+pub mod template;
 mod switch;
 mod tensor;
 pub mod tokenizer;

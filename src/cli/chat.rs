@@ -1,19 +1,19 @@
 //! `qwen3-vl chat`: an interactive conversation on stdin / stdout.
 //!
-//! Each turn runs through the engine as the whole conversation so far plus the new message; the
-//! engine's prefix cache holds the earlier turns' keys and values, so only the new tokens (and
-//! the last partial block) are computed. When a new turn (plus room for the reply) does not fit
+//! Each turn runs through the engine as the whole conversation so far plus the new message,
+//! rendered with the model's chat template; the engine's prefix cache holds the earlier turns'
+//! keys and values, so only the new tokens (and the last partial block) are computed. When a new turn (plus room for the reply) does not fit
 //! the context, the oldest turns are dropped, with a note, and the rest of the conversation is
 //! read again. Images come with `-i` (first message) or `/image PATH`,
 //! videos with `--video` or `/video PATH`
 //! (next message). Ctrl-C stops the reply being written; the conversation goes on.
 
 use super::generate::{stream_reply, summary};
-use super::load::{prepare_images, prepare_video, stop_ids, CliResult, ImageArgs, Loaded, ModelArgs, Prepared, SamplingArgs};
+use super::load::{prepare_images, prepare_video, render_prompt, stop_ids, user_turn, CliResult, ImageArgs, Loaded, ModelArgs, Prepared, SamplingArgs};
 use qwen3_vl::video::{VideoConfig, VideoLimits};
 use super::logger::quiet;
 use super::ranges;
-use qwen3_vl::generate::chat::{render_turn, Message, GENERATION_PROMPT};
+use qwen3_vl::template::Turn;
 use qwen3_vl::engine::{Engine, EngineConfig};
 use qwen3_vl::generate::{Sampler, SamplingParams, Stop};
 use qwen3_vl::signals;
@@ -49,8 +49,8 @@ const HELP: &str = "commands:
 Ctrl-C stops the reply being written; the conversation goes on. Ctrl-C at the prompt quits.
 Start a message with // to send text that begins with /.";
 
-/// One finished exchange, kept to feed again when older turns are dropped.
-struct Turn {
+/// One finished exchange: the user's message and the reply.
+struct Exchange {
     user: String,
     images: Prepared,
     reply: String,
@@ -62,94 +62,67 @@ struct Chat<'a> {
     max_tokens: usize,
     system: Option<String>,
     engine: Engine<'a>,
-    /// The conversation's tokens so far (in the engine's prefix cache while its blocks last),
-    /// and its images and videos, in order.
-    history: Vec<u32>,
-    history_images: Prepared,
     sampling: SamplingParams,
     stops: Vec<u32>,
-    /// Exchanges whose tokens are in `history`.
-    turns: Vec<Turn>,
-    /// Text that closes the last reply, fed in front of the next turn.
-    pending: String,
+    /// The exchanges so far (their tokens stay in the engine's prefix cache while its blocks
+    /// last).
+    turns: Vec<Exchange>,
     /// Images for the next message.
     attached: Prepared,
 }
 
 impl<'a> Chat<'a> {
-    fn system_text(&self) -> String {
-        self.system.as_deref().map(|s| render_turn(&Message::system(s))).unwrap_or_default()
-    }
-
     fn reset(&mut self) -> CliResult<()> {
-        self.history.clear();
-        self.history_images = Prepared::default();
         self.turns.clear();
         self.attached = Prepared::default();
-        self.pending = self.system_text();
         Ok(())
     }
 
-    /// The tokens and images of the whole conversation from turn `first` on, plus `user`.
-    fn rebuilt(&self, first: usize, user: &str, images: &Prepared) -> (Vec<u32>, Prepared) {
-        let mut text = self.system_text();
+    /// The tokens and images of the whole conversation from exchange `first` on, plus `user`.
+    fn rebuilt(&self, first: usize, user: &str, images: &Prepared) -> CliResult<(Vec<u32>, Prepared)> {
+        let mut turns: Vec<Turn> = self.system.iter().map(|s| Turn::text("system", s)).collect();
         let mut all = Prepared::default();
         for t in &self.turns[first..] {
-            let mut m = Message::user(&t.user);
-            m.media = t.images.media.clone();
-            text.push_str(&render_turn(&m));
-            text.push_str(&render_turn(&Message::assistant(&t.reply)));
+            turns.push(user_turn(&t.user, &t.images.media));
+            turns.push(Turn::text("assistant", &t.reply));
             all.extend(&t.images);
         }
-        let mut m = Message::user(user);
-        m.media = images.media.clone();
-        text.push_str(&render_turn(&m));
-        text.push_str(GENERATION_PROMPT);
+        turns.push(user_turn(user, &images.media));
         all.extend(images);
-        (self.l.tokenizer.encode(&text), all)
+        let text = render_prompt(&self.l.format, &turns, &all.media)?;
+        Ok((self.l.tokenizer.encode(&text), all))
     }
 
     /// Answers one user message.
     fn turn(&mut self, user: &str) -> CliResult<()> {
         let images = std::mem::take(&mut self.attached);
-        let mut m = Message::user(user);
-        m.media = images.media.clone();
-        // 1. on top of the conversation so far, if the reply has room
-        let mut prompt = self.l.tokenizer.encode(&format!("{}{}{}", self.pending, render_turn(&m), GENERATION_PROMPT));
-        let mut rebuilt_images: Option<Prepared> = None;
-        if self.history.len() + prompt.len() + self.max_tokens > self.capacity {
-            // 2. else drop the oldest turns until it fits, and feed the rest again
-            let mut dropped = 0;
-            let (mut ids, mut all) = self.rebuilt(0, user, &images);
-            while ids.len() + self.max_tokens > self.capacity && dropped < self.turns.len() {
-                dropped += 1;
-                let r = self.rebuilt(dropped, user, &images);
-                ids = r.0;
-                all = r.1;
-            }
-            if ids.len() + 1 > self.capacity {
-                eprintln!(
-                    "(this message needs {} tokens{}, more than the context of {} (--context): nothing was sent)",
-                    ids.len() + 1,
-                    if images.grids.is_empty() { "" } else { " with its images" },
-                    self.capacity
-                );
+        // 1. the whole conversation (the engine finds the earlier turns in its prefix cache);
+        //    when the reply has no room, the oldest exchanges are dropped until it has
+        let mut dropped = 0;
+        let (mut all, mut all_images) = match self.rebuilt(0, user, &images) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("(not sent: {})", e);
                 return Ok(());
             }
-            if dropped > 0 {
-                eprintln!("(the context is full: dropped the {} oldest turn{}, {} remain)", dropped, if dropped == 1 { "" } else { "s" }, self.turns.len() - dropped);
-            }
-            self.turns.drain(..dropped);
-            self.history.clear();
-            self.history_images = Prepared::default();
-            prompt = ids;
-            rebuilt_images = Some(all);
+        };
+        while all.len() + self.max_tokens > self.capacity && dropped < self.turns.len() {
+            dropped += 1;
+            (all, all_images) = self.rebuilt(dropped, user, &images)?;
         }
-        // the whole conversation goes in: the engine finds the earlier turns in its prefix cache
-        let mut all = std::mem::take(&mut self.history);
-        all.extend_from_slice(&prompt);
-        let mut all_images = std::mem::take(&mut self.history_images);
-        all_images.extend(rebuilt_images.as_ref().unwrap_or(&images));
+        if all.len() + 1 > self.capacity {
+            eprintln!(
+                "(this message needs {} tokens{}, more than the context of {} (--context): nothing was sent)",
+                all.len() + 1,
+                if images.grids.is_empty() { "" } else { " with its images" },
+                self.capacity
+            );
+            return Ok(());
+        }
+        if dropped > 0 {
+            eprintln!("(the context is full: dropped the {} oldest turn{}, {} remain)", dropped, if dropped == 1 { "" } else { "s" }, self.turns.len() - dropped);
+            self.turns.drain(..dropped);
+        }
         let budget = self.max_tokens.min(self.capacity - all.len());
         // 3. the reply; Ctrl-C ends it early
         let reply = signals::Reply::start();
@@ -166,22 +139,13 @@ impl<'a> Chat<'a> {
                 eprintln!("\n(the reply stopped at --max-tokens {})", self.max_tokens);
             }
         }
-        // 4. remember it; the reply's last token was sampled but not fed: the template closes
-        // the turn with <|im_end|>\n, which goes in front of the next user turn
-        self.history = all;
-        self.history.extend_from_slice(&g.tokens[..g.tokens.len().saturating_sub(1)]);
-        self.history_images = all_images;
+        // 4. remember it (the template closes the reply's turn when the next one is rendered)
         let kept = match g.stop {
             Stop::StopToken(_) | Stop::Constraint => &g.tokens[..g.tokens.len() - 1],
             Stop::MaxTokens => &g.tokens[..],
         };
         let text = self.l.tokenizer.decode(kept, true)?;
-        self.pending = match g.stop {
-            Stop::StopToken(t) => format!("{}\n", self.l.tokenizer.decode(&[t], false)?),
-            Stop::Constraint => "<|im_end|>\n".to_string(),
-            Stop::MaxTokens => format!("{}<|im_end|>\n", self.l.tokenizer.decode(&g.tokens[g.tokens.len().saturating_sub(1)..], false)?),
-        };
-        self.turns.push(Turn { user: user.to_string(), images, reply: text });
+        self.turns.push(Exchange { user: user.to_string(), images, reply: text });
         Ok(())
     }
 
@@ -217,8 +181,9 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     let video_cfg = a.attach.video.config(&checked.video)?;
     let video_limits = a.attach.video.limits();
     let first_images = a.attach.prepare(&preprocess, &checked.video)?;
-    let system_tokens = a.system.as_deref().map_or(0, |s| checked.tokenizer.encode(&render_turn(&Message::system(s))).len());
-    let needed = system_tokens + first_images.tokens() + 8;
+    let mut first: Vec<Turn> = a.system.iter().map(|s| Turn::text("system", s)).collect();
+    first.push(user_turn("", &first_images.media));
+    let needed = checked.tokenizer.encode(&render_prompt(&checked.format, &first, &first_images.media)?).len() + 1;
     if needed > capacity {
         return Err(format!("the system message and images need about {} tokens, more than the context of {} (raise --context)", needed, capacity).into());
     }
@@ -235,15 +200,11 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
         max_tokens: a.max_tokens,
         system: a.system.clone(),
         engine,
-        history: Vec::new(),
-        history_images: Prepared::default(),
         sampling: a.sampling.params(&l.defaults),
         stops: stop_ids(&l.tokenizer),
         turns: Vec::new(),
-        pending: String::new(),
         attached: first_images,
     };
-    chat.pending = chat.system_text();
     if !quiet() {
         eprintln!("chat with {} ({} tokens of context). /help lists the commands; Ctrl-C stops a reply, Ctrl-D or /exit quits.", a.model.model.display(), capacity);
         if !chat.attached.grids.is_empty() {

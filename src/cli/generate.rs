@@ -1,10 +1,10 @@
 //! `qwen3-vl generate`: one prompt, the reply streamed to stdout. Also the streaming of a
 //! reply that `chat` shares.
 
-use super::load::{describe_sampling, memory_report, stop_ids, CliResult, ImageArgs, ModelArgs, PromptArgs, SamplingArgs};
+use super::load::{describe_sampling, memory_report, render_prompt, stop_ids, user_turn, CliResult, ImageArgs, ModelArgs, PromptArgs, SamplingArgs};
 use super::logger::quiet;
 use super::ranges;
-use qwen3_vl::generate::chat::{render, Message};
+use qwen3_vl::template::Turn;
 use qwen3_vl::engine::{Engine, EngineConfig, ImageInput, Request};
 use qwen3_vl::generate::{Generated, Sampler, Stop};
 use std::io::Write;
@@ -112,14 +112,12 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     let text = if a.raw {
         text
     } else {
-        let mut msgs = Vec::new();
+        let mut turns = Vec::new();
         if let Some(s) = &a.system {
-            msgs.push(Message::system(s));
+            turns.push(Turn::text("system", s));
         }
-        let mut user = Message::user(&text);
-        user.media = prepared.media.clone();
-        msgs.push(user);
-        render(&msgs, true)
+        turns.push(user_turn(&text, &prepared.media));
+        render_prompt(&checked.format, &turns, &prepared.media)?
     };
     let prompt = checked.tokenizer.encode(&text);
     let limit = checked.config.text.max_position_embeddings;

@@ -10,6 +10,7 @@ use qwen3_vl::image::PreprocessConfig;
 use qwen3_vl::video::{VideoConfig, VideoLimits};
 use qwen3_vl::model::placement::human;
 use qwen3_vl::model::{Config, LoadQuant, Mix, Model, ModelFiles, Offload, Opened, Placement};
+use qwen3_vl::template::{media, Conversation, Piece, PromptFormat, Turn};
 use qwen3_vl::{Backend, DeviceKind, Tokenizer};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,11 @@ pub struct ModelArgs {
     /// tokenizer.json to use instead of the model directory's (or the GGUF file's tokenizer).
     #[clap(long)]
     pub tokenizer: Option<PathBuf>,
+    /// The chat template: a Jinja file, or a JSON file with a chat_template field (default: the
+    /// model directory's chat_template.jinja, chat_template.json or tokenizer_config.json, then
+    /// those beside --tokenizer, then the GGUF file's; else the built-in Qwen3-VL format).
+    #[clap(long)]
+    pub chat_template: Option<PathBuf>,
     #[clap(flatten)]
     pub device: DeviceArgs,
 }
@@ -61,6 +67,8 @@ pub struct Checked {
     /// Video processing: the directory's video_preprocessor_config.json, else Qwen3-VL's
     /// defaults.
     pub video: VideoConfig,
+    /// How prompts are written: the model's chat template, else the built-in format.
+    pub format: PromptFormat,
 }
 
 pub struct Loaded {
@@ -70,6 +78,7 @@ pub struct Loaded {
     pub defaults: GenerationDefaults,
     /// KV-cache element type of the sessions (`--kv-cache`, else the backend's default).
     pub kv_dtype: qwen3_vl::DType,
+    pub format: PromptFormat,
 }
 
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -128,10 +137,13 @@ impl ModelArgs {
                 Tokenizer::from_file(&tok_path)?
             }
         };
-        if let Some(t) = &opened.chat_template {
-            if !(t.contains("<|im_start|>") && t.contains("<|vision_start|>")) {
-                log::warn!("the GGUF chat template is not Qwen3-VL's; prompts use Qwen3-VL's format (<|im_start|>role ... <|im_end|>) regardless");
-            }
+        let tok_dir = self.tokenizer.as_deref().and_then(Path::parent).filter(|d| !d.as_os_str().is_empty());
+        let dirs: Vec<&Path> = std::iter::once(dir.as_path()).chain(tok_dir).collect();
+        let format = PromptFormat::find(self.chat_template.as_deref(), &dirs, opened.chat_template.as_deref())?;
+        if format.is_template() {
+            log::debug!("prompts: {}", format.describe());
+        } else {
+            log::info!("prompts: {}", format.describe());
         }
         let preprocess = qwen3_vl::server::images::preprocess_config_or(&dir, opened.preprocess.as_ref(), None)?;
         let video_path = dir.join("video_preprocessor_config.json");
@@ -151,7 +163,7 @@ impl ModelArgs {
             tokenizer.vocab_size(),
             if defaults.found { "read" } else { "absent (greedy defaults)" }
         );
-        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, video })
+        Ok(Checked { config, tokenizer, defaults, weight_bytes, opened, preprocess, video, format })
     }
 
     /// Step 2: the backend and the weights, placed for sessions of up to `context` tokens.
@@ -181,7 +193,7 @@ impl ModelArgs {
             log::debug!("sampling ids below {} (the tokenizer's); the LM head's other {} rows are padding and never picked", model.sampled_vocab(), c.vocab_size - model.sampled_vocab());
         }
         let kv_dtype = self.device.kv_dtype(&*sel.backend);
-        Ok(Loaded { backend: sel.backend, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype })
+        Ok(Loaded { backend: sel.backend, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype, format: checked.format })
     }
 }
 
@@ -446,6 +458,20 @@ pub fn media_order(m: &clap::ArgMatches, images: &str, videos: &str) -> Vec<bool
     let mut all: Vec<(usize, bool)> = idx(images).into_iter().map(|i| (i, false)).chain(idx(videos).into_iter().map(|i| (i, true))).collect();
     all.sort_unstable();
     all.into_iter().map(|(_, v)| v).collect()
+}
+
+/// A user message of `text` with `media` (images and videos, before the text, in order).
+pub fn user_turn(text: &str, media: &[Media]) -> Turn {
+    let mut parts: Vec<Piece> = media.iter().map(|m| if matches!(m, Media::Video(_)) { Piece::Video } else { Piece::Image }).collect();
+    parts.push(Piece::Text(text.to_string()));
+    Turn::parts("user", parts)
+}
+
+/// The prompt text of `turns` (whose images and videos are `media`, in order), with the
+/// assistant's opening: rendered with `format`, the placeholders expanded.
+pub fn render_prompt(format: &PromptFormat, turns: &[Turn], media: &[Media]) -> CliResult<String> {
+    let text = format.render(&Conversation::new(turns))?;
+    Ok(media::expand(&text, media).map_err(|e| e.to_string())?)
 }
 
 /// Token ids that end a reply: `<|im_end|>` and `<|endoftext|>` when the tokenizer has them.

@@ -2,7 +2,6 @@
 //! and tools. `-o -` writes them to stdout.
 
 use super::load::{CliResult, ImageArgs, ModelArgs, PromptArgs};
-use qwen3_vl::generate::chat::{render, Message};
 use qwen3_vl::generate::Session;
 use std::io::Write;
 use std::path::PathBuf;
@@ -59,9 +58,7 @@ fn compute(a: &LogitsArgs) -> CliResult<(usize, Vec<f32>)> {
     let text = if a.raw {
         text
     } else {
-        let mut user = Message::user(&text);
-        user.media = prepared.media.clone();
-        render(&[user], true)
+        super::load::render_prompt(&checked.format, &[super::load::user_turn(&text, &prepared.media)], &prepared.media)?
     };
     let ids = checked.tokenizer.encode(&text);
     let limit = checked.config.text.max_position_embeddings;

@@ -176,7 +176,7 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     );
     let stop_ids = stop_ids(&l.tokenizer);
     let tokenizer = Arc::new(l.tokenizer);
-    let loaded = server::Loaded { model: &l.model, backend: &*l.backend, tokenizer, stop_ids, defaults, kv_dtype: Some(l.kv_dtype) };
+    let loaded = server::Loaded { model: &l.model, backend: &*l.backend, tokenizer, stop_ids, defaults, kv_dtype: Some(l.kv_dtype), format: l.format };
     // the line that scripts and tests wait for (requests are taken by then), printed even with -q
     front.serve(loaded, || eprintln!("listening on http://{}", addr))?;
     Ok(())

@@ -169,7 +169,7 @@ pub(crate) async fn handle(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<R
         Ok(b) => b,
         Err(e) => return Ok(http::error(&e)),
     };
-    run(conn, ticket, p, &parsed.settings, Format::Completion { echo }, received, http11).await
+    run(conn, ticket, p, &parsed.settings, Format::Completion { echo }, None, received, http11).await
 }
 
 #[cfg(test)]

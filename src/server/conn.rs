@@ -11,7 +11,7 @@ use super::openai::{self, ApiError};
 use super::queue::{Choices, Event, Job, Refused, Ticket};
 use super::reply::{Answer, Format};
 use super::settings::{self, Settings};
-use super::{completions, prompt, Shared};
+use super::{completions, prompt, tools, Shared};
 use crate::generate::sampling::OutputPenalties;
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -66,7 +66,7 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, Client
     let method_not_allowed = |allow: &'static str| ApiError { allow: Some(allow), ..ApiError::new(405, "method_not_allowed", format!("{} is not allowed on {} (use {})", method, path, allow)) };
     // 1. the API key, for the API itself
     if let Some(key) = &shared.cfg.api_key {
-        if path.starts_with("/v1/") && req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::trim) != Some(&format!("Bearer {}", key)) {
+        if (path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize") && req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::trim) != Some(&format!("Bearer {}", key)) {
             return Ok(http::error(&ApiError::new(401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer ...)")));
         }
     }
@@ -93,8 +93,10 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, Client
         }
         ("POST", "/v1/chat/completions") => return chat(req, conn).await,
         ("POST", "/v1/completions") => return completions::handle(req, conn).await,
+        ("POST", "/tokenize") => return super::tokenize::tokenize(req, conn).await,
+        ("POST", "/detokenize") => return super::tokenize::detokenize(req, conn).await,
         (_, "/health") | (_, "/metrics") | (_, "/v1/models") => http::error(&method_not_allowed("GET")),
-        (_, "/v1/chat/completions") | (_, "/v1/completions") => http::error(&method_not_allowed("POST")),
+        (_, "/v1/chat/completions") | (_, "/v1/completions") | (_, "/tokenize") | (_, "/detokenize") => http::error(&method_not_allowed("POST")),
         _ => http::error(&ApiError::new(404, "not_found", format!("no route for {} {}", method, path.chars().take(200).collect::<String>()))),
     })
 }
@@ -210,6 +212,9 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Ok(p) => Arc::new(p),
         Err(e) => return Ok(http::error(&e)),
     };
+    if let Err(e) = parsed.tools.check_supported() {
+        return Ok(http::error(&e));
+    }
     let ticket = match reserve(&shared) {
         Ok(t) => t,
         Err(reply) => return reply,
@@ -221,7 +226,7 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
             let ready = shared.ready.get().expect("checked above");
             let s = &shared;
             settings::check_vocab(&parsed.settings, ready.tokenizer.vocab_size())?;
-            prompt::build(&parsed, &ready.tokenizer, ready.image_token, &s.cfg.images, &s.cfg.tokens, Some(&s.image_slots), Some(&s.image_cache))
+            prompt::build(&parsed, &ready.tokenizer, ready.image_token, &ready.format, &s.cfg.images, &s.cfg.tokens, Some(&s.image_slots), Some(&s.image_cache))
         })
         .await
     };
@@ -231,12 +236,13 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Err(e) => return Ok(http::error(&e)),
     };
     // 4. queued, and answered from the model's events
-    run(conn, ticket, p, &parsed.settings, Format::Chat, received, http11).await
+    run(conn, ticket, p, &parsed.settings, Format::Chat, parsed.tools.reader(), received, http11).await
 }
 
 /// Queues a checked request's prompt with its settings, and answers from the model's events:
-/// whole, or as server-sent events.
-pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st: &Settings, format: Format, received: Instant, http11: bool) -> Result<Reply, ClientGone> {
+/// whole, or as server-sent events; with `tools`, each chat choice is read for tool calls.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st: &Settings, format: Format, tools: Option<tools::CallReader>, received: Instant, http11: bool) -> Result<Reply, ClientGone> {
     let shared = Arc::clone(&conn.shared);
     // 1. the job: unset fields from the defaults, a fresh seed unless one is given
     let d = shared.ready.get().expect("checked by intake").defaults;
@@ -269,7 +275,7 @@ pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st:
     let mut guard = CancelOnDrop(Some(cancel));
     // 2. the answer, from the model's events
     let prefix = if format == Format::Chat { "chatcmpl" } else { "cmpl" };
-    let mut answer = Answer::new(completion_id(prefix), shared.created_now(), shared.cfg.model_id.clone(), format, st.n, st.logprobs.is_some());
+    let mut answer = Answer::new(completion_id(prefix), shared.created_now(), shared.cfg.model_id.clone(), format, st.n, st.logprobs.is_some()).with_tools(tools);
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     if st.stream {

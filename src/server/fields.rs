@@ -54,7 +54,7 @@ const COMMON: &[&str] = &[
 ];
 
 /// Fields only `/v1/chat/completions` takes.
-const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions"];
+const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions", "chat_template_kwargs"];
 
 /// Fields only `/v1/completions` takes (`best_of` up to `n`: see the completions parser).
 const COMPLETIONS: &[&str] = &["prompt", "echo", "best_of", "suffix"];
@@ -114,7 +114,6 @@ const REFUSED: &[(&str, Neutral, &str)] = &[
     ("continue_final_message", is_false, "continuing the final message is not supported"),
     ("add_special_tokens", is_false, "no special tokens are added to prompts"),
     ("chat_template", never, "the model's own chat template is used"),
-    ("chat_template_kwargs", is_empty, "chat template arguments are not supported"),
     ("documents", never, "documents are not supported"),
     ("mm_processor_kwargs", is_empty, "image processor arguments are not supported"),
     ("logits_processors", is_empty, "custom logits processors are not supported"),

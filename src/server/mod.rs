@@ -1,5 +1,6 @@
-//! An OpenAI-compatible HTTP server: `POST /v1/chat/completions` (text and images, streamed or
-//! not), `POST /v1/completions` (raw prompts), `GET /v1/models`, `GET /health`, `GET /metrics`.
+//! An OpenAI-compatible HTTP server: `POST /v1/chat/completions` (text and images, tools,
+//! streamed or not), `POST /v1/completions` (raw prompts), `POST /tokenize` and `/detokenize`
+//! (vLLM's), `GET /v1/models`, `GET /health`, `GET /metrics`.
 //!
 //! Threads: a small tokio runtime runs the HTTP side (hyper): it accepts connections, reads
 //! requests, checks them (JSON, then images and tokens on its blocking pool) and streams their
@@ -14,8 +15,10 @@
 //! under hyper), `http` (bodies, responses, limits), `conn` (routing and answering), `openai`
 //! (the JSON format), `fields` (which request fields are taken), `settings` (sampling, `n`,
 //! logprobs, ...), `completions` (the legacy endpoint), `reply` and `logprobs` (response
-//! objects), `images` (image URLs to patches), `prompt` (template, tokens, budgets), `queue`
-//! (the queue and the model loop), `stop` (stop strings), `metrics` (Prometheus text).
+//! objects), `images` (image URLs to patches), `prompt` (template, tokens, budgets), `tools`
+//! (tool definitions, calls in the history and in the reply), `tokenize` (`/tokenize`,
+//! `/detokenize`), `queue` (the queue and the model loop), `stop` (stop strings), `metrics`
+//! (Prometheus text).
 
 pub mod completions;
 mod conn;
@@ -32,6 +35,8 @@ pub mod queue;
 pub mod reply;
 pub mod settings;
 pub mod stop;
+mod tokenize;
+pub mod tools;
 
 use crate::generate::SamplingParams;
 use crate::model::Model;
@@ -110,6 +115,8 @@ pub(crate) struct Ready {
     pub image_token: u32,
     /// Sampling defaults (the checkpoint's generation_config.json) for unset request fields.
     pub defaults: SamplingParams,
+    /// How prompts are written (the model's chat template, else the built-in format).
+    pub format: crate::template::PromptFormat,
 }
 
 /// State shared by all threads.
@@ -174,6 +181,8 @@ pub struct Loaded<'a> {
     pub defaults: SamplingParams,
     /// KV-cache element type (`None`: the backend's default).
     pub kv_dtype: Option<host::DType>,
+    /// How prompts are written.
+    pub format: crate::template::PromptFormat,
 }
 
 /// The HTTP side of the server, running on its own threads from [`Front::start`] on.
@@ -224,7 +233,7 @@ impl Front {
     /// done. The model runs on the calling thread; `on_ready` is called once requests are taken.
     pub fn serve(mut self, m: Loaded<'_>, on_ready: impl FnOnce()) -> std::io::Result<()> {
         let shared = Arc::clone(&self.shared);
-        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults };
+        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format };
         if shared.ready.set(ready).is_err() {
             return Err(std::io::Error::other("the server was given a model twice"));
         }

@@ -57,6 +57,8 @@ pub enum Speaker {
     System,
     User,
     Assistant,
+    /// A tool's result (`tool_call_id` names the call).
+    Tool,
 }
 
 /// One content part, in order.
@@ -73,6 +75,12 @@ pub enum Part {
 pub struct ChatMessage {
     pub role: Speaker,
     pub parts: Vec<Part>,
+    /// An assistant's calls (see `tools`).
+    pub tool_calls: Vec<crate::template::ToolCall>,
+    /// A tool message's call id.
+    pub tool_call_id: Option<String>,
+    /// `content` was null or absent (an assistant message that only calls tools).
+    pub null_content: bool,
 }
 
 /// A checked chat-completions request.
@@ -81,6 +89,10 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Sampling, lengths, choices, logprobs, streaming.
     pub settings: Settings,
+    /// `tools`, `tool_choice`, `parallel_tool_calls`.
+    pub tools: super::tools::ToolRequest,
+    /// `chat_template_kwargs`: more variables for the chat template.
+    pub template_kwargs: Option<Map<String, Value>>,
 }
 
 impl ChatRequest {
@@ -165,13 +177,8 @@ pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatReque
     let o = v.as_object().ok_or_else(|| ApiError::new(400, "invalid_json", format!("the body must be a JSON object, not {}", type_name(&v))))?;
     // 2. what we cannot do is refused rather than ignored: unknown fields too
     fields::check(o, Api::Chat)?;
-    for key in ["tools", "functions"] {
-        match o.get(key) {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(_) => return Err(ApiError::invalid(key, "unsupported_parameter", format!("'{}' (tool calling) is not supported", key))),
-        }
-    }
+    let tools = super::tools::parse_request(o)?;
+    let template_kwargs = super::prompt::parse_template_kwargs(o)?;
     if let Some(rf) = o.get("response_format").filter(|v| !v.is_null()) {
         let t = rf.get("type").and_then(|t| t.as_str());
         if t != Some("text") {
@@ -187,10 +194,11 @@ pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatReque
     let messages = parse_messages(o.get("messages"), limits)?;
     // 4. generation settings
     let settings = settings::parse(o, limits, Api::Chat)?;
-    Ok(ChatRequest { messages, settings })
+    Ok(ChatRequest { messages, settings, tools, template_kwargs })
 }
 
-fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMessage>, ApiError> {
+/// Parses and checks `messages` (also for `/tokenize`).
+pub fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match v {
         None | Some(Value::Null) => return Err(ApiError::invalid("messages", "missing_required_parameter", "'messages' is required")),
         Some(Value::Array(a)) => a,
@@ -212,17 +220,17 @@ fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMes
                 "system" | "developer" => Speaker::System,
                 "user" => Speaker::User,
                 "assistant" => Speaker::Assistant,
-                "tool" | "function" => return Err(ApiError::invalid(format!("{}.role", p), "unsupported_value", format!("role '{}' (tool calling) is not supported", r))),
+                "tool" => Speaker::Tool,
+                "function" => return Err(ApiError::invalid(format!("{}.role", p), "unsupported_value", "role 'function' is deprecated and not supported: use 'tool' messages")),
                 other => {
-                    return Err(ApiError::invalid(format!("{}.role", p), "invalid_value", format!("unknown role '{}' (expected system, developer, user or assistant)", other.chars().take(40).collect::<String>())))
+                    return Err(ApiError::invalid(format!("{}.role", p), "invalid_value", format!("unknown role '{}' (expected system, developer, user, assistant or tool)", other.chars().take(40).collect::<String>())))
                 }
             },
             Some(other) => return Err(wrong_type(&format!("{}.role", p), "a string", other)),
             None => return Err(ApiError::invalid(format!("{}.role", p), "missing_required_parameter", format!("{}.role is required", p))),
         };
-        if mo.get("tool_calls").map_or(false, |t| !t.is_null() && t.as_array().map_or(true, |a| !a.is_empty())) {
-            return Err(ApiError::invalid(format!("{}.tool_calls", p), "unsupported_parameter", "tool calls are not supported"));
-        }
+        let (tool_calls, tool_call_id) = super::tools::parse_message_calls(mo, &p, role == Speaker::Assistant, role == Speaker::Tool)?;
+        let null_content = matches!(mo.get("content"), None | Some(Value::Null));
         let cp = format!("{}.content", p);
         let parts = match mo.get("content") {
             Some(Value::String(s)) => vec![Part::Text(s.clone())],
@@ -283,7 +291,7 @@ fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<ChatMes
             }
             Some(other) => return Err(wrong_type(&cp, "a string or an array of content parts", other)),
         };
-        out.push(ChatMessage { role, parts });
+        out.push(ChatMessage { role, parts, tool_calls, tool_call_id, null_content });
     }
     Ok(out)
 }
@@ -358,7 +366,8 @@ mod tests {
         assert_eq!(e(&format!("{{{},\"suffix\":\"x\"}}", m)).code, "unknown_parameter");
         assert_eq!(e(&format!("{{{},\"max_tokens\":0}}", m)).param.as_deref(), Some("max_tokens"));
         assert_eq!(e(&format!("{{{},\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}}", m)).param.as_deref(), Some("stop"));
-        assert_eq!(e(r#"{"messages":[{"role":"tool","content":"x"}]}"#).param.as_deref(), Some("messages[0].role"));
+        assert_eq!(e(r#"{"messages":[{"role":"tool","content":"x"}]}"#).param.as_deref(), Some("messages[0].tool_call_id"));
+        assert_eq!(e(r#"{"messages":[{"role":"function","content":"x"}]}"#).param.as_deref(), Some("messages[0].role"));
         assert_eq!(e(r#"{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}"#).param.as_deref(), Some("messages[0].content[0].type"));
         assert_eq!(e(r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":5}}]}]}"#).param.as_deref(), Some("messages[0].content[0].image_url.url"));
         let many: Vec<String> = (0..9).map(|_| r#"{"type":"image_url","image_url":"data:x"}"#.to_string()).collect();

@@ -1,11 +1,14 @@
 //! A checked request to what the model reads: images fetched and preprocessed, messages
-//! rendered with Qwen3-VL's chat template (text and images in their order), the token ids,
-//! and the token budget, each limit answered with a 400 that names it.
+//! rendered with the model's chat template (text, images, tools, tool calls and results in
+//! their order; the placeholders expanded as Qwen3-VL's processor does), the token ids, and
+//! the token budget, each limit answered with a 400 that names it.
 
 use super::images::{self, ImagePolicy, PreparedImage};
-use super::openai::{ApiError, ChatRequest, Part, Speaker};
-use crate::generate::chat::{render_turn_parts, Content, Role, GENERATION_PROMPT};
+use super::openai::{ApiError, ChatMessage, ChatRequest, Part, Speaker};
+use crate::generate::chat::Media;
+use crate::template::{media, Content, Conversation, Piece, PromptFormat, Turn};
 use crate::Tokenizer;
+use serde_json::{Map, Value};
 
 /// Token limits of the server.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +40,73 @@ pub fn max_text_bytes(tok: &Tokenizer, max_prompt: usize) -> usize {
     max_prompt.saturating_add(1).saturating_mul(tok.longest_token_bytes()).saturating_mul(NFC_SHRINK)
 }
 
+/// What a prompt is made of: the conversation, the tools, more template variables, and
+/// whether it ends with the assistant's opening.
+#[derive(Clone, Copy)]
+pub struct ChatInput<'a> {
+    pub messages: &'a [ChatMessage],
+    pub tools: Option<&'a [Value]>,
+    pub kwargs: Option<&'a Map<String, Value>>,
+    pub add_generation_prompt: bool,
+}
+
+impl ChatRequest {
+    /// The prompt's parts of a chat request (with the assistant's opening).
+    pub fn input(&self) -> ChatInput<'_> {
+        ChatInput { messages: &self.messages, tools: self.tools.template_tools(), kwargs: self.template_kwargs.as_ref(), add_generation_prompt: true }
+    }
+}
+
+/// Variables a template is always given, which `chat_template_kwargs` may not replace.
+const RESERVED_VARIABLES: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
+/// `chat_template_kwargs` (as vLLM takes it): an object of more template variables
+/// (`enable_thinking`, ...).
+pub fn parse_template_kwargs(o: &Map<String, Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+    match o.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => {
+            if let Some(k) = m.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+                return Err(ApiError::invalid(format!("chat_template_kwargs.{}", k), "invalid_value", format!("'{}' is set by the server; use the request's own fields", k)));
+            }
+            Ok(Some(m.clone()))
+        }
+        Some(_) => Err(ApiError::invalid("chat_template_kwargs", "invalid_type", "'chat_template_kwargs' must be an object")),
+    }
+}
+
+/// The messages as the template takes them (images and videos as pieces, in order).
+fn turns(messages: &[ChatMessage]) -> Vec<Turn> {
+    messages
+        .iter()
+        .map(|m| {
+            let role = match m.role {
+                Speaker::System => "system",
+                Speaker::User => "user",
+                Speaker::Assistant => "assistant",
+                Speaker::Tool => "tool",
+            };
+            let content = if m.null_content {
+                Content::Null
+            } else if m.parts.iter().all(|p| matches!(p, Part::Text(_))) {
+                Content::Text(m.parts.iter().map(|p| if let Part::Text(t) = p { t.as_str() } else { "" }).collect())
+            } else {
+                Content::Parts(
+                    m.parts
+                        .iter()
+                        .map(|p| match p {
+                            Part::Text(t) => Piece::Text(t.clone()),
+                            Part::Image { .. } => Piece::Image,
+                            Part::Video { .. } => Piece::Video,
+                        })
+                        .collect(),
+                )
+            };
+            Turn { content, tool_calls: m.tool_calls.clone(), tool_call_id: m.tool_call_id.clone(), ..Turn::text(role, "") }
+        })
+        .collect()
+}
+
 /// Fetches and preprocesses the images, renders and tokenizes the conversation, and fixes the
 /// output budget. With `slots`, images are decoded only while holding one; with `cache`, an
 /// image sent before is taken from it, not decoded again.
@@ -45,9 +115,29 @@ pub fn max_text_bytes(tok: &Tokenizer, max_prompt: usize) -> usize {
 /// fetched, and the tokenizer stops as soon as the prompt passes `limits.max_prompt` tokens
 /// ([`Tokenizer::encode_within`]), so a huge prompt costs time in proportion to the limit, not
 /// to its length.
-pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>, cache: Option<&images::Cache>) -> Result<Prompt, ApiError> {
+#[allow(clippy::too_many_arguments)]
+pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, format: &PromptFormat, policy: &ImagePolicy, limits: &TokenLimits, slots: Option<&images::Slots>, cache: Option<&images::Cache>) -> Result<Prompt, ApiError> {
+    let (ids, prepared) = ids(&req.input(), tok, image_token, format, policy, limits, slots, cache)?;
+    // 4. the output budget
+    let max_tokens = output_budget(ids.len(), req.settings.max_tokens, limits.max_output, limits, "messages")?;
+    Ok(Prompt { ids, images: prepared, max_tokens })
+}
+
+/// The token ids of a conversation (and its images and videos, prepared): what a chat request
+/// runs, and what `/tokenize` answers.
+#[allow(clippy::too_many_arguments)]
+pub fn ids(
+    input: &ChatInput<'_>,
+    tok: &Tokenizer,
+    image_token: u32,
+    format: &PromptFormat,
+    policy: &ImagePolicy,
+    limits: &TokenLimits,
+    slots: Option<&images::Slots>,
+    cache: Option<&images::Cache>,
+) -> Result<(Vec<u32>, Vec<std::sync::Arc<PreparedImage>>), ApiError> {
     // 0. text that cannot fit, by its length alone
-    let text_bytes: usize = req.messages.iter().flat_map(|m| &m.parts).map(|p| if let Part::Text(t) = p { t.len() } else { 0 }).sum();
+    let text_bytes: usize = input.messages.iter().flat_map(|m| &m.parts).map(|p| if let Part::Text(t) = p { t.len() } else { 0 }).sum();
     let bound = max_text_bytes(tok, limits.max_prompt);
     if text_bytes > bound {
         return Err(ApiError::invalid(
@@ -60,7 +150,7 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
     // request that cannot fit is refused before decoding anything), then the pixels
     let mut encoded = Vec::new();
     let mut predicted = 0usize;
-    for m in &req.messages {
+    for m in input.messages {
         for p in &m.parts {
             if let Part::Video { url, param } = p {
                 // a video's tokens are known once it is sampled (its limits bound that work)
@@ -97,30 +187,12 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
         }
     }
     drop(encoded);
-    // 2. the template
-    let mut text = String::new();
-    let mut next_image = prepared.iter();
-    for m in &req.messages {
-        let role = match m.role {
-            Speaker::System => Role::System,
-            Speaker::User => Role::User,
-            Speaker::Assistant => Role::Assistant,
-        };
-        let parts: Vec<Content<'_>> = m
-            .parts
-            .iter()
-            .map(|p| match p {
-                Part::Text(t) => Content::Text(t),
-                Part::Image { .. } => Content::Image(next_image.next().map_or(0, |i| i.tokens)),
-                Part::Video { .. } => match next_image.next().and_then(|i| i.video.as_ref()) {
-                    Some(v) => Content::Video(v),
-                    None => Content::Image(0),
-                },
-            })
-            .collect();
-        text.push_str(&render_turn_parts(role, &parts));
-    }
-    text.push_str(GENERATION_PROMPT);
+    // 2. the template, its placeholders expanded for the images and videos
+    let turns = turns(input.messages);
+    let conv = Conversation { turns: &turns, tools: input.tools, add_generation_prompt: input.add_generation_prompt, kwargs: input.kwargs };
+    let text = format.render(&conv).map_err(|e| ApiError::invalid("messages", "template_error", e.to_string()))?;
+    let media: Vec<Media> = prepared.iter().map(|p| p.video.clone().map_or(Media::Image(p.tokens), Media::Video)).collect();
+    let text = media::expand(&text, &media).map_err(|e| ApiError::invalid("messages", "invalid_value", e.to_string()))?;
     // 3. tokens, up to the limit; the image and video placeholders must be exactly the images'
     //    and videos'
     let ids = tok.encode_within(&text, limits.max_prompt).ok_or_else(|| {
@@ -132,9 +204,7 @@ pub fn build(req: &ChatRequest, tok: &Tokenizer, image_token: u32, policy: &Imag
     if placeholders != image_tokens {
         return Err(ApiError::invalid("messages", "invalid_value", "the message text contains <|image_pad|> or <|video_pad|> tokens; images must be sent as image_url parts, videos as video_url parts"));
     }
-    // 4. the output budget
-    let max_tokens = output_budget(ids.len(), req.settings.max_tokens, limits.max_output, limits, "messages")?;
-    Ok(Prompt { ids, images: prepared, max_tokens })
+    Ok((ids, prepared))
 }
 
 /// The tokens to generate after a prompt of `prompt` tokens: `requested` (`max_tokens`) when it

@@ -1,11 +1,14 @@
 //! A job's events as the client's reply, for both endpoints and any number of choices: one
 //! whole object (`chat.completion` / `text_completion`) or its stream chunks, each choice
 //! under its `index`, with log-probabilities when asked. The usage counts the prompt once and
-//! the generated tokens of every choice.
+//! the generated tokens of every choice. With tools, each chat choice's text is read for
+//! `<tool_call>` blocks (`super::tools`): whole, into `message.tool_calls`; streamed, into
+//! tool-call deltas, the log-probabilities of text held back going with the next chunk.
 
 use super::logprobs::{chat_json, completion_json, TokenLogprob};
 use super::openai;
 use super::queue::Event;
+use super::tools::{self, CallReader, ToolParser};
 use serde_json::{json, Value};
 
 /// Which endpoint's objects.
@@ -33,6 +36,12 @@ pub struct Answer {
     prompt_tokens: usize,
     cached_tokens: usize,
     completion_tokens: usize,
+    /// Reads chat choices for tool calls, when the request has tools.
+    tools: Option<CallReader>,
+    /// Each choice's stream parser (with `tools`), and the log-probabilities of its text held
+    /// back.
+    parsers: Vec<ToolParser>,
+    held_lps: Vec<Vec<TokenLogprob>>,
 }
 
 impl Answer {
@@ -54,7 +63,41 @@ impl Answer {
             prompt_tokens: 0,
             cached_tokens: 0,
             completion_tokens: 0,
+            tools: None,
+            parsers: Vec::new(),
+            held_lps: Vec::new(),
         }
+    }
+
+    /// Reads the chat choices for tool calls with `reader` (none: plain text).
+    pub fn with_tools(mut self, reader: Option<CallReader>) -> Answer {
+        if self.format == Format::Chat {
+            if let Some(r) = &reader {
+                self.parsers = (0..self.texts.len()).map(|_| r.parser()).collect();
+                self.held_lps = vec![Vec::new(); self.texts.len()];
+            }
+            self.tools = reader;
+        }
+        self
+    }
+
+    /// The stream chunks of what a choice's tool parser let out: content, or a call's two
+    /// deltas; the held log-probabilities go with the first.
+    fn tool_chunks(&mut self, index: usize, outs: Vec<tools::Output>, logprobs: Vec<TokenLogprob>) -> Vec<Value> {
+        self.held_lps[index].extend(logprobs);
+        let mut chunks = Vec::new();
+        for o in outs {
+            let lp = if self.logprobs { Some(chat_json(&std::mem::take(&mut self.held_lps[index]))) } else { None };
+            match o {
+                tools::Output::Content(t) => chunks.push(self.chat_chunk(index, json!({"content": t}), None, lp)),
+                tools::Output::Call(c) => {
+                    let [head, args] = c.deltas();
+                    chunks.push(self.chat_chunk(index, head, None, lp));
+                    chunks.push(self.chat_chunk(index, args, None, None));
+                }
+            }
+        }
+        chunks
     }
 
     /// Whether every choice has ended.
@@ -95,7 +138,15 @@ impl Answer {
         let n = self.texts.len();
         match &self.format {
             Format::Chat => {
-                let choices = (0..n).map(|i| openai::choice(i, &self.texts[i], self.finish[i].unwrap_or("stop"), self.logprobs.then(|| chat_json(&self.lps[i])))).collect();
+                let choices = (0..n)
+                    .map(|i| {
+                        let mut c = openai::choice(i, &self.texts[i], self.finish[i].unwrap_or("stop"), self.logprobs.then(|| chat_json(&self.lps[i])));
+                        if let Some(r) = &self.tools {
+                            tools::apply_to_choice(&mut c, &mut r.parser(), &self.texts[i]);
+                        }
+                        c
+                    })
+                    .collect();
                 openai::completion(&self.id, self.created, &self.model, choices, self.usage())
             }
             Format::Completion { echo } => {
@@ -122,6 +173,10 @@ impl Answer {
     /// choice's `Done`, the usage chunk when `include_usage`.
     pub fn chunks(&mut self, ev: Event, include_usage: bool) -> Vec<Value> {
         match ev {
+            Event::Text { index, text, logprobs } if index < self.texts.len() && index < self.parsers.len() => {
+                let outs = self.parsers[index].push(&text);
+                self.tool_chunks(index, outs, logprobs)
+            }
             Event::Text { index, text, logprobs } if index < self.texts.len() => {
                 let lp = if self.logprobs { Some(logprobs) } else { None };
                 match self.format {
@@ -134,11 +189,20 @@ impl Answer {
                 }
             }
             Event::Done { index, finish_reason, prompt_tokens, cached_tokens, completion_tokens } => {
+                let mut out = Vec::new();
+                let mut finish_reason = finish_reason;
+                if index < self.parsers.len() {
+                    let outs = self.parsers[index].finish();
+                    out = self.tool_chunks(index, outs, Vec::new());
+                    if self.parsers[index].calls() > 0 && finish_reason == "stop" {
+                        finish_reason = "tool_calls";
+                    }
+                }
                 self.count(index, finish_reason, prompt_tokens, cached_tokens, completion_tokens);
-                let mut out = vec![match self.format {
+                out.push(match self.format {
                     Format::Chat => self.chat_chunk(index, json!({}), Some(finish_reason), None),
                     Format::Completion { .. } => self.completion_chunk(index, "", Value::Null, Some(finish_reason)),
-                }];
+                });
                 if self.done() && include_usage {
                     let object = if self.format == Format::Chat { "chat.completion.chunk" } else { "text_completion" };
                     out.push(json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": self.usage()}));

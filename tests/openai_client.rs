@@ -123,3 +123,23 @@ fn the_rest_of_what_clients_send() {
     assert!(stdout.contains("all openai api checks passed"));
     s.assert_no_panic();
 }
+
+/// tests/openai_tools.py: a history with tool calls and tool results is accepted (whole and
+/// streamed), tool fields are checked, and `/tokenize` gives transformers' ids for the
+/// conversations of tests/fixtures/template/reference.json (tools, tool calls, results).
+#[test]
+fn the_official_client_sends_tools_and_tokenize_matches_transformers() {
+    let Some(mut py) = openai_python("the_official_client_sends_tools_and_tokenize_matches_transformers") else { return };
+    let s = Server::start(&[]);
+    let out = py
+        .arg(common::repo_root().join("tests/openai_tools.py"))
+        .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
+        .env("QWEN3_VL_TEMPLATE_REFERENCE", common::repo_root().join("tests/fixtures/template/reference.json"))
+        .output()
+        .expect("run the openai tools script");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{}", stdout);
+    assert!(out.status.success(), "openai tool checks failed:\n{}\n{}\nserver log:\n{}", stdout, stderr, s.log());
+    assert!(stdout.contains("all openai tool checks passed"));
+    s.assert_no_panic();
+}

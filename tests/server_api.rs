@@ -215,7 +215,7 @@ fn bad_requests_get_openai_errors_naming_the_problem() {
         (json!({"messages": user("hi"), "frobnicate": 1}).to_string(), 400, "unknown_parameter", "'frobnicate'"),
         (json!({"messages": user("hi"), "stream": "yes"}).to_string(), 400, "invalid_type", "'stream'"),
         (json!({"messages": user("hi"), "stop": [1]}).to_string(), 400, "invalid_type", "stop[0]"),
-        (json!({"messages": user("hi"), "tools": [{"type": "function"}]}).to_string(), 400, "unsupported_parameter", "tool"),
+        (json!({"messages": user("hi"), "tools": [{"type": "function"}]}).to_string(), 400, "missing_required_parameter", "tools[0].function is required"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(), 400, "invalid_value", "unknown role"),
         (json!({"messages": [{"role": "user", "content": 5}]}).to_string(), 400, "invalid_type", "messages[0].content"),
         (json!({"messages": [img("https://example.com/cat.png")]}).to_string(), 400, "unsupported_image_url", "fetches nothing"),

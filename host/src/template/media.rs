@@ -27,7 +27,7 @@ impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "the rendered prompt holds {} {} and {} {} for {} image(s) and {} video(s): images and videos must come as content parts, not as these tokens in the text",
+"the rendered prompt holds {} {} and {} {} for {} image(s) and {} video(s): images must be sent as image_url parts, videos as video_url parts, not as these tokens in the text",
             self.images_in_text, IMAGE_PAD, self.videos_in_text, VIDEO_PAD, self.images, self.videos
         )
     }

@@ -261,4 +261,33 @@ mod tests {
         c.absorb(text(0, "q"));
         assert_eq!(c.whole()["choices"][0]["text"], "Pq");
     }
+
+    #[test]
+    fn tool_calls_per_choice_whole_and_streamed() {
+        let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
+        let reader = super::super::tools::parse_request(tools.as_object().unwrap()).unwrap().reader();
+        let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+        let stop = |index| Event::Done { index, finish_reason: "stop", prompt_tokens: 3, cached_tokens: 0, completion_tokens: 2 };
+        // whole: choice 0 calls, choice 1 answers in text
+        let mut a = Answer::new("x".into(), 1, "m".into(), Format::Chat, 2, false).with_tools(reader.clone());
+        for ev in [text(0, "Sure. "), text(0, call), text(1, "No."), stop(0), stop(1)] {
+            a.absorb(ev);
+        }
+        let w = a.whole();
+        let (c0, c1) = (&w["choices"][0], &w["choices"][1]);
+        assert_eq!((c0["message"]["content"].as_str(), c0["finish_reason"].as_str()), (Some("Sure."), Some("tool_calls")));
+        assert_eq!(c0["message"]["tool_calls"][0]["function"], json!({"name": "f", "arguments": "{\"x\": 1}"}));
+        assert_eq!((c1["message"]["content"].as_str(), c1["finish_reason"].as_str(), c1["message"].get("tool_calls")), (Some("No."), Some("stop"), None));
+        // streamed: the call's two deltas under its choice, then finish_reason tool_calls
+        let mut s = Answer::new("y".into(), 1, "m".into(), Format::Chat, 1, false).with_tools(reader);
+        let mut chunks = s.chunks(text(0, &call[..5]), false);
+        chunks.extend(s.chunks(text(0, &call[5..]), false));
+        chunks.extend(s.chunks(stop(0), false));
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        assert_eq!(deltas.len(), 3, "{:?}", deltas);
+        assert!(deltas[0]["tool_calls"][0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(deltas[0]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(deltas[1]["tool_calls"][0], json!({"index": 0, "function": {"arguments": "{\"x\": 1}"}}));
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "tool_calls");
+    }
 }

@@ -381,7 +381,7 @@ impl ToolParser {
                 Some(a @ Value::Object(_)) => a.clone(),
                 Some(_) => return None,
             };
-            self.names.iter().any(|n| *n == name).then_some((name, args))
+            self.names.contains(&name).then_some((name, args))
         });
         match parsed {
             Some((name, args)) => {

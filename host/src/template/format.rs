@@ -10,7 +10,7 @@ use std::path::Path;
 /// The prompt format of a loaded model.
 #[derive(Debug)]
 pub enum PromptFormat {
-    Template(ChatTemplate),
+    Template(Box<ChatTemplate>),
     /// No template was found: Qwen3-VL's format, written by hand.
     Builtin,
 }
@@ -21,15 +21,15 @@ impl PromptFormat {
     /// `tokenizer.chat_template`), else the built-in format.
     pub fn find(explicit: Option<&Path>, dirs: &[&Path], gguf: Option<&str>) -> Result<PromptFormat> {
         if let Some(p) = explicit {
-            return Ok(PromptFormat::Template(files::from_file(p)?));
+            return Ok(PromptFormat::Template(Box::new(files::from_file(p)?)));
         }
         for d in dirs {
             if let Some(t) = files::in_dir(d)? {
-                return Ok(PromptFormat::Template(t));
+                return Ok(PromptFormat::Template(Box::new(t)));
             }
         }
         if let Some(src) = gguf {
-            return Ok(PromptFormat::Template(ChatTemplate::new(src, "the GGUF file's tokenizer.chat_template")?));
+            return Ok(PromptFormat::Template(Box::new(ChatTemplate::new(src, "the GGUF file's tokenizer.chat_template")?)));
         }
         Ok(PromptFormat::Builtin)
     }

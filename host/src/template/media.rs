@@ -97,7 +97,7 @@ mod tests {
         m.media = media.clone();
         let builtin = render(&[m], true);
         let ours = expand(&text, &media).unwrap();
-        let strip = |s: &str| s.replace('a', "").replace('b', "").replace('c', "").replace('x', "");
+        let strip = |s: &str| s.replace(['a', 'b', 'c', 'x'], "");
         assert_eq!(strip(&ours), strip(&builtin));
         assert!(ours.contains("<|vision_start|><0.2 seconds><|vision_start|><|video_pad|><|video_pad|><|vision_end|><1.0 seconds>"), "{}", ours);
     }

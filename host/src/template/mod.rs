@@ -247,6 +247,70 @@ mod tests {
         assert!(env.render_str("{{ strftime_now('%Q') }}", ()).is_err());
     }
 
+    /// What Qwen3's and Qwen3-VL-Thinking's templates lean on: a macro that counts images in a
+    /// namespace, `startswith` / `endswith` / `split` / `rstrip` / `lstrip` / `strip` on its
+    /// output, `messages[::-1]`, `loop.index0`, `is string`. The expected text is what
+    /// transformers 5.24 renders (`_compile_jinja_template(src).render(...)`).
+    #[test]
+    fn python_string_methods_on_macro_output_and_namespaces_render_as_transformers_does() {
+        let src = r#"{%- set image_count = namespace(value=0) %}
+{%- macro render_content(content, do_vision_count) %}
+    {%- if content is string %}
+        {{- content }}
+    {%- else %}
+        {%- for item in content %}
+            {%- if 'image' in item or 'image_url' in item or item.type == 'image' %}
+                {%- if do_vision_count %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                {%- endif %}
+                {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                <|vision_start|><|image_pad|><|vision_end|>
+            {%- elif 'text' in item %}
+                {{- item.text }}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+{%- endmacro %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" %}
+        {%- set content = render_content(message.content, false) %}
+        {%- if not(content.startswith('<tool_response>') and content.endswith('</tool_response>')) %}
+            {%- set ns.multi_step_tool = false %}
+            {%- set ns.last_query_index = index %}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = render_content(message.content, True) %}
+    {%- if message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '[' ~ loop.index0 ~ '>' ~ ns.last_query_index ~ '] ' + reasoning_content.strip('\n') + '|' + content }}
+    {%- else %}
+        {{- message.role + ':' + content }}
+    {%- endif %}
+    {{- '\n' }}
+{%- endfor %}
+{{- image_count.value }}
+"#;
+        let messages = serde_json::json!([
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+            {"role": "assistant", "content": "<think>\nhmm\n\n</think>\n\nA cat."},
+            {"role": "user", "content": "<tool_response>\nx\n</tool_response>"},
+            {"role": "assistant", "content": "ok", "reasoning_content": "\nr\n"}
+        ]);
+        let ctx = value::map([("messages", value::from_json(&messages)), ("add_vision_id", Value::from(true))]);
+        let want = "user:Picture 1: <|vision_start|><|image_pad|><|vision_end|>What?\n[1>0] hmm|A cat.\nuser:<tool_response>\nx\n</tool_response>\n[3>0] r|ok\n1";
+        assert_eq!(render(src, ctx), want);
+    }
+
     #[test]
     fn content_format_is_read_from_the_for_tags() {
         assert!(iterates_over_content("{%- for content in message.content %}{{ content.text }}{% endfor %}"));

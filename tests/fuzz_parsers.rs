@@ -336,20 +336,26 @@ fn fuzz_chat_completion_bodies() {
         "tools": [{"type": "function", "function": {"name": "look", "description": "Look.", "parameters": {"type": "object", "properties": {"at": {"type": "array"}}}}}],
         "tool_choice": "auto", "parallel_tool_calls": false, "chat_template_kwargs": {"enable_thinking": false}
     });
-    // the fixture tokenizer's chat template (tools, tool calls and results)
-    let format = qwen3_vl::template::PromptFormat::find(None, &[&root().join("tests/fixtures/tokenizer")], None).unwrap();
+    // both chat templates of the fixtures (tools, tool calls and results): the Qwen3 text one
+    // (content as a string) and the tiny model's own Qwen3-VL one (content as parts)
+    let formats: Vec<qwen3_vl::template::PromptFormat> =
+        ["tests/fixtures/tokenizer", "tests/fixtures/vision/tiny"].iter().map(|d| qwen3_vl::template::PromptFormat::find(None, &[&root().join(d)], None).unwrap()).collect();
     let policy = ImagePolicy::new(PreprocessConfig { max_pixels: 64 * 64, min_pixels: 32 * 32, ..PreprocessConfig::qwen3_vl_default() }, qwen3_vl::video::VideoConfig::qwen3_vl_default(), None, 1 << 16, 1 << 20);
     let limits = TokenLimits { max_prompt: 4096, max_output: 64, context: 8192 };
     let unmutated = parse_chat_request(&serde_json::to_vec(&seed).unwrap(), &ParseLimits::default()).unwrap();
-    prompt::build(&unmutated, &tok, image_token, &format, &policy, &limits, None, None).expect("the seed itself builds");
+    for format in &formats {
+        prompt::build(&unmutated, &tok, image_token, format, &policy, &limits, None, None).expect("the seed itself builds");
+    }
     fuzz(
         9,
         inputs(3000),
         move |rng| if rng.chance(4) { mutate_bytes(&serde_json::to_vec(&seed).unwrap(), rng) } else { mutate_json(&seed, rng) },
         move |bytes| {
             if let Ok(req) = parse_chat_request(bytes, &ParseLimits::default()) {
-                if let Ok(p) = prompt::build(&req, &tok, image_token, &format, &policy, &limits, None, None) {
-                    assert!(p.max_tokens >= 1 && p.max_tokens <= 64 && p.ids.len() <= 4096);
+                for format in &formats {
+                    if let Ok(p) = prompt::build(&req, &tok, image_token, format, &policy, &limits, None, None) {
+                        assert!(p.max_tokens >= 1 && p.max_tokens <= 64 && p.ids.len() <= 4096);
+                    }
                 }
             }
         },

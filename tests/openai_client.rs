@@ -124,22 +124,32 @@ fn the_rest_of_what_clients_send() {
     s.assert_no_panic();
 }
 
-/// tests/openai_tools.py: a history with tool calls and tool results is accepted (whole and
-/// streamed), tool fields are checked, and `/tokenize` gives transformers' ids for the
-/// conversations of tests/fixtures/template/reference.json (tools, tool calls, results).
+/// tests/openai_tools.py, for both templates: the tiny model's own (Qwen3-VL-2B-Instruct's
+/// chat_template.json, what `serve` finds in the model directory) and the Qwen3 text template
+/// (`--chat-template tests/fixtures/tokenizer/tokenizer_config.json`). A history with tool calls
+/// and tool results is accepted (whole and streamed), tool fields are checked, and `/tokenize`
+/// gives transformers' ids for the conversations of that template's references
+/// (tests/fixtures/template/qwen3_vl_reference.json, reference.json): tools, tool calls,
+/// results, content as parts, images sent as image_url parts.
 #[test]
 fn the_official_client_sends_tools_and_tokenize_matches_transformers() {
-    let Some(mut py) = openai_python("the_official_client_sends_tools_and_tokenize_matches_transformers") else { return };
-    let s = Server::start(&[]);
-    let out = py
-        .arg(common::repo_root().join("tests/openai_tools.py"))
-        .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
-        .env("QWEN3_VL_TEMPLATE_REFERENCE", common::repo_root().join("tests/fixtures/template/reference.json"))
-        .output()
-        .expect("run the openai tools script");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    eprintln!("{}", stdout);
-    assert!(out.status.success(), "openai tool checks failed:\n{}\n{}\nserver log:\n{}", stdout, stderr, s.log());
-    assert!(stdout.contains("all openai tool checks passed"));
-    s.assert_no_panic();
+    let root = common::repo_root();
+    let text_template = root.join("tests/fixtures/tokenizer/tokenizer_config.json");
+    let runs: [(&[&str], &str); 2] = [(&[], "qwen3_vl_reference.json"), (&["--chat-template", text_template.to_str().unwrap()], "reference.json")];
+    for (args, reference) in runs {
+        let Some(mut py) = openai_python("the_official_client_sends_tools_and_tokenize_matches_transformers") else { return };
+        let s = Server::start(args);
+        let out = py
+            .arg(root.join("tests/openai_tools.py"))
+            .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
+            .env("QWEN3_VL_TEMPLATE_REFERENCE", root.join("tests/fixtures/template").join(reference))
+            .env("QWEN3_VL_IMAGE", image("a_64x96.png"))
+            .output()
+            .expect("run the openai tools script");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!("{}: {}", reference, stdout);
+        assert!(out.status.success(), "openai tool checks against {} failed:\n{}\n{}\nserver log:\n{}", reference, stdout, stderr, s.log());
+        assert!(stdout.contains("all openai tool checks passed"));
+        s.assert_no_panic();
+    }
 }

@@ -2,10 +2,13 @@
 `qwen3-vl serve` on the tiny random-weight model (run by tests/openai_client.rs).
 
 Environment: QWEN3_VL_BASE_URL (http://127.0.0.1:PORT/v1), QWEN3_VL_TEMPLATE_REFERENCE (the
-transformers references of tests/fixtures/template/reference.json).
+transformers references of the template the server runs with: tests/fixtures/template/
+qwen3_vl_reference.json for the tiny model's own, reference.json for the Qwen3 text template),
+QWEN3_VL_IMAGE (an image file, sent in place of the references' image parts).
 Exits non-zero, naming the check, when anything differs.
 """
 
+import base64
 import json
 import os
 import sys
@@ -57,6 +60,78 @@ for name, c in CASES.items():
     check(status == 200 and d["prompt"] == c["text"], f"/detokenize {name} gives the rendered text back: {d}")
     n += 1
 check(n >= 8, f"/tokenize cases checked: {n}")
+
+# 1b. conversations with images (user messages only): sent as image_url parts, /tokenize gives
+#     transformers' ids once each image's run of <|image_pad|> is taken back to the one the
+#     template wrote; every run is as long as the image's token count
+IMAGE_PAD = 151655
+with open(os.environ["QWEN3_VL_IMAGE"], "rb") as f:
+    IMAGE_URL = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+
+
+def with_images(messages):
+    """The conversation with its image parts as image_url parts; None when it has no images or
+    holds what a client cannot send here (videos, images outside user messages)."""
+    out, images = [], 0
+    for m in openai_ready(messages):
+        if isinstance(m.get("content"), list):
+            parts = []
+            for p in m["content"]:
+                if p["type"] == "image":
+                    if m["role"] != "user":
+                        return None
+                    parts.append({"type": "image_url", "image_url": {"url": IMAGE_URL}})
+                    images += 1
+                elif p["type"] == "video":
+                    return None
+                else:
+                    parts.append(p)
+            m = dict(m, content=parts)
+        out.append(m)
+    return out if images else None
+
+
+def openai_ready(messages):
+    out = []
+    for m in messages:
+        m = json.loads(json.dumps(m))
+        for c in m.get("tool_calls", []):
+            c["function"]["arguments"] = json.dumps(c["function"]["arguments"], ensure_ascii=False)
+        if "tool_calls" in m and m.get("content") == "":
+            m["content"] = None
+        out.append(m)
+    return out
+
+
+def collapse_pads(ids):
+    out, runs = [], []
+    for i in ids:
+        if i == IMAGE_PAD and out and out[-1] == IMAGE_PAD:
+            runs[-1] += 1
+            continue
+        if i == IMAGE_PAD:
+            runs.append(1)
+        out.append(i)
+    return out, runs
+
+
+m = 0
+for name, c in CASES.items():
+    messages = with_images(c["messages"]) if c["openai_messages"] is None and name != "image_placeholder" else None
+    if messages is None:
+        continue
+    body = {"model": "tiny", "messages": messages, "add_generation_prompt": c["add_generation_prompt"]}
+    if c["tools"]:
+        body["tools"] = c["tools"]
+    if c["chat_template_kwargs"]:
+        body["chat_template_kwargs"] = c["chat_template_kwargs"]
+    status, r = post("/tokenize", body)
+    check(status == 200, f"/tokenize {name} with images: {status} {r}")
+    ids, runs = collapse_pads(r["tokens"])
+    check(ids == c["ids"] and len(set(runs)) == 1 and runs[0] > 1, f"/tokenize {name} with images equals transformers' ids, pads expanded: runs {runs}")
+    m += 1
+if REFERENCE["template"].startswith("Qwen3-VL"):
+    check(m >= 3, f"/tokenize cases with images checked: {m}")
 status, r = post("/tokenize", {"model": "tiny", "prompt": "Hello world", "return_token_strs": True})
 check(status == 200 and r["tokens"] == [9707, 1879] and r["token_strs"] == ["Hello", "Ġworld"], f"/tokenize of a prompt: {r}")
 status, r = post("/tokenize", {"model": "tiny", "messages": [{"role": "tool", "content": "x"}]})

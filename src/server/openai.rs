@@ -81,6 +81,9 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// `content` was null or absent (an assistant message that only calls tools).
     pub null_content: bool,
+    /// `content` was an array of parts (not a string): a template that reads content as parts
+    /// gets them as sent, text-only lists included, as vLLM and transformers pass them.
+    pub content_parts: bool,
 }
 
 /// A checked chat-completions request.
@@ -231,6 +234,7 @@ pub fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<Cha
         };
         let (tool_calls, tool_call_id) = super::tools::parse_message_calls(mo, &p, role == Speaker::Assistant, role == Speaker::Tool)?;
         let null_content = matches!(mo.get("content"), None | Some(Value::Null));
+        let content_parts = matches!(mo.get("content"), Some(Value::Array(_)));
         let cp = format!("{}.content", p);
         let parts = match mo.get("content") {
             Some(Value::String(s)) => vec![Part::Text(s.clone())],
@@ -291,7 +295,7 @@ pub fn parse_messages(v: Option<&Value>, limits: &ParseLimits) -> Result<Vec<Cha
             }
             Some(other) => return Err(wrong_type(&cp, "a string or an array of content parts", other)),
         };
-        out.push(ChatMessage { role, parts, tool_calls, tool_call_id, null_content });
+        out.push(ChatMessage { role, parts, tool_calls, tool_call_id, null_content, content_parts });
     }
     Ok(out)
 }

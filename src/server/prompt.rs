@@ -75,7 +75,9 @@ pub fn parse_template_kwargs(o: &Map<String, Value>) -> Result<Option<Map<String
     }
 }
 
-/// The messages as the template takes them (images and videos as pieces, in order).
+/// The messages as the template takes them: string content as a string, an array of parts as
+/// parts (images and videos as pieces, in order; joined into one string for a template that
+/// reads content as a string).
 fn turns(messages: &[ChatMessage]) -> Vec<Turn> {
     messages
         .iter()
@@ -88,7 +90,7 @@ fn turns(messages: &[ChatMessage]) -> Vec<Turn> {
             };
             let content = if m.null_content {
                 Content::Null
-            } else if m.parts.iter().all(|p| matches!(p, Part::Text(_))) {
+            } else if !m.content_parts {
                 Content::Text(m.parts.iter().map(|p| if let Part::Text(t) = p { t.as_str() } else { "" }).collect())
             } else {
                 Content::Parts(
@@ -227,4 +229,23 @@ pub fn output_budget(prompt: usize, requested: Option<usize>, default: usize, li
         return Err(ApiError::invalid(prompt_param, "context_length_exceeded", format!("the prompt of {} tokens leaves no room in the model's context of {}", prompt, limits.context)));
     }
     Ok(max_tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::openai::{parse_chat_request, ParseLimits};
+
+    #[test]
+    fn content_reaches_the_template_as_sent_a_string_or_parts() {
+        let body = r#"{"messages":[{"role":"system","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+            {"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c","content":[]}]}"#;
+        let r = parse_chat_request(body.as_bytes(), &ParseLimits::default()).unwrap();
+        let t = turns(&r.messages);
+        assert_eq!(t[0].content, Content::Parts(vec![Piece::Text("a".into()), Piece::Text("b".into())]));
+        assert_eq!(t[1].content, Content::Text("hi".into()));
+        assert_eq!(t[2].content, Content::Null);
+        assert_eq!(t[3].content, Content::Parts(vec![]));
+    }
 }

@@ -29,8 +29,12 @@ fn parse_mix(s: &str) -> Result<Mix, String> {
     Mix::parse(s).ok_or_else(|| format!("unknown type '{}': expected q8_0, q4_k_m or f16", s))
 }
 
-/// The chat template of a Hugging Face directory: chat_template.json or tokenizer_config.json.
+/// The chat template of a Hugging Face directory, in the order `serve` looks for it:
+/// chat_template.jinja, chat_template.json, tokenizer_config.json.
 fn chat_template(dir: &Path) -> Option<String> {
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(t);
+    }
     ["chat_template.json", "tokenizer_config.json"].iter().find_map(|file| {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(file)).ok()?).ok()?;
         v.get("chat_template").and_then(|t| t.as_str()).map(str::to_string)

@@ -276,7 +276,7 @@ fn sampling_on_the_device_picks_what_the_host_picks() {
                 let op = |b: &dyn Backend| -> Result<Vec<f32>> {
                     let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
                     let mut cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5))?;
-                    b.sample_step(&b.upload_f32(&[rows, vocab], &logits)?, s, n, &mut ids, &mut cursor)?;
+                    b.sample_step(&b.upload_f32(&[rows, vocab], &logits)?, s, n, None, &mut ids, &mut cursor)?;
                     let mut out: Vec<f32> = b.download_u32(&ids)?.iter().map(|&i| i as f32).collect();
                     out.extend(b.download_u32(&cursor)?.iter().map(|&c| c as f32));
                     Ok(out)
@@ -314,7 +314,7 @@ fn sampling_each_row_with_its_own_settings_picks_what_the_host_picks() {
                 let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
                 let mut cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5))?;
                 let settings = b.upload_u32(&[rows, qwen3_vl::gpu::params::sample_row::WORDS], &words)?;
-                b.sample_step_rows(&b.upload_f32(&[rows, vocab], &logits)?, &settings, k, n, &mut ids, &mut cursor)?;
+                b.sample_step_rows(&b.upload_f32(&[rows, vocab], &logits)?, &settings, k, n, None, &mut ids, &mut cursor)?;
                 let mut out: Vec<f32> = b.download_u32(&ids)?.iter().map(|&i| i as f32).collect();
                 out.extend(b.download_u32(&cursor)?.iter().map(|&c| c as f32));
                 Ok(out)
@@ -326,12 +326,130 @@ fn sampling_each_row_with_its_own_settings_picks_what_the_host_picks() {
                 let alone = |b: &dyn Backend| -> Result<u32> {
                     let mut ids = b.upload_u32(&[1], &[0])?;
                     let mut cursor = b.upload_u32(&[1, CURSOR_FIELDS], &cursor_rows(rows, 100 + step as usize, 5)[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS])?;
-                    b.sample_step(&b.upload_f32(&[1, vocab], &logits[r * vocab..(r + 1) * vocab])?, s, n, &mut ids, &mut cursor)?;
+                    b.sample_step(&b.upload_f32(&[1, vocab], &logits[r * vocab..(r + 1) * vocab])?, s, n, None, &mut ids, &mut cursor)?;
                     Ok(b.download_u32(&ids)?[0])
                 };
                 assert_eq!(picks[r] as u32, alone(&*cpu()).unwrap(), "{}: row {} against its settings alone", name, r);
             }
             agree_host(&name, &*g, &op, 0.0, 0.0);
+        }
+    }
+}
+
+/// Masks of allowed ids for the rows of one launch (`[rows, ceil(n / 32)]` words), row by row:
+/// all ones (a row free of constraints beside masked ones), the last id alone, a sparse set
+/// without the row's best, three ids (fewer than most top-k), and all but the best and the
+/// padding-adjacent ids. Row `r`'s logits are `logits[r * vocab..]`.
+fn test_masks(logits: &[f32], rows: usize, vocab: usize, n: usize) -> Vec<u32> {
+    use qwen3_vl::pick::mask_words;
+    let words = mask_words(n);
+    let mut m = vec![0u32; rows * words];
+    let set = |m: &mut [u32], r: usize, t: usize| m[r * words + t / 32] |= 1 << (t % 32);
+    for r in 0..rows {
+        let row = &logits[r * vocab..r * vocab + n];
+        let best = qwen3_vl::pick::argmax(row) as usize;
+        for t in 0..n {
+            let allowed = match r % 5 {
+                0 => true,
+                1 => t == n - 1,
+                2 => t % 7 == 3 && t != best,
+                3 => [n / 3, n / 2, n - 2].contains(&t),
+                _ => t != best && t + 2 < n,
+            };
+            if allowed {
+                set(&mut m, r, t);
+            }
+        }
+    }
+    m
+}
+
+/// The masked pick, checked without the sampler's code: never a cleared id; greedy the first
+/// maximum among the allowed; a row allowing one id takes it whatever the settings.
+fn check_masked_picks(name: &str, logits: &[f32], mask: &[u32], vocab: usize, n: usize, greedy: &[bool], picks: &[u32]) {
+    use qwen3_vl::pick::{mask_allows, mask_words};
+    let words = mask_words(n);
+    for (r, &id) in picks.iter().enumerate() {
+        let m = &mask[r * words..(r + 1) * words];
+        assert!((id as usize) < n && mask_allows(m, id as usize), "{}: row {} picked {}, which its mask clears", name, r, id);
+        let allowed: Vec<usize> = (0..n).filter(|&t| mask_allows(m, t)).collect();
+        if allowed.len() == 1 {
+            assert_eq!(id as usize, allowed[0], "{}: row {} allows one id", name, r);
+        }
+        if greedy[r] {
+            let row = &logits[r * vocab..];
+            let first_max = allowed.iter().copied().fold(allowed[0], |b, t| if row[t] > row[b] { t } else { b });
+            assert_eq!(id as usize, first_max, "{}: row {}: greedy is the first maximum among the allowed", name, r);
+        }
+    }
+}
+
+/// Sampling under masks of allowed ids (a grammar's next tokens), on every backend against the
+/// CPU: rows with and without masks in one launch, a row allowing a single id, greedy and
+/// sampled rows, shared settings and each row's own. The picks are checked against the masks
+/// directly too, and a row whose mask is all ones picks what it picks in a launch without a
+/// mask.
+#[test]
+fn masked_sampling_picks_only_allowed_ids_on_every_backend() {
+    use qwen3_vl::gpu::params::sample_row;
+    use qwen3_vl::pick::mask_words;
+    let rows = 5;
+    let shared = [
+        DeviceSampling::greedy(),
+        DeviceSampling { temperature: 0.7, top_k: 20, top_p: 0.8, seed: 5 },
+        DeviceSampling { temperature: 1.3, top_k: sample_tile::MAX_K, top_p: 1.0, seed: 6 },
+    ];
+    let each = [
+        DeviceSampling { temperature: 1.3, top_k: 40, top_p: 1.0, seed: 6 },
+        DeviceSampling { temperature: 2.0, top_k: 64, top_p: 1.0, seed: 8 },
+        DeviceSampling::greedy(),
+        DeviceSampling { temperature: 0.9, top_k: 16, top_p: 0.95, seed: 9 },
+        DeviceSampling { temperature: 0.5, top_k: 3, top_p: 1.0, seed: 10 },
+    ];
+    for b in common::backends("masked sample_step") {
+        for &(vocab, n) in &[(151_936usize, 151_669usize), (1000, 900), (70, 70), (5000, 4999)] {
+            let logits: Vec<f32> = random(rows * vocab, 91).iter().enumerate().map(|(i, v)| if i % vocab >= n { 50.0 } else if i % 97 == 0 { 2.5 } else { v * 3.0 }).collect();
+            let mask = test_masks(&logits, rows, vocab, n);
+            for step in 0..4u32 {
+                let cur = cursor_rows(rows, 100 + step as usize, 5);
+                let run = |b: &dyn Backend, s: Option<&DeviceSampling>, masked: bool| -> Result<Vec<f32>> {
+                    let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
+                    let mut cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cur)?;
+                    let l = b.upload_f32(&[rows, vocab], &logits)?;
+                    let m = if masked { Some(b.upload_u32(&[rows, mask_words(n)], &mask)?) } else { None };
+                    match s {
+                        Some(s) => b.sample_step(&l, s, n, m.as_ref(), &mut ids, &mut cursor)?,
+                        None => {
+                            let w: Vec<u32> = each.iter().flat_map(|s| s.row_words()).collect();
+                            b.sample_step_rows(&l, &b.upload_u32(&[rows, sample_row::WORDS], &w)?, 64.min(n), n, m.as_ref(), &mut ids, &mut cursor)?
+                        }
+                    }
+                    let mut out: Vec<f32> = b.download_u32(&ids)?.iter().map(|&i| i as f32).collect();
+                    out.extend(b.download_u32(&cursor)?.iter().map(|&c| c as f32));
+                    Ok(out)
+                };
+                let settings: Vec<Option<&DeviceSampling>> = shared.iter().filter(|s| s.top_k <= n).map(Some).chain([None]).collect();
+                for s in settings {
+                    let name = format!("masked sample_step on {} vocab={} n={} {:?} step {}", b.describe(), vocab, n, s, step);
+                    let got = run(&*b, s, true).unwrap();
+                    let picks: Vec<u32> = got[..rows].iter().map(|&i| i as u32).collect();
+                    let greedy: Vec<bool> = (0..rows).map(|r| s.unwrap_or(&each[r]).is_greedy()).collect();
+                    check_masked_picks(&name, &logits, &mask, vocab, n, &greedy, &picks);
+                    let free = run(&*b, s, false).unwrap();
+                    assert_eq!(got[0], free[0], "{}: the row whose mask is all ones picks as without a mask", name);
+                    assert_eq!(got[rows..], free[rows..], "{}: cursors advanced alike", name);
+                    // the same picks as the CPU's, with every output written (NaN-poisoned on a GPU)
+                    agree_host(&name, &*b, &|b: &dyn Backend| run(b, s, true), 0.0, 0.0);
+                }
+            }
+        }
+        // a mask of the wrong shape or type is an error naming it, not a launch
+        let mut ids = b.upload_u32(&[2], &[0, 0]).unwrap();
+        let mut cursor = b.upload_u32(&[2, CURSOR_FIELDS], &[0; 2 * CURSOR_FIELDS]).unwrap();
+        let l = b.upload_f32(&[2, 100], &random(200, 3)).unwrap();
+        for bad in [b.upload_u32(&[2, 3], &[u32::MAX; 6]).unwrap(), b.upload_u32(&[1, 4], &[u32::MAX; 4]).unwrap(), b.upload_f32(&[2, 4], &[0.0; 8]).unwrap()] {
+            let e = b.sample_step(&l, &DeviceSampling::greedy(), 100, Some(&bad), &mut ids, &mut cursor).unwrap_err().to_string();
+            assert!(e.contains("sample_step"), "{}", e);
         }
     }
 }

@@ -350,16 +350,22 @@ pub fn pick_sorted(sorted: &[f32], temperature: f32, top_p: f32, u: f32) -> usiz
         i += 1;
     }
     let mut target = u * mass;
+    // past the loop only by rounding: the last candidate with weight (never a masked one at
+    // negative infinity; the first when none has any)
+    let mut last = 0;
     let mut i = 0;
     while i < keep {
         let w = (sorted[i] * inv_t - top).exp();
         if target < w {
             return i;
         }
+        if w > 0.0 {
+            last = i;
+        }
         target -= w;
         i += 1;
     }
-    keep - 1
+    last
 }
 
 #[cfg(all(test, not(target_os = "cuda")))]
@@ -486,6 +492,21 @@ mod tests {
         for i in 0..4 {
             assert!((count[i] as f64 / n as f64 - p[i] / z).abs() < 0.01, "{} {:?}", i, count);
         }
+    }
+
+    #[test]
+    fn masked_candidates_are_never_picked() {
+        // candidates a mask lowered to negative infinity have no weight: even the largest draw
+        // (and the rounding fallback) takes the last one with weight
+        let inf = f32::NEG_INFINITY;
+        let sorted = [3.0f32, 2.5, inf, inf];
+        for c in 0..2000 {
+            assert!(pick_sorted(&sorted, 1.3, 1.0, sample_uniform(5, c)) < 2);
+        }
+        assert_eq!(pick_sorted(&sorted, 1.0, 1.0, 1.0), 1, "past the mass: the last with weight");
+        assert_eq!(pick_sorted(&[2.0, inf], 0.5, 1.0, 0.999_999), 0);
+        // nothing allowed at all: the first
+        assert_eq!(pick_sorted(&[inf, inf, inf], 1.0, 1.0, 0.5), 0);
     }
 
     #[test]

@@ -802,6 +802,12 @@ pub struct SampleParams {
     /// 0, or `[rows, sample_row::WORDS]` u32: each row's own settings (temperature, top-p,
     /// top-k at most `k`, seed), which then replace the three above.
     pub row_settings: u64,
+    /// 0, or `[rows, mask_words]` u32: the ids each row may pick (bit `t % 32` of word
+    /// `t / 32` set when id `t` is allowed; a grammar's mask of allowed next tokens). The others
+    /// rank as negative infinity.
+    pub mask: u64,
+    /// Words per row of `mask` (`ceil(n / 32)`).
+    pub mask_words: u32,
 }
 
 /// The layout of a row's sampling settings (`SampleParams::row_settings`): u32 words.

@@ -4,23 +4,37 @@
 //! `logits [rows, ld]` f32, of which the first `n` per row are candidates (padding columns
 //! past `n` are never picked); `cand` scratch for `rows · blocks · k` candidates (f32 logits, then
 //! as many u32 ids); `ids [rows]` u32 out; `cursor [rows, CURSOR_FIELDS]` u32, advanced by one
-//! on every field (rotary position and cache row) once the row's token is chosen.
+//! on every field (rotary position and cache row) once the row's token is chosen. Optional:
+//! `row_settings [rows, sample_row::WORDS]` u32 (each row's temperature, top-p, top-k, seed)
+//! and `mask [rows, mask_words]` u32 (`mask_words = ceil(n / 32)`; bit `t % 32` of word `t / 32`
+//! set when id `t` may be picked: a grammar's allowed next tokens, computed on the host while
+//! the device runs the step's forward). Address 0: none.
 //!
-//! # Kernels
+//! # Tiling
 //! - `sample_topk_f32`, grid `(blocks, rows)`: block `b` stages its slice of the row
-//!   (`ceil(n / blocks)` logits) in shared memory and extracts its `k` best in order
-//!   (logit descending, id ascending on ties, as the CPU sampler sorts), one block-wide argmax
-//!   per place, each over the elements ranked after the previous pick.
-//! - `sample_pick_f32`, one block per row: the same over the `blocks · k` candidates, giving
-//!   the row's `k` best in order; thread 0 then picks (greedy: the first; else
-//!   `gpu::math::pick_sorted` with the draw `sample_uniform(seed, cursor row)`, both shared with
-//!   the CPU sampler), writes the id and advances the cursor. With `row_settings`, each row
-//!   picks with its own temperature, top-p, seed and top-k (a prefix of the `k` ranked: rows of
-//!   a batch that sample differently share one launch).
+//!   (`ceil(n / blocks)` logits, at most `MAX_SLICE`) in shared memory (with a mask, the ids
+//!   whose bit is clear staged as negative infinity: they rank after every allowed id and get
+//!   no weight when sampled) and extracts its `k` best in order (logit descending, id ascending
+//!   on ties, as the CPU sampler sorts), one block-wide argmax per place, each over the
+//!   elements ranked after the previous pick.
+//! - `sample_pick_f32`, one block per row: the same over the `blocks · k` candidates
+//!   (at most `MAX_CAND`), giving the row's `k` best in order; thread 0 then picks (greedy: the
+//!   first; else `gpu::math::pick_sorted` with the draw `sample_uniform(seed, cursor row)`, both
+//!   shared with the CPU sampler, which never takes a candidate without weight), writes the id
+//!   and advances the cursor. With `row_settings`, each row picks with its own temperature,
+//!   top-p, seed and top-k (a prefix of the `k` ranked: rows of a batch that sample differently
+//!   share one launch).
+//!
+//! # Thread mapping
+//! `THREADS` (256) per block. Staging: thread `t` loads elements `t, t + 256, ...` of the slice
+//! (and, with a mask, the word holding each one's bit). Each argmax: every thread its strided
+//! best, a warp shuffle reduction, then the 8 warps' bests through 64 words of shared scratch.
+//! The pick runs on thread 0 alone.
 //!
 //! # Safety
-//! The launcher checks sizes, `k <= MAX_K`, the slice fits the shared stage. All threads reach
-//! every barrier (the loops run the same count in every thread).
+//! The launcher checks sizes (the mask's `rows · ceil(n / 32)` words included), `k <= MAX_K`,
+//! the slice fits the shared stage. All threads reach every barrier (the loops run the same
+//! count in every thread; the mask branch is uniform over the launch).
 
 use crate::math::{pick_sorted, sample_uniform};
 use crate::params::sample_tile::{MAX_CAND, MAX_K, MAX_SLICE, THREADS};
@@ -89,9 +103,20 @@ pub unsafe fn sample_topk_f32(p: SampleParams) {
     let len = (x0 + slice).min(n) - x0;
     let row = (p.logits as *const f32).add(r * p.ld as usize + x0);
     let mut x = tid;
-    while x < len {
-        *stage.add(x) = *row.add(x);
-        x += THREADS as usize;
+    if p.mask == 0 {
+        while x < len {
+            *stage.add(x) = *row.add(x);
+            x += THREADS as usize;
+        }
+    } else {
+        // ids whose bit is clear rank as negative infinity
+        let words = (p.mask as *const u32).add(r * p.mask_words as usize);
+        while x < len {
+            let id = x0 + x;
+            let allowed = (*words.add(id / 32) >> (id % 32)) & 1 != 0;
+            *stage.add(x) = if allowed { *row.add(x) } else { f32::NEG_INFINITY };
+            x += THREADS as usize;
+        }
     }
     thread::sync_threads();
     let (vals, ids) = (p.cand as *mut f32, (p.cand as *mut u32).add(p.rows as usize * blocks * k));

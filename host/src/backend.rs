@@ -229,17 +229,30 @@ pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool:
 }
 
 /// The default bodies of [`Backend::sample_step`] and [`Backend::sample_step_rows`]: each row
-/// of `logits [rows, vocab]` picked on the host among its first `n` with `settings(row)`, the
-/// draw numbered by the cursor's row field; the ids written and every cursor field advanced.
-fn pick_rows_on_host<B: Backend + ?Sized>(b: &B, logits: &Tensor, (vocab, n): (usize, usize), ids: &mut Tensor, cursor: &mut Tensor, settings: &dyn Fn(usize) -> Result<DeviceSampling>) -> Result<()> {
+/// of `logits [rows, vocab]` picked on the host among its first `n` with `settings(row)` (with
+/// `mask`, `[rows, ceil(n / 32)]` u32 already checked, among the ids it allows: the others
+/// lowered to negative infinity first, as the device stages them), the draw numbered by the
+/// cursor's row field; the ids written and every cursor field advanced.
+#[allow(clippy::too_many_arguments)]
+fn pick_rows_on_host<B: Backend + ?Sized>(b: &B, logits: &Tensor, (vocab, n): (usize, usize), mask: Option<&Tensor>, ids: &mut Tensor, cursor: &mut Tensor, settings: &dyn Fn(usize) -> Result<DeviceSampling>) -> Result<()> {
     let all = b.download_f32(logits)?;
     let mut cur = b.download_u32(cursor)?;
+    let masks = mask.map(|m| b.download_u32(m)).transpose()?;
+    let words = crate::pick::mask_words(n);
     let rows = all.len() / vocab.max(1);
     let mut picks = Vec::with_capacity(rows);
     for r in 0..rows {
         let s = settings(r)?;
         let c = &mut cur[r * CURSOR_FIELDS..(r + 1) * CURSOR_FIELDS];
-        picks.push(crate::pick::pick(&all[r * vocab..r * vocab + n], &s, c[CURSOR_ROW] as u64));
+        let row = &all[r * vocab..r * vocab + n];
+        picks.push(match &masks {
+            None => crate::pick::pick(row, &s, c[CURSOR_ROW] as u64),
+            Some(m) => {
+                let mut row = row.to_vec();
+                crate::pick::apply_mask(&mut row, &m[r * words..(r + 1) * words]);
+                crate::pick::pick(&row, &s, c[CURSOR_ROW] as u64)
+            }
+        });
         c.iter_mut().for_each(|f| *f += 1);
     }
     b.write_u32(ids, &picks)?;
@@ -658,18 +671,31 @@ pub trait Backend: Send + Sync {
     /// larger than the tokenizer, are never picked), writes the ids to `ids [rows]` (u32) and
     /// advances every field of `cursor [rows, 4]` by one: the end of a decode step, so the next
     /// step's inputs are already in place.
-    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        let (_, vocab, n) = ops::sample_dims(logits, s, n, ids, cursor, self.max_device_top_k())?;
-        pick_rows_on_host(self, logits, (vocab, n), ids, cursor, &|_| Ok(*s))
+    ///
+    /// `mask`: `None`, or `[rows, ceil(n / 32)]` u32, bit `t % 32` of word `t / 32` of a row set
+    /// when that row may pick id `t` (a grammar's allowed next tokens; a row free of constraints
+    /// all ones). The ids it clears rank as negative infinity: never picked, greedy the first
+    /// maximum among the allowed, sampling over the allowed among the top-k (a row with fewer
+    /// allowed than `top_k` samples among those alone).
+    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, mask: Option<&Tensor>, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        let (rows, vocab, n) = ops::sample_dims(logits, s, n, ids, cursor, self.max_device_top_k())?;
+        if let Some(m) = mask {
+            ops::sample_mask_dims("sample_step", m, rows, n)?;
+        }
+        pick_rows_on_host(self, logits, (vocab, n), mask, ids, cursor, &|_| Ok(*s))
     }
 
     /// [`Backend::sample_step`] with each row's own settings: `settings [rows, WORDS]` u32
     /// ([`DeviceSampling::row_words`]; `gpu::params::sample_row`), every row's candidates at
     /// most `max_k` (the rows of a batch that sample differently, in one step).
-    fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        let (_, vocab, n) = ops::sample_rows_dims(logits, settings, max_k, n, ids, cursor, self.max_device_top_k())?;
+    #[allow(clippy::too_many_arguments)]
+    fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, mask: Option<&Tensor>, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        let (rows, vocab, n) = ops::sample_rows_dims(logits, settings, max_k, n, ids, cursor, self.max_device_top_k())?;
+        if let Some(m) = mask {
+            ops::sample_mask_dims("sample_step_rows", m, rows, n)?;
+        }
         let words = self.download_u32(settings)?;
-        pick_rows_on_host(self, logits, (vocab, n), ids, cursor, &|r| {
+        pick_rows_on_host(self, logits, (vocab, n), mask, ids, cursor, &|r| {
             let s = DeviceSampling::from_row_words(&words[r * sample_row::WORDS..(r + 1) * sample_row::WORDS]);
             ops::sampling_fits("sample_step_rows", &s, n, max_k).map(|_| s)
         })

@@ -197,6 +197,17 @@ pub fn sample_dims(logits: &Tensor, s: &DeviceSampling, n: usize, ids: &Tensor, 
     Ok((rows, vocab, n))
 }
 
+/// Checks a sampling mask of [`crate::Backend::sample_step`]: u32 `[rows, ceil(n / 32)]`, one
+/// bit per candidate id.
+pub fn sample_mask_dims(op: &'static str, mask: &Tensor, rows: usize, n: usize) -> Result<()> {
+    expect_dtype(op, mask, DType::U32)?;
+    let words = crate::pick::mask_words(n);
+    if mask.shape() != [rows, words] {
+        return Err(Error::shape(op, &[mask.shape()], format!("the mask must be [{}, {}]: {} rows of one bit per id of {}", rows, words, rows, n)));
+    }
+    Ok(())
+}
+
 /// Whether the device samples with `s` among `n` candidates, keeping at most `max_k`.
 pub fn sampling_fits(op: &'static str, s: &DeviceSampling, n: usize, max_k: usize) -> Result<()> {
     if !s.is_greedy() && (s.top_k == 0 || s.top_k > max_k.min(n) || !(s.top_p > 0.0 && s.top_p <= 1.0)) {

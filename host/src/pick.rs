@@ -1,5 +1,6 @@
 //! The sampling rule that every backend applies the same way: the settings a sampling step
-//! takes ([`DeviceSampling`]) and their host implementation ([`pick`], [`argmax`]). The GPU
+//! takes ([`DeviceSampling`]) and their host implementation ([`pick`], [`argmax`]), and the
+//! packed masks of allowed ids a step may take ([`apply_mask`]). The GPU
 //! kernels make the same choice from the same logits through `gpu::math`. A leaf below the
 //! backend interface and the generation code, which both use it.
 
@@ -91,4 +92,25 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Words of a mask over `n` token ids (one bit each).
+pub fn mask_words(n: usize) -> usize {
+    (n + 31) / 32
+}
+
+/// Whether `mask` allows token `t`: bit `t % 32` of word `t / 32` (ids past the mask are not
+/// allowed).
+pub fn mask_allows(mask: &[u32], t: usize) -> bool {
+    mask.get(t / 32).map_or(false, |w| w >> (t % 32) & 1 == 1)
+}
+
+/// Lowers every logit `mask` does not allow to negative infinity (as the device sampler stages
+/// them).
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (t, l) in logits.iter_mut().enumerate() {
+        if !mask_allows(mask, t) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
 }

@@ -466,12 +466,12 @@ impl Backend for CudaBackend {
         self.attention_block_sparse_op(q, k, v, mask, scale, rope)
     }
 
-    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        self.sample_step_op(logits, s, n, ids, cursor)
+    fn sample_step(&self, logits: &Tensor, s: &DeviceSampling, n: usize, mask: Option<&Tensor>, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        self.sample_step_op(logits, s, n, mask, ids, cursor)
     }
 
-    fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
-        self.sample_step_rows_op(logits, settings, max_k, n, ids, cursor)
+    fn sample_step_rows(&self, logits: &Tensor, settings: &Tensor, max_k: usize, n: usize, mask: Option<&Tensor>, ids: &mut Tensor, cursor: &mut Tensor) -> Result<()> {
+        self.sample_step_rows_op(logits, settings, max_k, n, mask, ids, cursor)
     }
 
     fn record(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {

@@ -3,9 +3,16 @@
 //! from the host before each step, so a recording made by the first step of `n` rows replays
 //! every later one. A backend that records nothing (the CPU), a model split over the device and
 //! the host, or a recording that failed run the same body as plain launches: one path either way.
+//!
+//! A step with rows under a constraint (a grammar) picks on the device too, with a mask of
+//! allowed ids per row: the recorded part is then the forward and the logits (the recording of
+//! [`Pick::Host`], which such steps share), launched first; the host computes the masks while
+//! the device runs it, writes them, and the masked pick runs after it. Steps without masked
+//! rows run exactly as before.
 
 use super::paged::{PagedKv, PagedStep, StepRows};
 use crate::backend::{run_recorded, DeviceSampling, Recording};
+use crate::pick::mask_words;
 use gpu::params::{sample_row, CURSOR_ROW};
 use crate::model::Model;
 use crate::{Backend, Pages, Result, Tensor};
@@ -51,6 +58,9 @@ struct Slot {
     pages: Pages,
     /// The logits of the last [`Pick::Host`] step (in the recording's memory when recorded).
     logits: Option<Tensor>,
+    /// `[rows, ceil(vocab / 32)]` u32: each row's mask of allowed ids for a masked pick (made on
+    /// the first masked step of this batch size).
+    mask: Option<Tensor>,
     recording: Option<(Pick, Recording)>,
     /// Picks whose recording failed (not retried; plain launches instead).
     unrecordable: Vec<Pick>,
@@ -107,6 +117,7 @@ impl DecodeSteps {
             settings: b.upload_u32(&[rows, sample_row::WORDS], &vec![0; rows * sample_row::WORDS])?,
             pages: Pages::with_capacity(b, kv.block(), slots_total, rows, kv.blocks())?,
             logits: None,
+            mask: None,
             recording: None,
             unrecordable: Vec::new(),
             last_used: self.clock,
@@ -119,11 +130,19 @@ impl DecodeSteps {
     /// 4]`: position, cache row), and returns the next tokens (`Pick::Device` and `Pick::Rows`,
     /// row `i`'s draw numbered `draws[i]`; `settings`: the rows' settings for `Pick::Rows`) or
     /// the logits.
+    ///
+    /// `masks`: for a step with rows under constraints (with `Pick::Device` or `Pick::Rows`),
+    /// fills the rows' masks of allowed ids (`[rows, ceil(vocab / 32)]` words, all ones for a
+    /// row without constraints); called once the step's forward is launched, so the host
+    /// computes them while the device runs it. `None`: no row is masked.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], (draws, settings): (&[u32], &[u32]), pick: Pick) -> Result<Picked> {
+    pub fn run(&mut self, m: &Model, b: &dyn Backend, kv: &mut PagedKv, rows: &StepRows, ids: &[u32], cursor: &[u32], (draws, settings): (&[u32], &[u32]), pick: Pick, masks: Option<&mut dyn FnMut(&mut [u32]) -> Result<()>>) -> Result<Picked> {
         let n = rows.decode.len();
         debug_assert!(rows.prefill.is_empty(), "a decode-only step");
         let record = self.record;
+        // what the step launches (and records): a masked pick comes after the forward and logits
+        let masks = masks.filter(|_| pick != Pick::Host);
+        let launched = if masks.is_some() { Pick::Host } else { pick };
         let slot = self.slot(b, kv, n)?;
         // 1. the inputs, in place
         b.write_u32(&mut slot.ids, ids)?;
@@ -140,27 +159,43 @@ impl DecodeSteps {
         let tables: Vec<(&[u32], usize)> = rows.decode.iter().map(|(bl, keys)| (bl.as_slice(), *keys)).collect();
         slot.pages.write(b, &tables)?;
         // 2. the step: replayed, recorded then replayed, or run as plain launches
-        let Slot { ids, cursor, draws, settings, pages, logits, recording, unrecordable, .. } = slot;
+        let Slot { ids, cursor, draws, settings, pages, logits, mask, recording, unrecordable, .. } = slot;
         let (pages, vocab) = (&*pages, m.sampled_vocab());
         let mut body = || -> Result<()> {
             let x = m.text.embed_ids(b, ids)?; // [rows, hidden]
             let mut step = PagedStep::lent(kv, rows, b, pages);
             let h = m.text.forward_kv(b, x, cursor, &mut step, None)?;
             let l = m.text.logits(b, &h)?; // [rows, vocab]
-            match pick {
-                Pick::Device(s) => b.sample_step(&l, &s, vocab, ids, draws),
-                Pick::Rows { k } => b.sample_step_rows(&l, settings, k, vocab, ids, draws),
+            match launched {
+                Pick::Device(s) => b.sample_step(&l, &s, vocab, None, ids, draws),
+                Pick::Rows { k } => b.sample_step_rows(&l, settings, k, vocab, None, ids, draws),
                 Pick::Host => {
                     *logits = Some(l);
                     Ok(())
                 }
             }
         };
-        run_recorded(b, record, recording, unrecordable, pick, &mut body)?;
-        // 3. what it produced
+        run_recorded(b, record, recording, unrecordable, launched, &mut body)?;
+        let no_logits = || crate::Error::Device { op: "engine decode step", msg: "the step produced no logits".into() };
+        // 3. a masked pick: the masks, on the host while the device runs the forward, then the pick
+        if let Some(fill) = masks {
+            let mut words = vec![0u32; n * mask_words(vocab)];
+            fill(&mut words)?;
+            match &mut *mask {
+                Some(t) => b.write_u32(t, &words)?,
+                none => *none = Some(b.upload_u32(&[n, mask_words(vocab)], &words)?),
+            }
+            let l = logits.as_ref().ok_or_else(no_logits)?;
+            match pick {
+                Pick::Device(s) => b.sample_step(l, &s, vocab, mask.as_ref(), ids, draws)?,
+                Pick::Rows { k } => b.sample_step_rows(l, settings, k, vocab, mask.as_ref(), ids, draws)?,
+                Pick::Host => {} // (no masks with a host pick: dropped above)
+            }
+        }
+        // 4. what it produced
         match pick {
             Pick::Device(_) | Pick::Rows { .. } => Ok(Picked::Tokens(b.download_u32(ids)?)),
-            Pick::Host => Ok(Picked::Logits(logits.clone().ok_or_else(|| crate::Error::Device { op: "engine decode step", msg: "the step produced no logits".into() })?)),
+            Pick::Host => Ok(Picked::Logits(logits.clone().ok_or_else(no_logits)?)),
         }
     }
 }

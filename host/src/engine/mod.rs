@@ -28,6 +28,7 @@
 mod alone;
 pub mod blocks;
 pub mod graph;
+mod masks;
 pub mod paged;
 
 use crate::backend::DeviceSampling;
@@ -37,6 +38,7 @@ use crate::model::positions::multimodal_positions;
 use crate::model::text::Deepstack;
 use crate::model::vision::VisionOutput;
 use crate::model::{Model, Pos3};
+use crate::pick::mask_words;
 use crate::{Backend, DType, Error, Result, Tensor};
 use blocks::{chain, BlockPool};
 use graph::{DecodeSteps, Pick, Picked};
@@ -641,16 +643,26 @@ impl<'a> Engine<'a> {
                 step_rows.prefill.push((r0, p.n, slots));
             }
         }
-        // 3. a decode-only step: recorded per batch size (see `graph`)
-        let mut picks: Vec<(usize, u32)> = Vec::new(); // (part, token)
+        // 3. a decode-only step: recorded per batch size (see `graph`); rows under constraints
+        // get their masks computed here while the device runs the forward
+        let mut picks: Vec<(usize, Option<u32>)> = Vec::new(); // (part, token; none: its constraint failed)
         if parts.iter().all(|p| p.decode) {
             let (pick, settings) = match self.device_sampling(&parts) {
                 None => (Pick::Host, Vec::new()),
                 Some(OnDevice::Shared(s)) => (Pick::Device(s), Vec::new()),
                 Some(OnDevice::Rows(k, w)) => (Pick::Rows { k }, w),
             };
-            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws(&parts), &settings), pick)? {
-                Picked::Tokens(t) => t,
+            let masked = pick != Pick::Host && self.any_masked(&parts);
+            let seqs: Vec<usize> = parts.iter().map(|p| p.seq).collect();
+            let mut failed = vec![false; parts.len()];
+            let running = &mut self.running;
+            let mut fill = |out: &mut [u32]| -> Result<()> {
+                failed = masks::fill_masks(running, &seqs, mask_words(m.sampled_vocab()), out);
+                Ok(())
+            };
+            let fill: Option<&mut dyn FnMut(&mut [u32]) -> Result<()>> = if masked { Some(&mut fill) } else { None };
+            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws(&parts), &settings), pick, fill)? {
+                Picked::Tokens(t) => t.into_iter().zip(failed).map(|(t, f)| (!f).then_some(t)).collect(),
                 Picked::Logits(l) => self.sample_host(&l, &parts)?,
             };
             picks.extend(tokens.into_iter().enumerate());
@@ -674,28 +686,47 @@ impl<'a> Engine<'a> {
             })?;
             h.expect("set by the forward")
         };
-        // 5. logits of the rows that end their sequence's known tokens, and the picks
-        let nd = step_rows.decode.len(); // the decode parts come first
+        // 5. logits of the rows that end their sequence's known tokens: the decode rows' (the
+        // decode parts come first), then each prefill chunk's last row that ends its prompt
+        let nd = step_rows.decode.len();
+        let mut groups: Vec<(Tensor, std::ops::Range<usize>)> = Vec::new(); // (logits, parts)
         if nd > 0 {
-            let logits = m.text.logits(b, &b.take_rows(&h, 0, nd)?)?; // [nd, vocab]
-            for (k, t) in self.sample(&logits, &parts[..nd])?.into_iter().enumerate() {
-                picks.push((k, t));
-            }
+            groups.push((m.text.logits(b, &b.take_rows(&h, 0, nd)?)?, 0..nd)); // [nd, vocab]
         }
         let mut r0 = nd;
         for (k, p) in parts.iter().enumerate().skip(nd) {
             if p.from + p.n == self.running[p.seq].tokens.len() {
-                let logits = m.text.logits(b, &b.take_rows(&h, r0 + p.n - 1, 1)?)?;
-                picks.push((k, self.sample(&logits, &parts[k..k + 1])?[0]));
+                groups.push((m.text.logits(b, &b.take_rows(&h, r0 + p.n - 1, 1)?)?, k..k + 1));
             }
             r0 += p.n;
+        }
+        // 6. the masks of the rows under constraints that pick on the device, on the host while
+        // the device runs the forward; then the picks
+        let masked: Vec<bool> = groups.iter().map(|(_, g)| self.any_masked(&parts[g.clone()]) && self.device_sampling(&parts[g.clone()]).is_some()).collect();
+        let seqs: Vec<usize> = groups.iter().zip(&masked).filter(|(_, &m)| m).flat_map(|((_, g), _)| parts[g.clone()].iter().map(|p| p.seq)).collect();
+        let words = mask_words(m.sampled_vocab());
+        let mut all_masks = vec![0u32; seqs.len() * words];
+        let failed = masks::fill_masks(&mut self.running, &seqs, words, &mut all_masks);
+        let mut at = 0; // the masks' rows taken
+        for ((logits, g), is_masked) in groups.iter().zip(masked) {
+            let n = if is_masked { g.len() } else { 0 };
+            let mask = is_masked.then(|| (&all_masks[at * words..(at + n) * words], &failed[at..at + n]));
+            at += n;
+            let tokens = self.sample(logits, &parts[g.clone()], mask)?;
+            picks.extend(g.clone().zip(tokens));
         }
         Ok(self.finish_step(&parts, picks))
     }
 
+    /// Whether any of the parts' sequences draws under a constraint.
+    fn any_masked(&self, parts: &[Part]) -> bool {
+        parts.iter().any(|p| self.running[p.seq].sampler.masks())
+    }
+
     /// After a step's forward over `parts`: their rows are cached (and whole blocks registered),
-    /// and the `picks` (part, token) become events: new tokens, finished sequences.
-    fn finish_step(&mut self, parts: &[Part], picks: Vec<(usize, u32)>) -> Vec<Event> {
+    /// and the `picks` (part, token) become events: new tokens, finished sequences. A part
+    /// without a token (its constraint gave no mask) ends with [`Stop::Constraint`].
+    fn finish_step(&mut self, parts: &[Part], picks: Vec<(usize, Option<u32>)>) -> Vec<Event> {
         for p in parts {
             self.running[p.seq].cached = p.from + p.n;
             self.register_written(p.seq);
@@ -706,23 +737,30 @@ impl<'a> Engine<'a> {
             let s = &mut self.running[parts[k].seq];
             let now = Instant::now();
             s.first_token.get_or_insert(now);
-            s.generated += 1;
-            events.push(Event::Token { id: s.id, token: t, logprobs: s.sampler.take_logprobs().map(Box::new) });
-            let accepted = s.sampler.accept(t);
-            if let Err(e) = &accepted {
-                log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);
-            }
-            let stop = if accepted.is_err() {
-                Some(Stop::Constraint)
-            } else if s.stop_ids.contains(&t) {
-                Some(Stop::StopToken(t))
-            } else if s.generated >= s.max_new {
-                Some(Stop::MaxTokens)
-            } else {
-                None
+            // the token, told to the constraints
+            let accepted = match t {
+                Some(t) => {
+                    s.generated += 1;
+                    events.push(Event::Token { id: s.id, token: t, logprobs: s.sampler.take_logprobs().map(Box::new) });
+                    match s.sampler.accept(t) {
+                        Ok(()) => Some(t),
+                        Err(e) => {
+                            log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);
+                            None
+                        }
+                    }
+                }
+                None => None, // its constraints gave no mask (logged then)
             };
-            match stop {
-                Some(stop) => {
+            // goes on with the token, or ends
+            let next = match accepted {
+                None => Err(Stop::Constraint),
+                Some(t) if s.stop_ids.contains(&t) => Err(Stop::StopToken(t)),
+                Some(_) if s.generated >= s.max_new => Err(Stop::MaxTokens),
+                Some(t) => Ok(t),
+            };
+            match next {
+                Err(stop) => {
                     let first = s.first_token.unwrap_or(now);
                     events.push(Event::Finished {
                         id: s.id,
@@ -735,7 +773,7 @@ impl<'a> Engine<'a> {
                     });
                     done.push(parts[k].seq);
                 }
-                None => {
+                Ok(t) => {
                     s.tokens.push(t);
                     s.pos.push([s.next_pos; 3]);
                     s.next_pos += 1;
@@ -751,21 +789,25 @@ impl<'a> Engine<'a> {
     }
 
     /// The next token of each part's sequence from `logits [parts.len(), vocab]`: on the device
-    /// when every sequence samples with the same settings the device takes, else on the host
-    /// with each sequence's sampler. Either way a draw is numbered by the index of the token
-    /// whose logits these are in its sequence, as in [`crate::generate::Session`], so a
-    /// sequence draws the same tokens alone or in any batch.
-    fn sample(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
+    /// when every sequence samples with settings the device takes (`masks`: the rows' masks of
+    /// allowed ids, `[rows, ceil(n / 32)]` words, and the rows whose constraint gave none, when
+    /// any row is under a constraint), else on the host with each sequence's sampler. Either way
+    /// a draw is numbered by the index of the token whose logits these are in its sequence, as
+    /// in [`crate::generate::Session`], so a sequence draws the same tokens alone or in any
+    /// batch. `None` for a sequence whose constraint failed.
+    fn sample(&mut self, logits: &Tensor, parts: &[Part], masks: Option<(&[u32], &[bool])>) -> Result<Vec<Option<u32>>> {
         let (b, n) = (self.backend, self.model.sampled_vocab());
         let rows = parts.len();
         if let Some(on) = self.device_sampling(parts) {
             let mut ids = b.upload_u32(&[rows], &vec![0; rows])?;
             let mut cur = b.upload_u32(&[rows, CURSOR_FIELDS], &graph::draw_cursor(&draws(parts)))?;
+            let mask = masks.map(|(w, _)| b.upload_u32(&[rows, mask_words(n)], w)).transpose()?;
             match on {
-                OnDevice::Shared(s) => b.sample_step(logits, &s, n, &mut ids, &mut cur)?,
-                OnDevice::Rows(k, w) => b.sample_step_rows(logits, &b.upload_u32(&[rows, sample_row::WORDS], &w)?, k, n, &mut ids, &mut cur)?,
+                OnDevice::Shared(s) => b.sample_step(logits, &s, n, mask.as_ref(), &mut ids, &mut cur)?,
+                OnDevice::Rows(k, w) => b.sample_step_rows(logits, &b.upload_u32(&[rows, sample_row::WORDS], &w)?, k, n, mask.as_ref(), &mut ids, &mut cur)?,
             }
-            return b.download_u32(&ids);
+            let failed = masks.map_or(&[][..], |(_, f)| f);
+            return Ok(b.download_u32(&ids)?.into_iter().enumerate().map(|(r, t)| (!failed.get(r).copied().unwrap_or(false)).then_some(t)).collect());
         }
         self.sample_host(logits, parts)
     }
@@ -784,8 +826,9 @@ impl<'a> Engine<'a> {
         Some(OnDevice::Rows(k, each.iter().flat_map(|s| s.row_words()).collect()))
     }
 
-    /// [`Engine::sample`] on the host, each sequence with its own sampler.
-    fn sample_host(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<u32>> {
+    /// [`Engine::sample`] on the host, each sequence with its own sampler (its constraints'
+    /// mask applied there; `None` for a sequence whose constraint failed).
+    fn sample_host(&mut self, logits: &Tensor, parts: &[Part]) -> Result<Vec<Option<u32>>> {
         let (b, n) = (self.backend, self.model.sampled_vocab());
         let rows = parts.len();
         let all = b.download_f32(logits)?;
@@ -795,7 +838,13 @@ impl<'a> Engine<'a> {
         for (r, (p, at)) in parts.iter().zip(draws(parts)).enumerate() {
             let s = &mut self.running[p.seq];
             let mut row = all[r * vocab..r * vocab + n.min(vocab)].to_vec();
-            out.push(s.sampler.sample_at(&mut row, &s.tokens, at as u64)?);
+            out.push(match s.sampler.sample_at(&mut row, &s.tokens, at as u64) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    log::error!("engine: sequence {}: its constraint gave no mask of allowed tokens: {}", s.id, e);
+                    None
+                }
+            });
         }
         Ok(out)
     }

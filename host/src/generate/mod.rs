@@ -54,6 +54,9 @@ struct DecodeStep {
     cursor: Tensor,
     /// The logits of the last [`StepKind::Logits`] step.
     logits: Option<Tensor>,
+    /// `[1, ceil(n / 32)]` u32: the sampler's mask of allowed ids for a masked device pick
+    /// (made on the first such step).
+    mask: Option<Tensor>,
     /// The token whose inputs `ids` / `cursor` already hold (written by the device sampler).
     holds: Option<u32>,
     recording: Option<(StepKind, Recording)>,
@@ -230,18 +233,27 @@ impl<'a> Session<'a> {
     /// Feeds one generated token through the decode step (recorded and replayed where the
     /// backend can) and returns the next token, chosen on the device when the sampler's
     /// settings allow, else by `sampler` on the host from the step's logits.
+    ///
+    /// A sampler with constraints ([`Sampler::masks`]) picks on the device too: the step's
+    /// forward and logits are launched (the recording of [`StepKind::Logits`]), its mask is
+    /// computed on the host while the device runs them, then the masked pick runs after them.
     pub fn decode(&mut self, token: u32, sampler: &mut Sampler) -> Result<u32> {
         let (b, m) = (self.backend, self.model);
         if token as usize >= m.config.text.vocab_size {
             return Err(Error::Limit { op: "decode", msg: format!("token id {} is outside the vocabulary of {}", token, m.config.text.vocab_size) });
         }
         self.cache.reserve(1)?;
-        let kind = sampler.device_sampling(b.max_device_top_k()).map_or(StepKind::Logits, StepKind::Device);
+        let on_device = sampler.device_sampling(b.max_device_top_k());
+        let masked = on_device.filter(|_| sampler.masks());
+        let kind = match on_device {
+            Some(s) if masked.is_none() => StepKind::Device(s),
+            _ => StepKind::Logits,
+        };
         // 1. the step's inputs: already in place after a device-sampled step, else written
         if self.step.is_none() {
             let ids = b.upload_u32(&[1], &[0])?;
             let cursor = b.upload_u32(&[1, CURSOR_FIELDS], &[0; CURSOR_FIELDS])?;
-            self.step = Some(DecodeStep { ids, cursor, logits: None, holds: None, recording: None, unrecordable: Vec::new() });
+            self.step = Some(DecodeStep { ids, cursor, logits: None, mask: None, holds: None, recording: None, unrecordable: Vec::new() });
         }
         let st = self.step.as_mut().expect("made above");
         if st.holds != Some(token) {
@@ -256,7 +268,7 @@ impl<'a> Session<'a> {
             let h = m.text.forward(b, x, &st.cursor, cache, None)?;
             let logits = m.text.logits(b, &h)?; // [1, vocab]
             match kind {
-                StepKind::Device(s) => b.sample_step(&logits, &s, m.sampled_vocab(), &mut st.ids, &mut st.cursor),
+                StepKind::Device(s) => b.sample_step(&logits, &s, m.sampled_vocab(), None, &mut st.ids, &mut st.cursor),
                 StepKind::Logits => {
                     st.logits = Some(logits);
                     Ok(())
@@ -269,13 +281,28 @@ impl<'a> Session<'a> {
         self.next_pos += 1;
         self.tokens.push(token);
         let st = self.step.as_mut().expect("made above");
-        match kind {
-            StepKind::Device(_) => {
+        let n = m.sampled_vocab();
+        match (kind, masked) {
+            (StepKind::Device(_), _) => {
                 let next = b.download_u32(&st.ids)?[0];
                 st.holds = Some(next);
                 Ok(next)
             }
-            StepKind::Logits => {
+            (StepKind::Logits, Some(s)) => {
+                // the mask, on the host while the device runs the forward, then the pick
+                let mut words = vec![0u32; sampling::mask_words(n)];
+                sampler.fill_mask(&mut words)?;
+                match &mut st.mask {
+                    Some(t) => b.write_u32(t, &words)?,
+                    none => *none = Some(b.upload_u32(&[1, words.len()], &words)?),
+                }
+                let t = st.logits.as_ref().ok_or_else(|| Error::Device { op: "decode", msg: "the step produced no logits".into() })?;
+                b.sample_step(t, &s, n, st.mask.as_ref(), &mut st.ids, &mut st.cursor)?;
+                let next = b.download_u32(&st.ids)?[0];
+                st.holds = Some(next);
+                Ok(next)
+            }
+            (StepKind::Logits, None) => {
                 st.holds = None;
                 let t = st.logits.as_ref().ok_or_else(|| Error::Device { op: "decode", msg: "the step produced no logits".into() })?;
                 let mut logits = b.download_f32(t)?;

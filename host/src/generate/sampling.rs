@@ -4,7 +4,7 @@
 //! a logit bias and constraint masks adjust the logits before the draw; the log-probabilities
 //! of the drawn tokens are reported when asked ([`super::logprobs`]).
 
-pub use crate::pick::{argmax, pick, DeviceSampling};
+pub use crate::pick::{apply_mask, argmax, mask_allows, mask_words, pick, DeviceSampling};
 use super::logprobs::{token_logprobs, TokenLogprobs};
 
 /// Sampling settings. `temperature <= 0` means greedy.
@@ -44,25 +44,6 @@ pub trait Constraint: Send {
     fn fill_mask(&mut self, words: &mut [u32]) -> crate::Result<()>;
     /// Moves past `token`, which the sequence took (however it was drawn).
     fn accept(&mut self, token: u32) -> crate::Result<()>;
-}
-
-/// Words of a mask over `n` token ids.
-pub fn mask_words(n: usize) -> usize {
-    (n + 31) / 32
-}
-
-/// Whether `mask` allows token `t` (ids past the mask are not allowed).
-pub fn mask_allows(mask: &[u32], t: usize) -> bool {
-    mask.get(t / 32).map_or(false, |w| w >> (t % 32) & 1 == 1)
-}
-
-/// Lowers every logit `mask` does not allow to negative infinity.
-pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
-    for (t, l) in logits.iter_mut().enumerate() {
-        if !mask_allows(mask, t) {
-            *l = f32::NEG_INFINITY;
-        }
-    }
 }
 
 pub struct Sampler {
@@ -162,10 +143,12 @@ impl Sampler {
     }
 
     /// The same choice as a device sampling kernel can make (no repetition penalty, a top-k the
-    /// device takes), or `None` when these settings need the host.
+    /// device takes), or `None` when these settings need the host. Constraints do not: the
+    /// device step takes their mask ([`Sampler::fill_mask`], with `Backend::sample_step`'s
+    /// `mask`) when [`Sampler::masks`].
     pub fn device_sampling(&self, max_top_k: usize) -> Option<DeviceSampling> {
         let p = &self.params;
-        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || self.masks() || !self.logit_bias.is_empty() || self.logprobs.is_some() {
+        if p.repetition_penalty != 1.0 || self.penalties != OutputPenalties::default() || !self.logit_bias.is_empty() || self.logprobs.is_some() {
             return None; // the penalties need the context and the logits on the host, as do the bias and log-probabilities
         }
         let s = DeviceSampling { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, seed: p.seed };
@@ -296,7 +279,7 @@ mod tests {
         let logits: Vec<f32> = (0..70).map(|i| i as f32).collect();
         let mut s = Sampler::new(SamplingParams::greedy()).with_constraint(Box::new(Only(vec![3, 40, 65], seen.clone())));
         assert!(s.masks());
-        assert_eq!(s.device_sampling(64), None, "masked draws stay on the host until the device takes masks");
+        assert_eq!(s.device_sampling(64), Some(DeviceSampling::greedy()), "masked draws go to the device with their mask");
         assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), 65);
         s = s.with_constraint(Box::new(Only(vec![3, 40], seen.clone())));
         assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), 40);

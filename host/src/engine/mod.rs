@@ -269,6 +269,8 @@ pub struct Engine<'a> {
     stats: EngineStats,
     /// Decode-only steps, recorded per batch size where the backend records.
     decode_steps: DecodeSteps,
+    /// Whether tokens may be picked inside the step (see [`Engine::set_device_picks`]).
+    device_picks: bool,
 }
 
 impl<'a> Engine<'a> {
@@ -281,13 +283,20 @@ impl<'a> Engine<'a> {
         let blocks = cfg.kv_blocks();
         let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
         let decode_steps = DecodeSteps::new(!model.is_split());
-        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps })
+        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps, device_picks: true })
     }
 
     /// Turns recording and replaying of decode-only steps on or off (on by default; never for a
     /// model split over the device and the host). Plain launches give the same tokens.
     pub fn set_recording(&mut self, on: bool) {
         self.decode_steps.set_recording(on && !self.model.is_split());
+    }
+
+    /// Turns picking tokens inside the step on or off (on by default). Off, every token is
+    /// drawn on the host by its sequence's sampler from the step's downloaded logits (the
+    /// reference the device's picks are tested against); the tokens are the same either way.
+    pub fn set_device_picks(&mut self, on: bool) {
+        self.device_picks = on;
     }
 
     /// Decode steps recorded now (one per batch size kept).
@@ -814,8 +823,11 @@ impl<'a> Engine<'a> {
 
     /// How the device samples the parts' sequences: with settings they all share (always so
     /// for a lone sequence), or each with its own; `None` (a repetition or output penalty, a
-    /// top-k the device does not take) sends the step to the host.
+    /// top-k the device does not take, device picks turned off) sends the step to the host.
     fn device_sampling(&self, parts: &[Part]) -> Option<OnDevice> {
+        if !self.device_picks {
+            return None;
+        }
         let max_k = self.backend.max_device_top_k();
         let each = parts.iter().map(|p| self.running[p.seq].sampler.device_sampling(max_k)).collect::<Option<Vec<_>>>()?;
         let first = *each.first()?;

@@ -39,6 +39,8 @@ pub enum Error {
     /// A chat template that does not compile, or a conversation it cannot render (`origin`:
     /// where the template came from).
     Template { origin: String, msg: String },
+    /// A grammar (JSON schema, regex, Lark) that cannot be compiled, or a token it rejects.
+    Grammar { msg: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -85,6 +87,7 @@ impl fmt::Display for Error {
             Error::Video { file, msg } => write!(f, "{}: {}", file, msg),
             Error::Context { tokens, limit, msg } => write!(f, "{} tokens exceed the context limit of {} ({})", tokens, limit, msg),
             Error::Template { origin, msg } => write!(f, "chat template ({}): {}", origin, msg),
+            Error::Grammar { msg } => write!(f, "grammar: {}", msg),
         }
     }
 }

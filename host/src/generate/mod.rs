@@ -7,6 +7,7 @@
 //! `bench` run, and the draw numbering the engine follows.
 
 pub mod chat;
+pub mod grammar;
 pub mod logprobs;
 pub mod min_tokens;
 pub mod sampling;

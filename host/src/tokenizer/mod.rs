@@ -182,6 +182,13 @@ impl Tokenizer {
         self.entries.len()
     }
 
+    /// The bytes that `id` stands for (an added token's text as written), or `None` for an id
+    /// outside the vocabulary. Grammars read the vocabulary through this
+    /// ([`crate::generate::grammar`]).
+    pub fn id_to_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.entry(id).map(|e| &*e.bytes)
+    }
+
     /// Whether `id` is an added token marked special, such as `<|im_end|>`.
     pub fn is_special(&self, id: u32) -> bool {
         self.entry(id).map_or(false, |e| e.special)

@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// With --batch: prompt tokens read per engine step at most.
     #[clap(long, default_value = "2048")]
     max_prefill_tokens: usize,
+    /// Decode under the JSON schema in FILE (structured output): every measured token is drawn
+    /// under its mask, the schema starting again after each complete reply. Needs the
+    /// checkpoint's tokenizer (tokenizer.json beside it, or the GGUF's).
+    #[clap(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -95,7 +100,23 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     }
     let sel = a.device.select()?;
     let b = &*sel.backend;
-    let opened = qwen3_vl::model::ModelFiles::find(&a.model, a.mmproj.as_deref())?.open()?;
+    let mut opened = qwen3_vl::model::ModelFiles::find(&a.model, a.mmproj.as_deref())?.open()?;
+    // the schema's grammar, before the weights (a bad schema fails fast)
+    let schema = match &a.json_schema {
+        Some(path) => {
+            let tok = match opened.tokenizer.take() {
+                Some(t) => t,
+                None => qwen3_vl::Tokenizer::from_file(&a.model.join("tokenizer.json")).map_err(|e| format!("--json-schema needs the checkpoint's tokenizer: {}", e))?,
+            };
+            Some(super::structured::bench_schema(path, &tok)?)
+        }
+        None => None,
+    };
+    // greedy sampling, under the schema when there is one
+    let sampler = || match &schema {
+        Some((g, eos)) => Sampler::new(SamplingParams::greedy()).with_constraint(Box::new(super::structured::Restarting::new(std::sync::Arc::clone(g), *eos))),
+        None => Sampler::new(SamplingParams::greedy()),
+    };
     let context = a.context.unwrap_or(a.prompt_tokens).max(1);
     let capacity = context.max(a.prompt_tokens) + a.gen_tokens;
     // the vision work to time, if any (a real video is decoded before the weights load)
@@ -115,7 +136,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let tower = vision.as_ref().map(|w| qwen3_vl::model::vision::tower_tokens(&[w.grid], v.spatial_merge_size));
     let (model, _host) = super::load::load_model(&a.device, b, &opened, a.quant, (capacity * sessions).max(image_session), tower)?;
     if let Some(n) = a.batch {
-        return run_batched(&a, b, &model, n);
+        return run_batched(&a, b, &model, n, &sampler);
     }
     let weights = model.text.weights_summary();
     let (gpu_bytes, cpu_bytes) = model.placed_bytes(b);
@@ -124,7 +145,6 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let kv = a.device.kv_dtype(b);
     let mut sess = Session::with_kv_dtype(&model, b, capacity, kv)?;
     sess.set_recording(!a.no_graphs);
-    let mut greedy = Sampler::new(SamplingParams::greedy());
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     // 1. prefill of the prompt, then decode after `context` tokens, warm-up run first
     let bar = Progress::count("prefill + decode runs (a warm-up first)", a.runs as u64 + 1, "runs");
@@ -140,11 +160,13 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             sess.feed(&prompt(context, vocab, 7))?;
         }
         let mut next = 1000u32;
+        let mut greedy = sampler();
         let mut profile = super::bench_batch::ProfileWindow::new();
         let t2 = b.mark()?;
         for i in 0..a.gen_tokens {
             profile.before_step(b, i)?;
             next = sess.decode(next, &mut greedy)?;
+            greedy.accept(next)?;
         }
         profile.finish(b)?;
         let t3 = b.mark()?;
@@ -246,6 +268,9 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let on_gpu = b.kind() == qwen3_vl::DeviceKind::Cuda;
     let placement = if on_gpu { model.placement().describe() } else { "everything on the CPU".into() };
     let (gpu_bytes, cpu_bytes) = if on_gpu { (gpu_bytes, cpu_bytes) } else { (0, gpu_bytes + cpu_bytes) };
+    if let Some(path) = &a.json_schema {
+        report!(a.json, "decode constrained by the JSON schema {} (the mask on the host draw)", path.display());
+    }
     report!(a.json,
         "placement: {}; weights {} on the GPU, {} on the CPU; peak device memory {}{}",
         placement,
@@ -280,6 +305,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
             "placement": placement,
             "kv_cache": kv.name(),
             "graphs": !a.no_graphs,
+            "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
             "runs": a.runs,
         });
         println!("{}", j);
@@ -288,14 +314,14 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
 }
 
 /// `bench --batch N`: the engine's batched runs, reported as the single-stream numbers are.
-fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n: usize) -> CliResult<()> {
+fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n: usize, sampler: &dyn Fn() -> Sampler) -> CliResult<()> {
     let kv = a.device.kv_dtype(b);
     let vocab = model.config.text.vocab_size as u64;
     let (mut prefill, mut decode, mut steps) = (Vec::new(), Vec::new(), 0);
     let bar = Progress::count("batched runs (a warm-up first)", a.runs as u64 + 1, "runs");
     for run in 0..=a.runs {
         bar.set(run as u64, a.runs as u64 + 1);
-        let r = super::bench_batch::run_batch(model, b, kv, n, a.prompt_tokens, a.gen_tokens, a.max_prefill_tokens, &|len, salt| prompt(len, vocab, salt))?;
+        let r = super::bench_batch::run_batch(model, b, kv, n, a.prompt_tokens, a.gen_tokens, a.max_prefill_tokens, &|len, salt| prompt(len, vocab, salt), sampler)?;
         if run > 0 {
             prefill.push(r.prefill_tokens_per_s);
             decode.push(r.decode_tokens_per_s);
@@ -313,6 +339,9 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
         "| {} | {} layers, hidden {}, {} weights, {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} (median) |",
         b.describe(), c.num_hidden_layers, c.hidden_size, model.text.weights_summary(), a.model.display(), n, a.prompt_tokens, a.gen_tokens, p, d, d / n as f64, steps, kv, a.runs
     );
+    if let Some(path) = &a.json_schema {
+        report!(a.json, "every sequence constrained by the JSON schema {} (the mask on the host draw)", path.display());
+    }
     report!(a.json, "peak device memory {}", human(peak));
     if a.json {
         let j = serde_json::json!({
@@ -323,6 +352,7 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
             "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens,
             "max_prefill_tokens": a.max_prefill_tokens,
+            "json_schema": a.json_schema.as_ref().map(|p| p.display().to_string()),
             "prefill_tokens_per_s": p,
             "decode_tokens_per_s": d,
             "decode_tokens_per_s_per_sequence": d / n as f64,

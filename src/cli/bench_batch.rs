@@ -11,7 +11,7 @@
 
 use super::load::CliResult;
 use qwen3_vl::engine::{Engine, EngineConfig, Event, Request};
-use qwen3_vl::generate::{Sampler, SamplingParams};
+use qwen3_vl::generate::Sampler;
 use qwen3_vl::model::Model;
 use qwen3_vl::{Backend, DType};
 
@@ -22,14 +22,16 @@ pub struct BatchResult {
     pub steps: usize,
 }
 
-/// Runs `batch` greedy sequences of `prompt_tokens` generating `gen_tokens` each; the prompts
-/// come from `prompt(n, salt)`.
-pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt_tokens: usize, gen_tokens: usize, max_prefill: usize, prompt: &dyn Fn(usize, u64) -> Vec<u32>) -> CliResult<BatchResult> {
+/// Runs `batch` sequences of `prompt_tokens` generating `gen_tokens` each; the prompts come
+/// from `prompt(n, salt)`, each sequence's sampler from `sampler()` (greedy, constrained by
+/// `bench --json-schema`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt_tokens: usize, gen_tokens: usize, max_prefill: usize, prompt: &dyn Fn(usize, u64) -> Vec<u32>, sampler: &dyn Fn() -> Sampler) -> CliResult<BatchResult> {
     let mut cfg = EngineConfig::new(batch, batch * (prompt_tokens + gen_tokens), kv);
     cfg.max_prefill_tokens = max_prefill;
     let mut e = Engine::new(model, b, cfg)?;
     for i in 0..batch {
-        e.add(Request { prompt: prompt(prompt_tokens, 11 + i as u64), images: None, max_new: gen_tokens, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] })?;
+        e.add(Request { prompt: prompt(prompt_tokens, 11 + i as u64), images: None, max_new: gen_tokens, sampler: sampler(), stop_ids: vec![] })?;
     }
     let t0 = b.mark()?;
     let (mut firsts, mut tokens, mut steps) = (0usize, 0usize, 0usize);

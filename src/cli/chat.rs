@@ -13,6 +13,8 @@ use super::load::{prepare_images, prepare_video, render_prompt, stop_ids, user_t
 use qwen3_vl::video::{VideoConfig, VideoLimits};
 use super::logger::quiet;
 use super::ranges;
+use super::structured::{constrain, StructuredArgs};
+use qwen3_vl::generate::grammar::Grammar;
 use qwen3_vl::template::Turn;
 use qwen3_vl::engine::{Engine, EngineConfig};
 use qwen3_vl::generate::{Sampler, SamplingParams, Stop};
@@ -38,6 +40,8 @@ pub struct ChatArgs {
     context: usize,
     #[clap(flatten)]
     sampling: SamplingArgs,
+    #[clap(flatten)]
+    structured: StructuredArgs,
 }
 
 const HELP: &str = "commands:
@@ -64,6 +68,8 @@ struct Chat<'a> {
     engine: Engine<'a>,
     sampling: SamplingParams,
     stops: Vec<u32>,
+    /// What every reply must match (`--json-schema`, `--regex`, `--grammar`).
+    grammar: Option<std::sync::Arc<Grammar>>,
     /// The exchanges so far (their tokens stay in the engine's prefix cache while its blocks
     /// last).
     turns: Vec<Exchange>,
@@ -126,7 +132,7 @@ impl<'a> Chat<'a> {
         let budget = self.max_tokens.min(self.capacity - all.len());
         // 3. the reply; Ctrl-C ends it early
         let reply = signals::Reply::start();
-        let g = stream_reply(&mut self.engine, &self.l.tokenizer, &all, all_images.input(), budget, Sampler::new(self.sampling), &self.stops, &|| reply.interrupted())?;
+        let g = stream_reply(&mut self.engine, &self.l.tokenizer, &all, all_images.input(), budget, constrain(Sampler::new(self.sampling), self.grammar.as_ref()), &self.stops, &|| reply.interrupted())?;
         let interrupted = reply.interrupted();
         drop(reply);
         if interrupted {
@@ -183,6 +189,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
     let first_images = a.attach.prepare(&preprocess, &checked.video)?;
     let mut first: Vec<Turn> = a.system.iter().map(|s| Turn::text("system", s)).collect();
     first.push(user_turn("", &first_images.media));
+    let grammar = a.structured.compile(&checked.tokenizer)?;
     let needed = checked.tokenizer.encode(&render_prompt(&checked.format, &first, &first_images.media)?).len() + 1;
     if needed > capacity {
         return Err(format!("the system message and images need about {} tokens, more than the context of {} (raise --context)", needed, capacity).into());
@@ -202,6 +209,7 @@ pub fn run_chat(a: ChatArgs) -> CliResult<()> {
         engine,
         sampling: a.sampling.params(&l.defaults),
         stops: stop_ids(&l.tokenizer),
+        grammar,
         turns: Vec::new(),
         attached: first_images,
     };

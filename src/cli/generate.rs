@@ -4,6 +4,7 @@
 use super::load::{describe_sampling, memory_report, render_prompt, stop_ids, user_turn, CliResult, ImageArgs, ModelArgs, PromptArgs, SamplingArgs};
 use super::logger::quiet;
 use super::ranges;
+use super::structured::{constrain, StructuredArgs};
 use qwen3_vl::template::Turn;
 use qwen3_vl::engine::{Engine, EngineConfig, ImageInput, Request};
 use qwen3_vl::generate::{Generated, Sampler, Stop};
@@ -29,6 +30,8 @@ pub struct GenerateArgs {
     raw: bool,
     #[clap(flatten)]
     sampling: SamplingArgs,
+    #[clap(flatten)]
+    structured: StructuredArgs,
 }
 
 /// Streams one reply to stdout and returns the generation record: `prompt` (with `images`)
@@ -120,6 +123,7 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
         render_prompt(&checked.format, &turns, &prepared.media)?
     };
     let prompt = checked.tokenizer.encode(&text);
+    let grammar = a.structured.compile(&checked.tokenizer)?;
     let limit = checked.config.text.max_position_embeddings;
     if prompt.len() + a.max_tokens > limit {
         return Err(format!("the prompt is {} tokens; with --max-tokens {} that exceeds the model's context of {} tokens", prompt.len(), a.max_tokens, limit).into());
@@ -136,7 +140,7 @@ pub fn run_generate(a: GenerateArgs) -> CliResult<()> {
     // 3. the reply
     let mut engine = Engine::new(&l.model, &*l.backend, cfg)?;
     let params = a.sampling.params(&l.defaults);
-    let g = stream_reply(&mut engine, &l.tokenizer, &prompt, prepared.input(), a.max_tokens, Sampler::new(params), &stop_ids(&l.tokenizer), &|| false)?;
+    let g = stream_reply(&mut engine, &l.tokenizer, &prompt, prepared.input(), a.max_tokens, constrain(Sampler::new(params), grammar.as_ref()), &stop_ids(&l.tokenizer), &|| false)?;
     if !quiet() {
         eprintln!("{}", summary(&g, "--max-tokens reached"));
     }

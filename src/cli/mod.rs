@@ -25,6 +25,7 @@ mod progress;
 mod quantize;
 mod ranges;
 mod serve;
+mod structured;
 
 use clap::{Parser, Subcommand};
 use qwen3_vl::kernels::KernelsRequest;

@@ -244,7 +244,24 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st: &Settings, format: Format, tools: Option<tools::CallReader>, received: Instant, http11: bool) -> Result<Reply, ClientGone> {
     let shared = Arc::clone(&conn.shared);
-    // 1. the job: unset fields from the defaults, a fresh seed unless one is given
+    // 1. the grammar of structured output (compiled once per spec; the first one builds the
+    //    token trie): a spec that does not compile is a 400
+    let grammar = match st.structured.clone() {
+        Some(s) => {
+            let sh = Arc::clone(&shared);
+            match blocking(move || {
+                let ready = sh.ready.get().expect("checked by intake");
+                ready.grammars.compile(&ready.tokenizer, &s)
+            })
+            .await
+            {
+                Ok(g) => Some(g),
+                Err(e) => return Ok(http::error(&e)),
+            }
+        }
+        None => None,
+    };
+    // 2. the job: unset fields from the defaults, a fresh seed unless one is given
     let d = shared.ready.get().expect("checked by intake").defaults;
     let params = crate::generate::SamplingParams {
         temperature: st.temperature.unwrap_or(d.temperature),
@@ -264,6 +281,7 @@ pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st:
         penalties: OutputPenalties { presence: st.presence_penalty, frequency: st.frequency_penalty },
         stop: st.stop.clone(),
         choices: Choices { n: st.n, logprobs: st.logprobs, logit_bias: st.logit_bias.clone(), min_tokens: st.min_tokens, ignore_eos: st.ignore_eos },
+        grammar,
         cancel: Arc::clone(&cancel),
         events: tx,
         received,
@@ -273,7 +291,7 @@ pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st:
         Err(_) => return refuse(503, "shutting_down", 5, "the server is shutting down"),
     }
     let mut guard = CancelOnDrop(Some(cancel));
-    // 2. the answer, from the model's events
+    // 3. the answer, from the model's events
     let prefix = if format == Format::Chat { "chatcmpl" } else { "cmpl" };
     let mut answer = Answer::new(completion_id(prefix), shared.created_now(), shared.cfg.model_id.clone(), format, st.n, st.logprobs.is_some()).with_tools(tools);
     let mut tick = tokio::time::interval(POLL);

@@ -17,8 +17,8 @@
 //! logprobs, ...), `completions` (the legacy endpoint), `reply` and `logprobs` (response
 //! objects), `images` (image URLs to patches), `prompt` (template, tokens, budgets), `tools`
 //! (tool definitions, calls in the history and in the reply), `tokenize` (`/tokenize`,
-//! `/detokenize`), `queue` (the queue and the model loop), `stop` (stop strings), `metrics`
-//! (Prometheus text).
+//! `/detokenize`), `queue` (the queue and the model loop), `stop` (stop strings), `structured`
+//! (response_format and structured_outputs to grammars), `metrics` (Prometheus text).
 
 pub mod completions;
 mod conn;
@@ -35,6 +35,7 @@ pub mod queue;
 pub mod reply;
 pub mod settings;
 pub mod stop;
+pub mod structured;
 mod tokenize;
 pub mod tools;
 
@@ -117,6 +118,8 @@ pub(crate) struct Ready {
     pub defaults: SamplingParams,
     /// How prompts are written (the model's chat template, else the built-in format).
     pub format: crate::template::PromptFormat,
+    /// The grammar compiler for structured output (built on first use).
+    pub grammars: structured::LazyGrammars,
 }
 
 /// State shared by all threads.
@@ -233,7 +236,7 @@ impl Front {
     /// done. The model runs on the calling thread; `on_ready` is called once requests are taken.
     pub fn serve(mut self, m: Loaded<'_>, on_ready: impl FnOnce()) -> std::io::Result<()> {
         let shared = Arc::clone(&self.shared);
-        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format };
+        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format, grammars: Default::default() };
         if shared.ready.set(ready).is_err() {
             return Err(std::io::Error::other("the server was given a model twice"));
         }

@@ -182,12 +182,6 @@ pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatReque
     fields::check(o, Api::Chat)?;
     let tools = super::tools::parse_request(o)?;
     let template_kwargs = super::prompt::parse_template_kwargs(o)?;
-    if let Some(rf) = o.get("response_format").filter(|v| !v.is_null()) {
-        let t = rf.get("type").and_then(|t| t.as_str());
-        if t != Some("text") {
-            return Err(ApiError::invalid("response_format", "unsupported_value", "only response_format {\"type\": \"text\"} is supported"));
-        }
-    }
     if let Some(m) = o.get("model") {
         if !m.is_string() && !m.is_null() {
             return Err(wrong_type("model", "a string", m));

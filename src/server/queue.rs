@@ -8,6 +8,7 @@ use super::logprobs::{describe, TokenLogprob};
 use super::metrics::Metrics;
 use super::stop::StopMatcher;
 use crate::generate::logprobs::TokenLogprobs;
+use crate::generate::grammar::Grammar;
 use crate::generate::min_tokens::MinTokens;
 use crate::generate::sampling::OutputPenalties;
 use crate::generate::{Sampler, SamplingParams, Stop};
@@ -79,6 +80,8 @@ pub struct Job {
     pub penalties: OutputPenalties,
     pub stop: Vec<String>,
     pub choices: Choices,
+    /// What each choice must match (structured output), compiled.
+    pub grammar: Option<Arc<Grammar>>,
     /// Set by the connection when its client went away.
     pub cancel: Arc<AtomicBool>,
     /// The connection's end: a send never blocks the model thread.
@@ -344,7 +347,7 @@ impl Worker<'_> {
     }
 
     /// The sampler of choice `index` of `job`: its own seed, the job's penalties, bias,
-    /// logprobs and `min_tokens` (over `stop_ids`).
+    /// logprobs, `min_tokens` (over `stop_ids`) and grammar (a constraint of its own).
     fn sampler(&self, job: &Job, index: usize, stop_ids: &[u32]) -> Sampler {
         let params = SamplingParams { seed: choice_seed(job.params.seed, index), ..job.params };
         let c = &job.choices;
@@ -357,6 +360,9 @@ impl Worker<'_> {
         }
         if c.min_tokens > 0 && !stop_ids.is_empty() {
             s = s.with_constraint(Box::new(MinTokens::new(c.min_tokens, stop_ids.to_vec())));
+        }
+        if let Some(g) = &job.grammar {
+            s = s.with_constraint(g.constraint());
         }
         s
     }
@@ -489,6 +495,7 @@ mod tests {
             penalties: OutputPenalties::default(),
             stop: vec![],
             choices: Choices::one(),
+            grammar: None,
             cancel: Arc::new(AtomicBool::new(false)),
             events: channel().0,
             received: Instant::now(),

@@ -1,6 +1,7 @@
 //! What to generate and how to answer, as both `/v1/chat/completions` and `/v1/completions`
 //! take it: sampling, stop strings, penalties, `n`, `logprobs`, `logit_bias`, `min_tokens`,
-//! `ignore_eos` and streaming. Each value is checked here; an error names the field.
+//! `ignore_eos`, streaming and structured output (`structured.rs`). Each value is checked here;
+//! an error names the field.
 
 use super::fields::Api;
 use super::openai::{boolean, integer, number, wrong_type, ApiError, ParseLimits};
@@ -40,6 +41,8 @@ pub struct Settings {
     pub min_tokens: usize,
     /// The end-of-turn tokens do not stop the generation.
     pub ignore_eos: bool,
+    /// `response_format` / `structured_outputs`: what the reply must match.
+    pub structured: Option<super::structured::Structured>,
 }
 
 /// Reads the settings of body `o` sent to `api`.
@@ -110,6 +113,12 @@ pub fn parse(o: &Map<String, Value>, limits: &ParseLimits, api: Api) -> Result<S
         Some(r) if r <= 0.0 => return Err(ApiError::invalid("repetition_penalty", "invalid_value", "'repetition_penalty' must be above 0 (at most 10)")),
         r => r,
     };
+    // 6. structured output (a complete reply allows only the end of turn, which min_tokens
+    //    would forbid)
+    let structured = super::structured::parse(o)?;
+    if let Some(s) = structured.as_ref().filter(|_| min_tokens > 0) {
+        return Err(ApiError::invalid("min_tokens", "unsupported_value", format!("'min_tokens' cannot be combined with structured output ('{}'): a complete reply must be able to end", s.param)));
+    }
     Ok(Settings {
         stream,
         include_usage,
@@ -127,6 +136,7 @@ pub fn parse(o: &Map<String, Value>, limits: &ParseLimits, api: Api) -> Result<S
         logit_bias: logit_bias(o)?,
         min_tokens,
         ignore_eos: boolean(o, "ignore_eos")?,
+        structured,
     })
 }
 

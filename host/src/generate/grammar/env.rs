@@ -46,8 +46,9 @@ pub fn end_of_sequence(tok: &Tokenizer) -> Result<u32> {
     })
 }
 
-/// Builds llguidance's token environment from `tok` (about 0.1 s for Qwen's 151k ids: build
-/// it once per tokenizer and share it).
+/// Builds llguidance's token environment from `tok`. Costly (a trie over 151k ids; with the
+/// parser factory's slices [`super::Grammars::new`] takes about half a second): build it once
+/// per tokenizer and share it.
 pub fn token_env(tok: &Tokenizer) -> Result<TokEnv> {
     let n = tok.vocab_size();
     let words: Vec<Vec<u8>> = (0..n as u32)

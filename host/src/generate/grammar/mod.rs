@@ -3,7 +3,7 @@
 //!
 //! Use:
 //! 1. [`Grammars::new`] once per tokenizer: it builds llguidance's token trie from our
-//!    vocabulary (`env.rs`; about 0.1 s for 151k ids) and holds a bounded cache of compiled
+//!    vocabulary (`env.rs`; about half a second for 151k ids) and holds a bounded cache of compiled
 //!    grammars. Share it (it is `Sync`).
 //! 2. [`Grammars::compile`] a [`GrammarSpec`]: compiled once per spec, then taken from the
 //!    cache. A bad schema, regex or grammar is an [`Error::Grammar`] that names the problem.

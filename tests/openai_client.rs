@@ -153,3 +153,33 @@ fn the_official_client_sends_tools_and_tokenize_matches_transformers() {
         s.assert_no_panic();
     }
 }
+
+/// Structured output with the official client (tests/openai_structured.py): `parse()` with a
+/// Pydantic model, json_schema replies that validate with the `jsonschema` package (greedy,
+/// sampled, streamed), json_object, vLLM's `structured_outputs` (regex, choice, Lark grammar,
+/// json), and the refusals (the removed `guided_*` names, a bad schema). Skipped as above
+/// without the packages (`openai`, `jsonschema`), unless `QWEN3_VL_EXPECT_OPENAI=1`.
+#[test]
+fn structured_output_with_the_official_client() {
+    let test = "structured_output_with_the_official_client";
+    let Some(mut probe) = openai_python(test) else { return };
+    let probed = probe.args(["-c", "import jsonschema, pydantic"]).output();
+    if !probed.as_ref().map_or(false, |o| o.status.success()) {
+        let why = probed.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
+        assert!(std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(true, |v| v != "1"), "QWEN3_VL_EXPECT_OPENAI=1 but jsonschema or pydantic cannot be imported: {}", why);
+        eprintln!("{}: skipped: no jsonschema package (pip install jsonschema)", test);
+        return;
+    }
+    let Some(mut py) = openai_python(test) else { return };
+    let s = Server::start(&[]);
+    let out = py
+        .arg(common::repo_root().join("tests/openai_structured.py"))
+        .env("QWEN3_VL_BASE_URL", format!("http://127.0.0.1:{}/v1", s.port))
+        .output()
+        .expect("run the structured output script");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{}", stdout);
+    assert!(out.status.success(), "structured output checks failed:\n{}\n{}\nserver log:\n{}", stdout, stderr, s.log());
+    assert!(stdout.contains("all structured output checks passed"));
+    s.assert_no_panic();
+}

@@ -1,4 +1,4 @@
-//! Structured output through the batching engine on every backend, with the tiny
+//! Structured output through the batching engine on every backend, and through `generate`, with the tiny
 //! full-vocabulary checkpoint and the real Qwen tokenizer: constrained and free sequences in
 //! one batch. The constrained ones (a nested JSON schema, greedy and sampled) end with
 //! `<|im_end|>` and their text validates even on random weights; each gives the tokens it
@@ -112,4 +112,39 @@ fn constrained_and_free_sequences_share_a_batch() {
             assert_eq!(&alone[&0].0, tokens, "{}: in a batch against alone", what);
         }
     }
+}
+
+/// `generate --json-schema / --regex / --grammar` on the tiny model: the printed reply matches,
+/// sampled or greedy; a bad regex and two flags at once are refused naming the flag.
+#[test]
+fn generate_takes_a_schema_a_regex_or_a_grammar() {
+    let dir = std::env::temp_dir().join(format!("qwen3-vl-structured-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema_file = dir.join("person.json");
+    std::fs::write(&schema_file, schema().to_string()).unwrap();
+    let lark_file = dir.join("sql.lark");
+    std::fs::write(&lark_file, "start: \"SELECT \" COL (\", \" COL)* \" FROM t\"\nCOL: /[a-z]{1,6}/\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = common::server::cli("generate", &[&["-q", "--max-tokens", "200", "-p", "Describe a person."][..], args].concat()).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let schema_arg = schema_file.to_str().unwrap();
+    for sampling in [&["--greedy"][..], &["--temperature", "1", "--seed", "7"]] {
+        let (ok, text, err) = run(&[sampling, &["--json-schema", schema_arg]].concat());
+        assert!(ok, "{}", err);
+        validate(&text);
+        let (ok, text, err) = run(&[sampling, &["--regex", "[a-f]{3}-[0-9]{2,4}"]].concat());
+        assert!(ok, "{}", err);
+        let (l, r) = text.split_once('-').unwrap_or_else(|| panic!("{:?}", text));
+        assert!(l.len() == 3 && l.bytes().all(|b| (b'a'..=b'f').contains(&b)) && (2..=4).contains(&r.len()) && r.bytes().all(|b| b.is_ascii_digit()), "{:?}", text);
+        let (ok, text, err) = run(&[sampling, &["--grammar", lark_file.to_str().unwrap()]].concat());
+        assert!(ok, "{}", err);
+        let cols = text.strip_prefix("SELECT ").and_then(|t| t.strip_suffix(" FROM t")).unwrap_or_else(|| panic!("{:?}", text));
+        assert!(cols.split(", ").all(|c| (1..=6).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_lowercase())), "{:?}", text);
+    }
+    let (ok, _, err) = run(&["--regex", "(unclosed"]);
+    assert!(!ok && err.contains("--regex") && err.contains("unclosed"), "{}", err);
+    let (ok, _, err) = run(&["--regex", "a", "--json-schema", schema_arg]);
+    assert!(!ok && err.contains("cannot be used with"), "{}", err);
+    let _ = std::fs::remove_dir_all(&dir);
 }

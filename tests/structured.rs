@@ -1,6 +1,6 @@
-//! Structured output through the batching engine on every backend, and through `generate`, with the tiny
-//! full-vocabulary checkpoint and the real Qwen tokenizer: constrained and free sequences in
-//! one batch. The constrained ones (a nested JSON schema, greedy and sampled) end with
+//! Structured output through the batching engine on every backend, and through `generate`,
+//! with the tiny full-vocabulary checkpoint and the real Qwen tokenizer: constrained and free
+//! sequences in one batch. The constrained ones (a nested JSON schema, greedy and sampled) end with
 //! `<|im_end|>` and their text validates even on random weights; each gives the tokens it
 //! gives alone, and so does the free one.
 

@@ -59,7 +59,7 @@ fn run(e: &mut Engine<'_>, reqs: Vec<Request>) -> HashMap<SeqId, (Vec<u32>, Stop
     while e.has_work() {
         for ev in e.step().unwrap() {
             match ev {
-                Event::Token { id, token } => out.get_mut(&id).unwrap().0.push(token),
+                Event::Token { id, token, .. } => out.get_mut(&id).unwrap().0.push(token),
                 Event::Finished { id, stop, .. } => out.get_mut(&id).unwrap().1 = Some(stop),
             }
         }

@@ -214,4 +214,17 @@ mod tests {
         assert_eq!(e(json!({"response_format": {"type": "structural_tag"}})).param.as_deref(), Some("response_format.type"));
         assert_eq!(e(json!({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}})).param.as_deref(), Some("structured_outputs"));
     }
+
+    #[test]
+    fn both_endpoints_take_it_and_min_tokens_is_refused_with_it() {
+        use super::super::{completions, openai, openai::ParseLimits};
+        let chat = openai::parse_chat_request(br#"{"messages":[{"role":"user","content":"hi"}],"structured_outputs":{"choice":["a","b"]}}"#, &ParseLimits::default()).unwrap();
+        assert_eq!(chat.settings.structured.unwrap().spec, GrammarSpec::Choice(vec!["a".into(), "b".into()]));
+        let c = completions::parse_completion_request(br#"{"prompt":"hi","response_format":{"type":"json_object"}}"#, &ParseLimits::default()).unwrap();
+        assert_eq!(c.settings.structured.unwrap().spec, GrammarSpec::JsonObject);
+        let e = openai::parse_chat_request(br#"{"messages":[{"role":"user","content":"hi"}],"min_tokens":3,"structured_outputs":{"regex":"a+"}}"#, &ParseLimits::default()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("min_tokens"));
+        let e = openai::parse_chat_request(br#"{"messages":[{"role":"user","content":"hi"}],"guided_choice":["a"]}"#, &ParseLimits::default()).unwrap_err();
+        assert!(e.message.contains("structured_outputs"), "{}", e.message);
+    }
 }

@@ -54,7 +54,7 @@ fn main() {
     let spec = GrammarSpec::json_schema(&schema());
     let t0 = Instant::now();
     let g = grammars.compile(&spec).unwrap();
-    println!("nested schema compiled: {:.2} ms", t0.elapsed().as_secs_f64() * 1e3);
+    println!("nested schema compiled: {:.2} ms (the grammar's own count: {:.2} ms)", t0.elapsed().as_secs_f64() * 1e3, g.compile_secs() * 1e3);
     let t0 = Instant::now();
     let _ = grammars.compile(&spec).unwrap().constraint();
     println!("cached schema to a new constraint: {:.1} µs", t0.elapsed().as_secs_f64() * 1e6);

@@ -41,8 +41,9 @@ impl Constraint for GrammarConstraint {
         let n = src.len().min(words.len()).min(self.vocab.div_ceil(32));
         words[..n].copy_from_slice(&src[..n]);
         words[n..].fill(0);
-        if self.vocab % 32 != 0 && n == self.vocab / 32 + 1 {
-            words[n - 1] &= (1u32 << (self.vocab % 32)) - 1;
+        let tail = self.vocab % 32; // bits of the last word past the vocabulary
+        if tail != 0 && n == self.vocab / 32 + 1 {
+            words[n - 1] &= (1u32 << tail) - 1;
         }
         Ok(())
     }

@@ -107,9 +107,13 @@ fn constrained_and_free_sequences_share_a_batch() {
                 let text = tok.decode(tokens, false).unwrap();
                 assert!(serde_json::from_str::<Value>(&text).is_err(), "{}: free text on random weights is not JSON", what);
             }
-            // the same tokens alone
-            let alone = run(&mut engine(), vec![request(constrained, params, 160)]);
-            assert_eq!(&alone[&0].0, tokens, "{}: in a batch against alone", what);
+            // the same tokens alone: exactly on the CPU; a GPU's batched and lone steps round
+            // differently, so a near tie may go either way there (tests/engine_masks.rs checks
+            // the device's masked picks against the host's from the same logits)
+            if b.kind() == qwen3_vl::DeviceKind::Cpu {
+                let alone = run(&mut engine(), vec![request(constrained, params, 160)]);
+                assert_eq!(&alone[&0].0, tokens, "{}: in a batch against alone", what);
+            }
         }
     }
 }

@@ -269,7 +269,7 @@ pub fn run(a: BenchArgs) -> CliResult<()> {
     let placement = if on_gpu { model.placement().describe() } else { "everything on the CPU".into() };
     let (gpu_bytes, cpu_bytes) = if on_gpu { (gpu_bytes, cpu_bytes) } else { (0, gpu_bytes + cpu_bytes) };
     if let Some(path) = &a.json_schema {
-        report!(a.json, "decode constrained by the JSON schema {} (the mask on the host draw)", path.display());
+        report!(a.json, "decode constrained by the JSON schema {} (masks computed on the host, applied in the sampling step)", path.display());
     }
     report!(a.json,
         "placement: {}; weights {} on the GPU, {} on the CPU; peak device memory {}{}",
@@ -340,7 +340,7 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
         b.describe(), c.num_hidden_layers, c.hidden_size, model.text.weights_summary(), a.model.display(), n, a.prompt_tokens, a.gen_tokens, p, d, d / n as f64, steps, kv, a.runs
     );
     if let Some(path) = &a.json_schema {
-        report!(a.json, "every sequence constrained by the JSON schema {} (the mask on the host draw)", path.display());
+        report!(a.json, "every sequence constrained by the JSON schema {} (masks computed on the host, applied in the sampling step)", path.display());
     }
     report!(a.json, "peak device memory {}", human(peak));
     if a.json {

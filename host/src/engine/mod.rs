@@ -740,6 +740,9 @@ impl<'a> Engine<'a> {
             self.running[p.seq].cached = p.from + p.n;
             self.register_written(p.seq);
         }
+        // the tokens, told to the sequences' constraints (in parallel where several are)
+        let taken: Vec<(usize, u32)> = picks.iter().filter_map(|&(k, t)| t.map(|t| (parts[k].seq, t))).collect();
+        let mut verdicts = masks::accept_all(&mut self.running, &taken).into_iter();
         let mut events = Vec::new();
         let mut done: Vec<usize> = Vec::new();
         for (k, t) in picks {
@@ -751,7 +754,7 @@ impl<'a> Engine<'a> {
                 Some(t) => {
                     s.generated += 1;
                     events.push(Event::Token { id: s.id, token: t, logprobs: s.sampler.take_logprobs().map(Box::new) });
-                    match s.sampler.accept(t) {
+                    match verdicts.next().expect("one verdict per token") {
                         Ok(()) => Some(t),
                         Err(e) => {
                             log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);

@@ -5,6 +5,9 @@ Environment: QWEN3_VL_BASE_URL (http://127.0.0.1:PORT/v1), QWEN3_VL_TEMPLATE_REF
 transformers references of the template the server runs with: tests/fixtures/template/
 qwen3_vl_reference.json for the tiny model's own, reference.json for the Qwen3 text template),
 QWEN3_VL_IMAGE (an image file, sent in place of the references' image parts).
+Constrained calls (tool_choice required or a named function, strict tools through
+`pydantic_function_tool` and `parse()`) are checked whole and streamed, greedy and sampled:
+their arguments validate with `jsonschema` against the tool's parameters.
 Exits non-zero, naming the check, when anything differs.
 """
 
@@ -15,7 +18,9 @@ import sys
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
+import pydantic
 
 BASE = os.environ["QWEN3_VL_BASE_URL"]
 ROOT_URL = BASE.rsplit("/v1", 1)[0]
@@ -176,5 +181,99 @@ try:
     check(False, "bad arguments in the history: expected a 400")
 except openai.BadRequestError as e:
     check(e.body.get("param") == "messages[1].tool_calls[0].function.arguments", f"bad arguments in the history: {e.body}")
+
+# 5. constrained calls: tool_choice required or a named function gives calls whose arguments
+#    validate against the tool's parameters, on the random-weight model, whole and streamed
+#    (reassembled by the client's stream helper), greedy and sampled
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object",
+    "properties": {"query": {"type": "string", "maxLength": 12}, "top": {"type": "boolean"}, "tags": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 6}}},
+    "required": ["query"],
+    "additionalProperties": False,
+}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, SEARCH)}
+ASK = [{"role": "user", "content": "What is the weather in Paris, and what is new there?"}]
+
+
+def calls_of(kwargs, stream):
+    """The reply to a chat request with these arguments: whole, or streamed and reassembled."""
+    args = dict(model="tiny", messages=ASK, max_tokens=400, **kwargs)
+    if not stream:
+        return client.chat.completions.create(**args)
+    with client.chat.completions.stream(**args) as s:
+        for _ in s:
+            pass
+        return s.get_final_completion()
+
+
+def check_calls(r, names, what, one=False):
+    choice = r.choices[0]
+    calls = choice.message.tool_calls or []
+    check(choice.finish_reason == "tool_calls" and calls and not choice.message.content, f"{what}: finish_reason tool_calls, calls and no content: {choice}")
+    check(not one or len(calls) == 1, f"{what}: one call: {calls}")
+    for c in calls:
+        check(c.type == "function" and c.id.startswith("call_") and c.function.name in names, f"{what}: a call of {names}: {c}")
+        try:
+            jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+        except (ValueError, jsonschema.ValidationError) as e:
+            check(False, f"{what}: arguments {c.function.arguments!r} validate: {e}")
+    check(len({c.id for c in calls}) == len(calls), f"{what}: distinct call ids")
+    return calls
+
+
+most = 0
+for stream in (False, True):
+    mode = "streamed" if stream else "whole"
+    for sampling in [dict(temperature=0)] + [dict(temperature=1.0, seed=s) for s in (1, 2, 3)]:
+        how = f"{mode}, {'greedy' if sampling['temperature'] == 0 else 'seed %d' % sampling['seed']}"
+        named = {"type": "function", "function": {"name": "search"}}
+        check_calls(calls_of(dict(tools=[WEATHER, SEARCH], tool_choice=named, **sampling), stream), {"search"}, f"named call ({how})", one=True)
+        calls = check_calls(calls_of(dict(tools=[WEATHER, SEARCH], tool_choice="required", **sampling), stream), {"get_weather", "search"}, f"required ({how})")
+        most = max(most, len(calls))
+        check_calls(calls_of(dict(tools=[WEATHER, SEARCH], tool_choice="required", parallel_tool_calls=False, **sampling), stream), {"get_weather", "search"}, f"required, no parallel calls ({how})", one=True)
+print("most calls in one required reply:", most)
+
+# the same request (greedy) gives the same calls whole and streamed
+whole = calls_of(dict(tools=[WEATHER, SEARCH], tool_choice="required", temperature=0), False).choices[0].message.tool_calls
+streamed = calls_of(dict(tools=[WEATHER, SEARCH], tool_choice="required", temperature=0), True).choices[0].message.tool_calls
+check([(c.function.name, c.function.arguments) for c in whole] == [(c.function.name, c.function.arguments) for c in streamed], f"greedy calls whole == streamed: {whole} vs {streamed}")
+
+# a constrained call, sent back in the history, is what the template renders
+back = ASK + [{"role": "assistant", "content": None, "tool_calls": [c.model_dump(exclude_none=True) for c in whole]}] + [{"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in whole]
+r = client.chat.completions.create(model="tiny", messages=back, tools=[WEATHER, SEARCH], tool_choice="none", max_tokens=4, temperature=0)
+check(r.choices[0].finish_reason in ("stop", "length"), f"the calls go back into the history: {r.choices[0]}")
+
+
+# 6. strict tools from Pydantic models, parsed by the client (tool_choice required)
+class Unit(str, __import__("enum").Enum):
+    celsius = "celsius"
+    fahrenheit = "fahrenheit"
+
+
+class GetWeather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=16)
+    unit: Unit
+    days: int = pydantic.Field(ge=1, le=7)
+
+
+for sampling in (dict(temperature=0), dict(temperature=1.0, seed=7)):
+    r = client.chat.completions.parse(model="tiny", messages=ASK, tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required", max_tokens=400, **sampling)
+    calls = r.choices[0].message.tool_calls or []
+    check(r.choices[0].finish_reason == "tool_calls" and calls and all(isinstance(c.function.parsed_arguments, GetWeather) for c in calls), f"parse() with a pydantic tool ({sampling}): {r.choices[0]}")
+
+# strict tools under auto: the reply may be text; it is not refused
+r = client.chat.completions.create(model="tiny", messages=ASK, tools=[openai.pydantic_function_tool(GetWeather)], max_tokens=8, temperature=0)
+check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"a strict tool under auto is accepted: {r.choices[0]}")
+
+# 7. what cannot be combined is refused, naming the field
+bad({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format", "response_format with tool_choice required")
+bad({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "extra_body": {"structured_outputs": {"regex": "a"}}}, "structured_outputs", "structured_outputs with a named tool_choice")
+bad({"tools": [WEATHER], "tool_choice": "required", "extra_body": {"min_tokens": 3}}, "min_tokens", "min_tokens with tool_choice required")
 
 print("all openai tool checks passed")

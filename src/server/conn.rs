@@ -212,9 +212,6 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Ok(p) => Arc::new(p),
         Err(e) => return Ok(http::error(&e)),
     };
-    if let Err(e) = parsed.tools.check_supported() {
-        return Ok(http::error(&e));
-    }
     let ticket = match reserve(&shared) {
         Ok(t) => t,
         Err(reply) => return reply,

@@ -37,6 +37,7 @@ pub mod settings;
 pub mod stop;
 pub mod structured;
 mod tokenize;
+pub mod tool_grammar;
 pub mod tools;
 
 use crate::generate::SamplingParams;

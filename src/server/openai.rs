@@ -190,7 +190,9 @@ pub fn parse_chat_request(body: &[u8], limits: &ParseLimits) -> Result<ChatReque
     // 3. messages
     let messages = parse_messages(o.get("messages"), limits)?;
     // 4. generation settings
-    let settings = settings::parse(o, limits, Api::Chat)?;
+    let mut settings = settings::parse(o, limits, Api::Chat)?;
+    // 5. tool_choice required / a named function / strict tools: the reply is constrained to calls
+    super::tool_grammar::apply(&tools, &mut settings)?;
     Ok(ChatRequest { messages, settings, tools, template_kwargs })
 }
 

@@ -65,19 +65,6 @@ impl ToolRequest {
         self.tools.iter().any(|t| t["function"]["strict"] == Value::Bool(true))
     }
 
-    /// Refuses what needs constrained decoding (a `required` or named choice, `strict`
-    /// tools), which this build does not do for tool calls.
-    pub fn check_supported(&self) -> Result<(), ApiError> {
-        let what = match &self.choice {
-            ToolChoice::Required => "tool_choice 'required'",
-            ToolChoice::Function(_) => "a tool_choice that names a function",
-            _ if self.choice != ToolChoice::None && self.any_strict() => "a tool with strict: true",
-            _ => return Ok(()),
-        };
-        let param = if matches!(self.choice, ToolChoice::Required | ToolChoice::Function(_)) { "tool_choice" } else { "tools" };
-        Err(ApiError::invalid(param, "unsupported_value", format!("{} needs constrained decoding of the call, which this server does not do yet; use tool_choice 'auto' and strict: false", what)))
-    }
-
     /// What reads the reply for calls, or `None` when calls are not looked for.
     pub fn reader(&self) -> Option<CallReader> {
         self.parses_output().then(|| CallReader { names: self.names().map(String::from).collect(), max_calls: if self.parallel { usize::MAX } else { 1 } })

@@ -58,6 +58,11 @@ fn the_official_openai_client_works() {
 /// The Python for the official client's scripts, with the `openai` package importable (`None`:
 /// skipped with a note, unless `QWEN3_VL_EXPECT_OPENAI=1`, which fails instead).
 fn openai_python(test: &str) -> Option<Command> {
+    openai_python_with(test, "openai")
+}
+
+/// [`openai_python`] for a script that imports `modules` too (`"openai, jsonschema, pydantic"`).
+fn openai_python_with(test: &str, modules: &str) -> Option<Command> {
     let python = std::env::var("QWEN3_VL_PYTHON").unwrap_or_else(|_| "python3".into());
     let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(false, |v| v == "1");
     let py = || {
@@ -67,11 +72,11 @@ fn openai_python(test: &str) -> Option<Command> {
         }
         c
     };
-    let probe = py().args(["-c", "import openai"]).output();
+    let probe = py().args(["-c", &format!("import {}", modules)]).output();
     if !probe.as_ref().map_or(false, |o| o.status.success()) {
         let why = probe.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
-        assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import openai: {}", python, why);
-        eprintln!("{}: skipped: {} has no openai package (pip install openai)", test, python);
+        assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import {}: {}", python, modules, why);
+        eprintln!("{}: skipped: {} cannot import {} (pip install {})", test, python, modules, modules.replace(',', ""));
         return None;
     }
     Some(py())
@@ -136,12 +141,7 @@ fn the_rest_of_what_clients_send() {
 #[test]
 fn the_official_client_sends_tools_and_tokenize_matches_transformers() {
     let test = "the_official_client_sends_tools_and_tokenize_matches_transformers";
-    let Some(mut probe) = openai_python(test) else { return };
-    let probed = probe.args(["-c", "import jsonschema, pydantic"]).output();
-    if !probed.as_ref().map_or(false, |o| o.status.success()) {
-        let why = probed.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
-        assert!(std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(true, |v| v != "1"), "QWEN3_VL_EXPECT_OPENAI=1 but jsonschema or pydantic cannot be imported: {}", why);
-        eprintln!("{}: skipped: no jsonschema or pydantic package", test);
+    if openai_python_with(test, "openai, jsonschema, pydantic").is_none() {
         return;
     }
     let root = common::repo_root();
@@ -173,12 +173,7 @@ fn the_official_client_sends_tools_and_tokenize_matches_transformers() {
 #[test]
 fn structured_output_with_the_official_client() {
     let test = "structured_output_with_the_official_client";
-    let Some(mut probe) = openai_python(test) else { return };
-    let probed = probe.args(["-c", "import jsonschema, pydantic"]).output();
-    if !probed.as_ref().map_or(false, |o| o.status.success()) {
-        let why = probed.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_else(|e| e.to_string());
-        assert!(std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(true, |v| v != "1"), "QWEN3_VL_EXPECT_OPENAI=1 but jsonschema or pydantic cannot be imported: {}", why);
-        eprintln!("{}: skipped: no jsonschema package (pip install jsonschema)", test);
+    if openai_python_with(test, "openai, jsonschema, pydantic").is_none() {
         return;
     }
     let Some(mut py) = openai_python(test) else { return };

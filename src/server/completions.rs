@@ -6,19 +6,12 @@
 //! prompt's log-probabilities, which are not computed, so that pair is refused. `suffix` and
 //! `best_of` above `n` are refused.
 
-use super::conn::{blocking, intake, reserve, run, ClientGone, Intake};
 use super::fields::{self, Api};
-use super::http::{self, Reply};
-use super::io::Conn;
 use super::openai::{boolean, integer, wrong_type, ApiError, ParseLimits};
 use super::prompt::{self, Prompt, TokenLimits};
-use super::reply::Format;
 use super::settings::{self, Settings};
 use crate::Tokenizer;
-use hyper::body::Incoming;
-use hyper::Request;
 use serde_json::{Map, Value};
-use std::sync::Arc;
 
 /// `max_tokens` when a completions request sets none (OpenAI's default).
 pub const DEFAULT_MAX_TOKENS: usize = 16;
@@ -137,39 +130,6 @@ pub fn build(req: &CompletionRequest, tok: &Tokenizer, image_tokens: &[u32], lim
         (PromptInput::Ids(ids), true) => Some(tok.decode(ids, false).map_err(|e| ApiError::invalid("prompt", "invalid_value", e.to_string()))?),
     };
     Ok((Prompt { ids, images: Vec::new(), max_tokens }, echo))
-}
-
-/// `POST /v1/completions`: checked as a chat request is (see `conn`), then queued.
-pub(crate) async fn handle(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientGone> {
-    let shared = Arc::clone(&conn.shared);
-    let Intake { body, place, http11, received } = match intake(req, &shared).await {
-        Ok(i) => i,
-        Err(reply) => return reply,
-    };
-    let limits = shared.cfg.parse;
-    let parsed = match blocking(move || parse_completion_request(&body, &limits)).await {
-        Ok(p) => Arc::new(p),
-        Err(e) => return Ok(http::error(&e)),
-    };
-    let ticket = match reserve(&shared) {
-        Ok(t) => t,
-        Err(reply) => return reply,
-    };
-    let built = {
-        let (shared, parsed) = (Arc::clone(&shared), Arc::clone(&parsed));
-        blocking(move || {
-            let ready = shared.ready.get().expect("checked by intake");
-            let placeholders: Vec<u32> = std::iter::once(ready.image_token).chain(ready.tokenizer.token_to_id("<|video_pad|>")).collect();
-            build(&parsed, &ready.tokenizer, &placeholders, &shared.cfg.tokens)
-        })
-        .await
-    };
-    drop(place);
-    let (p, echo) = match built {
-        Ok(b) => b,
-        Err(e) => return Ok(http::error(&e)),
-    };
-    run(conn, ticket, p, &parsed.settings, Format::Completion { echo }, None, received, http11).await
 }
 
 #[cfg(test)]

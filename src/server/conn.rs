@@ -7,22 +7,19 @@
 
 use super::http::{self, Reply};
 use super::io::Conn;
-use super::openai::{self, ApiError};
-use super::queue::{Choices, Event, Job, Refused, Ticket};
-use super::reply::{Answer, Format};
-use super::settings::{self, Settings};
-use super::{completions, prompt, tools, Shared};
-use crate::generate::sampling::OutputPenalties;
+use super::openai::ApiError;
+use super::pipeline::{self, Endpoint, Pending, Step};
+use super::queue::{Event, Refused, Ticket};
+use super::Shared;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::AUTHORIZATION;
 use hyper::{Request, Version};
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// How often a request waiting for the model checks that its client is still there.
 const POLL: Duration = Duration::from_millis(100);
@@ -91,8 +88,8 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, Client
                 http::error(&ApiError::new(404, "model_not_found", format!("no model '{}' here (this server has '{}')", id.chars().take(200).collect::<String>(), shared.cfg.model_id)))
             }
         }
-        ("POST", "/v1/chat/completions") => return chat(req, conn).await,
-        ("POST", "/v1/completions") => return completions::handle(req, conn).await,
+        ("POST", "/v1/chat/completions") => return generate(req, conn, Endpoint::Chat).await,
+        ("POST", "/v1/completions") => return generate(req, conn, Endpoint::Completions).await,
         ("POST", "/tokenize") => return super::tokenize::tokenize(req, conn).await,
         ("POST", "/detokenize") => return super::tokenize::detokenize(req, conn).await,
         (_, "/health") | (_, "/metrics") | (_, "/v1/models") => http::error(&method_not_allowed("GET")),
@@ -103,32 +100,6 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, Client
 
 fn model_json(shared: &Shared) -> serde_json::Value {
     json!({"id": shared.cfg.model_id, "object": "model", "created": shared.created, "owned_by": "qwen3-vl"})
-}
-
-/// A fresh completion id (`chatcmpl-...` for chat, `cmpl-...` for completions).
-fn completion_id(prefix: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    format!("{}-{:x}{:06x}", prefix, t, n & 0xff_ffff)
-}
-
-/// Cancels a job when dropped unarmed: the reply was abandoned (the client left).
-struct CancelOnDrop(Option<Arc<AtomicBool>>);
-
-impl CancelOnDrop {
-    /// The job ended: nothing to cancel.
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.store(true, Ordering::SeqCst);
-        }
-    }
 }
 
 /// The next event of a job, while checking every [`POLL`] that its client is still there
@@ -198,8 +169,9 @@ pub(crate) fn reserve(shared: &Shared) -> Result<Ticket, Result<Reply, ClientGon
     }
 }
 
-/// `POST /v1/chat/completions`.
-async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientGone> {
+/// `POST /v1/chat/completions` and `POST /v1/completions`: the checks of `intake`, then the
+/// request pipeline (see `pipeline`), its blocking steps on the blocking pool.
+pub(crate) async fn generate(req: Request<Incoming>, conn: &Arc<Conn>, endpoint: Endpoint) -> Result<Reply, ClientGone> {
     let shared = Arc::clone(&conn.shared);
     // 1. a place among the requests being read and checked, then the body within its limits
     let Intake { body, place, http11, received } = match intake(req, &shared).await {
@@ -208,7 +180,7 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
     };
     // 2. the JSON, then a place in the queue before any image is decoded or text tokenized
     let limits = shared.cfg.parse;
-    let parsed = match blocking(move || openai::parse_chat_request(&body, &limits)).await {
+    let parsed = match blocking(move || pipeline::parse(endpoint, &body, &limits)).await {
         Ok(p) => Arc::new(p),
         Err(e) => return Ok(http::error(&e)),
     };
@@ -216,118 +188,57 @@ async fn chat(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, ClientG
         Ok(t) => t,
         Err(reply) => return reply,
     };
-    // 3. images and tokens (images decoded here, in parallel with the model)
-    let p = {
+    // 3. images, tokens and the grammar (images decoded here, in parallel with the model)
+    let built = {
         let (shared, parsed) = (Arc::clone(&shared), Arc::clone(&parsed));
-        blocking(move || {
-            let ready = shared.ready.get().expect("checked above");
-            let s = &shared;
-            settings::check_vocab(&parsed.settings, ready.tokenizer.vocab_size())?;
-            prompt::build(&parsed, &ready.tokenizer, ready.image_token, &ready.format, &s.cfg.images, &s.cfg.tokens, Some(&s.image_slots), Some(&s.image_cache))
-        })
-        .await
+        blocking(move || pipeline::build(&shared, &parsed)).await
     };
     drop(place);
-    let p = match p {
-        Ok(p) => p,
+    let built = match built {
+        Ok(b) => b,
         Err(e) => return Ok(http::error(&e)),
     };
     // 4. queued, and answered from the model's events
-    run(conn, ticket, p, &parsed.settings, Format::Chat, parsed.tools.reader(), received, http11).await
+    let pending = match pipeline::submit(&shared, ticket, built, parsed.settings(), received) {
+        Ok(p) => p,
+        Err(e) => return Ok(http::error(&e)),
+    };
+    answer(conn, pending, http11).await
 }
 
-/// Queues a checked request's prompt with its settings, and answers from the model's events:
-/// whole, or as server-sent events; with `tools`, each chat choice is read for tool calls.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn run(conn: &Arc<Conn>, ticket: Ticket, p: prompt::Prompt, st: &Settings, format: Format, tools: Option<tools::CallReader>, received: Instant, http11: bool) -> Result<Reply, ClientGone> {
-    let shared = Arc::clone(&conn.shared);
-    // 1. the grammar of structured output (compiled once per spec; the first one builds the
-    //    token trie): a spec that does not compile is a 400
-    let grammar = match st.structured.clone() {
-        Some(s) => {
-            let sh = Arc::clone(&shared);
-            match blocking(move || {
-                let ready = sh.ready.get().expect("checked by intake");
-                ready.grammars.compile(&ready.tokenizer, &s)
-            })
-            .await
-            {
-                Ok(g) => Some(g),
-                Err(e) => return Ok(http::error(&e)),
-            }
-        }
-        None => None,
-    };
-    // 2. the job: unset fields from the defaults, a fresh seed unless one is given
-    let d = shared.ready.get().expect("checked by intake").defaults;
-    let params = crate::generate::SamplingParams {
-        temperature: st.temperature.unwrap_or(d.temperature),
-        top_k: st.top_k.unwrap_or(d.top_k),
-        top_p: st.top_p.unwrap_or(d.top_p),
-        repetition_penalty: st.repetition_penalty.unwrap_or(d.repetition_penalty),
-        seed: st.seed.unwrap_or_else(settings::fresh_seed),
-    };
-    log::debug!("sampling {:?}, {} prompt tokens, {} images, max_tokens {}, n {}", params, p.ids.len(), p.images.len(), p.max_tokens, st.n);
-    let (tx, mut rx) = unbounded_channel();
-    let cancel = Arc::new(AtomicBool::new(false));
-    let job = Job {
-        prompt: p.ids,
-        images: p.images,
-        max_tokens: p.max_tokens,
-        params,
-        penalties: OutputPenalties { presence: st.presence_penalty, frequency: st.frequency_penalty },
-        stop: st.stop.clone(),
-        choices: Choices { n: st.n, logprobs: st.logprobs, logit_bias: st.logit_bias.clone(), min_tokens: st.min_tokens, ignore_eos: st.ignore_eos },
-        grammar,
-        cancel: Arc::clone(&cancel),
-        events: tx,
-        received,
-    };
-    match shared.queue.submit_reserved(ticket, job) {
-        Ok(n) => log::debug!("queued: {} waiting", n),
-        Err(_) => return refuse(503, "shutting_down", 5, "the server is shutting down"),
-    }
-    let mut guard = CancelOnDrop(Some(cancel));
-    // 3. the answer, from the model's events
-    let prefix = if format == Format::Chat { "chatcmpl" } else { "cmpl" };
-    let mut answer = Answer::new(completion_id(prefix), shared.created_now(), shared.cfg.model_id.clone(), format, st.n, st.logprobs.is_some()).with_tools(tools);
+/// Answers from a queued job's events: whole, or as server-sent events.
+async fn answer(conn: &Arc<Conn>, mut pending: Pending, http11: bool) -> Result<Reply, ClientGone> {
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    if st.stream {
+    if pending.stream {
         // a failure before the model takes the job is still a plain 500
-        let first = match next_event(&mut rx, conn, http11, &mut tick).await {
+        let first = match next_event(&mut pending.rx, conn, http11, &mut tick).await {
             None => return Err(ClientGone),
             Some(Event::Failed(m)) => {
-                guard.disarm();
+                pending.guard.disarm();
                 return Ok(http::error(&ApiError::new(500, "generation_failed", m)));
             }
             Some(e) => e,
         };
-        let opening = answer.opening().iter().map(event).collect();
-        let s = EventStream { rx, first: Some(first), guard, answer, include_usage: st.include_usage, opening: Some(opening), done: false };
+        let opening = pending.opening().iter().map(event).collect();
+        let s = EventStream { pending, first: Some(first), opening: Some(opening), done: false };
         return Ok(http::events(s));
     }
     loop {
-        match next_event(&mut rx, conn, http11, &mut tick).await {
+        match next_event(&mut pending.rx, conn, http11, &mut tick).await {
             None => return Err(ClientGone),
-            Some(Event::Failed(m)) => {
-                guard.disarm();
-                return Ok(http::error(&ApiError::new(500, "generation_failed", m)));
-            }
-            Some(ev) => {
-                answer.absorb(ev);
-                if answer.done() {
-                    guard.disarm();
-                    return Ok(http::json(200, &answer.whole()));
-                }
-            }
+            Some(ev) => match pending.absorb(ev) {
+                Some(Ok(whole)) => return Ok(http::json(200, &whole)),
+                Some(Err(e)) => return Ok(http::error(&e)),
+                None => {}
+            },
         }
     }
 }
 
 impl Shared {
     /// Unix time now, for `created`.
-    fn created_now(&self) -> u64 {
+    pub(crate) fn created_now(&self) -> u64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(self.created, |d| d.as_secs())
     }
 }
@@ -337,11 +248,8 @@ impl Shared {
 /// `data: [DONE]`. Dropped before the end (hyper could not write to the client), it cancels the
 /// job.
 struct EventStream {
-    rx: UnboundedReceiver<Event>,
+    pending: Pending,
     first: Option<Event>,
-    guard: CancelOnDrop,
-    answer: Answer,
-    include_usage: bool,
     /// The opening chunks, until sent.
     opening: Option<String>,
     done: bool,
@@ -362,26 +270,21 @@ impl http::Stream for EventStream {
         loop {
             let ev = match self.first.take() {
                 Some(e) => e,
-                None => match self.rx.poll_recv(cx) {
+                None => match self.pending.rx.poll_recv(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(e) => e.unwrap_or_else(|| Event::Failed("the model thread dropped the request".into())),
+                    Poll::Ready(e) => e.unwrap_or_else(pipeline::dropped),
                 },
             };
-            let out = match ev {
-                Event::Started => continue,
-                Event::Failed(m) => {
+            let out = match self.pending.chunks(ev) {
+                Step::Chunks(c) if c.is_empty() => continue,
+                Step::Chunks(c) => c.iter().map(event).collect(),
+                Step::Last(c) => {
                     self.done = true;
-                    self.guard.disarm();
-                    event(&ApiError::new(500, "generation_failed", m).to_json()) + "data: [DONE]\n\n"
+                    c.iter().map(event).collect::<String>() + "data: [DONE]\n\n"
                 }
-                ev => {
-                    let mut out: String = self.answer.chunks(ev, self.include_usage).iter().map(event).collect();
-                    if self.answer.done() {
-                        self.done = true;
-                        self.guard.disarm();
-                        out += "data: [DONE]\n\n";
-                    }
-                    out
+                Step::Failed(e) => {
+                    self.done = true;
+                    event(&e.to_json()) + "data: [DONE]\n\n"
                 }
             };
             return Poll::Ready(Some(out.into()));

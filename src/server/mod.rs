@@ -30,6 +30,8 @@ pub mod logprobs;
 pub mod metrics;
 mod net;
 pub mod openai;
+pub mod pipeline;
+pub mod local;
 pub mod prompt;
 pub mod queue;
 pub mod reply;
@@ -159,6 +161,53 @@ impl Shared {
         self.stop.send_replace(true);
     }
 
+    /// The state of a server that has no model yet.
+    pub fn new(cfg: ServerConfig) -> Shared {
+        let (stop, _) = tokio::sync::watch::channel(false);
+        Shared {
+            queue: Arc::new(queue::JobQueue::new(cfg.queue_capacity)),
+            intake: Arc::new(tokio::sync::Semaphore::new(cfg.max_active_requests.max(1))),
+            clients: net::Clients::default(),
+            image_slots: images::Slots::new(IMAGE_SLOTS),
+            image_cache: images::Cache::new(IMAGE_CACHE_BYTES),
+            cfg,
+            ready: OnceLock::new(),
+            metrics: metrics::Metrics::default(),
+            shutting_down: AtomicBool::new(false),
+            stop,
+            avg_job_secs: AtomicU64::new(1f64.to_bits()),
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        }
+    }
+
+    /// Takes the loaded model (requests are taken from now on: `on_ready` is called), then runs
+    /// it on the calling thread until `shutdown()` turns true and the queue is drained.
+    pub fn run_model(self: &Arc<Self>, m: Loaded<'_>, shutdown: &dyn Fn() -> bool, on_ready: impl FnOnce()) -> std::io::Result<()> {
+        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format, grammars: Default::default() };
+        if self.ready.set(ready).is_err() {
+            return Err(std::io::Error::other("the server was given a model twice"));
+        }
+        on_ready();
+        let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
+        let per_request = self.cfg.tokens.max_prompt + self.cfg.tokens.max_output;
+        let kv_tokens = self.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(self.cfg.max_batch, per_request));
+        let mut ecfg = host::engine::EngineConfig::new(self.cfg.max_batch, kv_tokens, kv_dtype);
+        ecfg.max_prefill_tokens = self.cfg.max_prefill_tokens;
+        log::info!("engine: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
+        let engine = queue::Worker { model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
+        let stopping = || {
+            if shutdown() {
+                self.begin_shutdown();
+            }
+            self.is_shutting_down()
+        };
+        engine.run(&self.queue, &self.metrics, &stopping, |secs| {
+            let old = f64::from_bits(self.avg_job_secs.load(Ordering::Relaxed));
+            self.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
+        });
+        Ok(())
+    }
+
     /// Seconds after which a refused client may try again: the expected time for the queue
     /// ahead of it, at least 1.
     pub fn retry_after(&self) -> u64 {
@@ -201,21 +250,7 @@ impl Front {
     /// `shutdown()`.
     pub fn start(listener: std::net::TcpListener, cfg: ServerConfig, shutdown: Arc<dyn Fn() -> bool + Send + Sync>) -> std::io::Result<Front> {
         raise_fd_limit(cfg.max_connections);
-        let (stop, _) = tokio::sync::watch::channel(false);
-        let shared = Arc::new(Shared {
-            queue: Arc::new(queue::JobQueue::new(cfg.queue_capacity)),
-            intake: Arc::new(tokio::sync::Semaphore::new(cfg.max_active_requests.max(1))),
-            clients: net::Clients::default(),
-            image_slots: images::Slots::new(IMAGE_SLOTS),
-            image_cache: images::Cache::new(IMAGE_CACHE_BYTES),
-            cfg,
-            ready: OnceLock::new(),
-            metrics: metrics::Metrics::default(),
-            shutting_down: AtomicBool::new(false),
-            stop,
-            avg_job_secs: AtomicU64::new(1f64.to_bits()),
-            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        });
+        let shared = Arc::new(Shared::new(cfg));
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("http").enable_all().build()?;
         listener.set_nonblocking(true)?;
         let listener = {
@@ -237,30 +272,9 @@ impl Front {
     /// done. The model runs on the calling thread; `on_ready` is called once requests are taken.
     pub fn serve(mut self, m: Loaded<'_>, on_ready: impl FnOnce()) -> std::io::Result<()> {
         let shared = Arc::clone(&self.shared);
-        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format, grammars: Default::default() };
-        if shared.ready.set(ready).is_err() {
-            return Err(std::io::Error::other("the server was given a model twice"));
-        }
-        on_ready();
         // 1. the model loop, on this thread, until shut down and drained
-        let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
-        let per_request = shared.cfg.tokens.max_prompt + shared.cfg.tokens.max_output;
-        let kv_tokens = shared.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(shared.cfg.max_batch, per_request));
-        let mut ecfg = host::engine::EngineConfig::new(shared.cfg.max_batch, kv_tokens, kv_dtype);
-        ecfg.max_prefill_tokens = shared.cfg.max_prefill_tokens;
-        log::info!("engine: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
-        let engine = queue::Worker { model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
         let shutdown = Arc::clone(&self.shutdown);
-        let stopping = || {
-            if shutdown() {
-                shared.begin_shutdown();
-            }
-            shared.is_shutting_down()
-        };
-        engine.run(&shared.queue, &shared.metrics, &stopping, |secs| {
-            let old = f64::from_bits(shared.avg_job_secs.load(Ordering::Relaxed));
-            shared.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
-        });
+        shared.run_model(m, &*shutdown, on_ready)?;
         // 2. wait for the responses still being written
         log::info!("shutting down: the queue is drained, waiting for open responses");
         let t0 = Instant::now();

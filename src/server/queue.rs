@@ -110,12 +110,14 @@ struct State {
 pub struct JobQueue {
     state: Mutex<State>,
     ready: Condvar,
+    /// Signalled when a place frees up (a job taken, a ticket dropped) or the queue closes.
+    room: Condvar,
     capacity: usize,
 }
 
 impl JobQueue {
     pub fn new(capacity: usize) -> JobQueue {
-        JobQueue { state: Mutex::new(State { jobs: VecDeque::new(), closed: false, reserved: 0 }), ready: Condvar::new(), capacity }
+        JobQueue { state: Mutex::new(State { jobs: VecDeque::new(), closed: false, reserved: 0 }), ready: Condvar::new(), room: Condvar::new(), capacity }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -165,6 +167,22 @@ impl JobQueue {
         Ok(Ticket(Some(Arc::clone(self))))
     }
 
+    /// A place in the queue as [`reserve`](Self::reserve) gives, waiting for one while the
+    /// queue is full (offline callers, which would rather wait than be refused).
+    pub fn reserve_wait(self: &Arc<Self>) -> Result<Ticket, Refused> {
+        let mut s = self.lock();
+        loop {
+            if s.closed {
+                return Err(Refused::Closed);
+            }
+            if s.jobs.len() + s.reserved < self.capacity {
+                s.reserved += 1;
+                return Ok(Ticket(Some(Arc::clone(self))));
+            }
+            s = self.room.wait_timeout(s, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
     /// Queues `job` in the place `ticket` holds (refused only when the queue has closed since).
     pub fn submit_reserved(&self, mut ticket: Ticket, job: Job) -> Result<usize, Refused> {
         let mut s = self.lock();
@@ -181,7 +199,11 @@ impl JobQueue {
 
     /// The next job if one waits (never blocks).
     pub fn try_next(&self) -> Option<Job> {
-        self.lock().jobs.pop_front()
+        let job = self.lock().jobs.pop_front();
+        if job.is_some() {
+            self.room.notify_one();
+        }
+        job
     }
 
     /// The next job, waiting for one. Once `stopping()` says so and the queue is empty, the
@@ -190,10 +212,12 @@ impl JobQueue {
         let mut s = self.lock();
         loop {
             if let Some(job) = s.jobs.pop_front() {
+                self.room.notify_one();
                 return Some(job);
             }
             if stopping() {
                 s.closed = true;
+                self.room.notify_all();
                 return None;
             }
             s = self.ready.wait_timeout(s, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
@@ -208,6 +232,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(q) = self.0.take() {
             q.lock().reserved -= 1;
+            q.room.notify_one();
         }
     }
 }

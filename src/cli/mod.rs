@@ -12,6 +12,7 @@ macro_rules! report {
     };
 }
 
+mod batch;
 mod bench;
 mod bench_batch;
 mod chat;
@@ -25,6 +26,7 @@ mod progress;
 mod quantize;
 mod ranges;
 mod serve;
+mod serving;
 mod structured;
 
 use clap::{Parser, Subcommand};
@@ -134,6 +136,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// OpenAI-compatible HTTP server (POST /v1/chat/completions, GET /v1/models, /health, /metrics).
     Serve(serve::ServeArgs),
+    /// Run a file of requests in the OpenAI Batch format (JSONL in, JSONL out), resumable.
+    Batch(batch::BatchArgs),
     /// Write the logits after the last prompt token to a file (little-endian f32).
     Logits(logits::LogitsArgs),
     /// Measure prefill and decode speed (tokens/s) of a checkpoint.
@@ -175,6 +179,7 @@ pub fn run() -> i32 {
         Command::Generate(a) => generate::run_generate(a),
         Command::Chat(a) => chat::run_chat(a),
         Command::Serve(a) => serve::run(a),
+        Command::Batch(a) => batch::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Quantize(a) => quantize::run(a),

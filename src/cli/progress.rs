@@ -48,6 +48,11 @@ impl Progress {
         self.bar.set_position(done);
     }
 
+    /// The text after the bar (a rate, ...).
+    pub fn message(&self, text: &str) {
+        self.bar.set_message(format!("{} {}", self.label, text));
+    }
+
     /// One more item done.
     pub fn inc(&self) {
         self.bar.inc(1);

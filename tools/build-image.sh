@@ -12,7 +12,7 @@
 #                             [--output FILE.tar] [--fresh-rootfs] [--no-check]
 #   --binary PATH    the qwen3-vl to put in (default: build it, cargo build --release --features cuda)
 #   --tag NAME:TAG   the image name (default: localhost/qwen3-vl:<version>)
-#   --with-ffmpeg    add Debian's ffmpeg, for videos other than GIF and WebP (about +300 MB)
+#   --with-ffmpeg    add Debian's ffmpeg, for videos other than GIF and WebP (Debian's, with its libraries: +460 MB)
 #   --output FILE    also write the image as an OCI archive (FILE, for podman load / skopeo)
 #   --fresh-rootfs   make the root filesystem again instead of reusing target/image/'s
 #   --no-check       skip the checks inside the image
@@ -183,6 +183,25 @@ if [ $check = 1 ]; then
     if [ $ffmpeg = 1 ]; then
         v=$(run "$ctr" -- ffmpeg -hide_banner -version) || fail "ffmpeg does not run inside the image"
         echo "${v%%$'\n'*}"
+        video=tests/fixtures/video/ffv1_20x64x64.mkv
+        if [ -d "$tiny" ] && [ -f "$tok" ] && [ -f "$video" ]; then
+            args=(generate -q --greedy --device cpu --max-tokens 8 -p "What happens here?")
+            inside=$(run -v "$PWD/$tiny:/models/model:ro" -v "$PWD/$tok:/models/tokenizer.json:ro" -v "$PWD/$video:/tmp/clip.mkv:ro" "$ctr" -- \
+                qwen3-vl "${args[@]}" -m /models/model --tokenizer /models/tokenizer.json --video /tmp/clip.mkv) || fail "generate on an MKV video failed inside the image"
+            if command -v ffmpeg > /dev/null; then
+                outside=$("$binary" "${args[@]}" -m "$tiny" --tokenizer "$tok" --video "$video")
+                [ "$inside" = "$outside" ] || fail "generate on a video inside the image gave '$inside', outside '$outside'"
+                echo "generate on an MKV video (through the image's ffmpeg): the same reply inside and outside"
+            else
+                echo "generate on an MKV video (through the image's ffmpeg) ran; no ffmpeg outside to compare with"
+            fi
+        fi
+    elif [ -d "$tiny" ] && [ -f "$tok" ] && [ -f tests/fixtures/video/ffv1_20x64x64.mkv ]; then
+        # without ffmpeg, a video it would decode is refused with an error that says so
+        said=$(run -v "$PWD/$tiny:/models/model:ro" -v "$PWD/$tok:/models/tokenizer.json:ro" -v "$PWD/tests/fixtures/video/ffv1_20x64x64.mkv:/tmp/clip.mkv:ro" "$ctr" -- \
+            qwen3-vl generate -q --device cpu --max-tokens 4 -m /models/model --tokenizer /models/tokenizer.json --video /tmp/clip.mkv -p hi 2>&1) && fail "an MKV video was accepted by an image without ffmpeg"
+        grep -q "no ffmpeg on PATH" <<< "$said" || fail "an MKV video without ffmpeg: unexpected answer '$said'"
+        echo "an MKV video is refused without ffmpeg, with a message naming it (--with-ffmpeg adds it)"
     fi
     bah rm "$ctr" > /dev/null
     trap - EXIT

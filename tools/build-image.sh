@@ -116,10 +116,19 @@ fi
 debian_version=$(tar -xOf "$rootfs_tar" ./etc/debian_version)
 echo "== root filesystem $rootfs_tar (Debian $debian_version, $(du -h "$rootfs_tar" | cut -f1))"
 
-# 4. the image: the root filesystem, the binary, and the container's configuration
-ctr=$(bah from --name "qwen3-vl-build-$$" scratch)
+# 4. the image: two layers, the root filesystem (an image of its own, kept while the root
+# filesystem is the same, so that a new binary ships as a layer of its size alone), then the
+# binary and the container's configuration
+base=localhost/qwen3-vl-base:$suite-$variant-$(sha256sum "$rootfs_tar" | cut -c1-12)
+if [ -z "$(bah images --quiet "$base" 2>/dev/null)" ]; then
+    ctr=$(bah from --name "qwen3-vl-base-$$" scratch)
+    trap 'bah rm "$ctr" > /dev/null 2>&1 || true' EXIT
+    bah add "$ctr" "$rootfs_tar" / > /dev/null
+    bah commit --quiet --rm "$ctr" "$base" > /dev/null
+    trap - EXIT
+fi
+ctr=$(bah from --name "qwen3-vl-build-$$" "$base")
 trap 'bah rm "$ctr" > /dev/null 2>&1 || true' EXIT
-bah add "$ctr" "$rootfs_tar" / > /dev/null
 bah copy --chown 0:0 --chmod 0755 "$ctr" "$binary" /usr/local/bin/qwen3-vl > /dev/null
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 description=$(sed -n '/^\[package\]/,/^\[/{s/^description *= *"\(.*\)"/\1/p}' Cargo.toml | head -1)

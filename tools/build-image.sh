@@ -12,8 +12,9 @@
 #                             [--output FILE.tar] [--fresh-rootfs] [--no-check]
 #   --binary PATH    the qwen3-vl to put in (default: build it, cargo build --release --features cuda)
 #   --tag NAME:TAG   the image name (default: localhost/qwen3-vl:<version>)
-#   --with-ffmpeg    add Debian's ffmpeg, for videos other than GIF and WebP (Debian's, with its libraries: +460 MB)
-#   --output FILE    also write the image as an OCI archive (FILE, for podman load / skopeo)
+#   --with-ffmpeg    add Debian's ffmpeg and its libraries, for videos other than GIF and WebP (+460 MB)
+#   --output FILE    also write the image to FILE: an OCI archive (podman load, skopeo), or
+#                    Docker's archive when FILE ends in .docker.tar (docker load)
 #   --fresh-rootfs   make the root filesystem again instead of reusing target/image/'s
 #   --no-check       skip the checks inside the image
 #   --work DIR       where the root filesystem and logs go (default: target/image)
@@ -220,6 +221,10 @@ fi
 bah images --format '{{.Name}}:{{.Tag}} {{.ID}} {{.Size}}' "$tag"
 if [ -n "$output" ]; then
     rm -f "$output"
-    bah push --quiet "$tag" "oci-archive:$output:$tag"
-    echo "== wrote $output ($(du -h "$output" | cut -f1)); load it with: podman load -i $output"
+    case "$output" in
+        *.docker.tar) format=docker-archive loader="docker load -i" ;;
+        *) format=oci-archive loader="podman load -i" ;;
+    esac
+    bah push --quiet "$tag" "$format:$output:$tag"
+    echo "== wrote $output ($format, $(du -h "$output" | cut -f1)); load it with: $loader $output"
 fi

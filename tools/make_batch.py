@@ -47,6 +47,7 @@ def main():
     rng = random.Random(a.seed)
     lo, hi = (int(x) for x in a.prompt_words.split(":"))
     img_dir = os.path.join(os.path.dirname(os.path.abspath(a.out)), "images")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     if a.image_side:
         os.makedirs(img_dir, exist_ok=True)
     with open(a.out, "w") as f:

@@ -388,6 +388,8 @@ pub fn run(a: BatchArgs) -> CliResult<()> {
         generated as f64 / secs.max(1e-9),
         if signals::shutdown_requested() { " (interrupted: rerun with the same output to go on)" } else { "" }
     );
+    let (steps, step_secs, host_rows) = run.local.step_totals();
+    log::info!("engine: {} steps, {:.2} s in them ({:.2} ms a step), {} rows sampled on the host", steps, step_secs, 1e3 * step_secs / steps.max(1) as f64, host_rows);
     Ok(())
 }
 

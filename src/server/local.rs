@@ -40,6 +40,11 @@ impl Local {
         self.shared.ready.get().is_some()
     }
 
+    /// Engine steps so far, seconds spent in them, rows sampled on the host.
+    pub fn step_totals(&self) -> (u64, f64, u64) {
+        self.shared.metrics.step_totals()
+    }
+
     pub fn config(&self) -> &ServerConfig {
         &self.shared.cfg
     }

@@ -108,6 +108,11 @@ impl Metrics {
         self.step_us.fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
     }
 
+    /// Engine steps so far, the seconds spent in them, and the rows sampled on the host.
+    pub fn step_totals(&self) -> (u64, f64, u64) {
+        (self.steps.load(Ordering::Relaxed), self.step_us.load(Ordering::Relaxed) as f64 * 1e-6, self.host_samples.load(Ordering::Relaxed))
+    }
+
     /// Counts one finished generation.
     pub fn finished(&self, reason: &'static str, prompt: usize, completion: usize, prefill_secs: f64, decode_secs: f64) {
         *lock(&self.finished).entry(reason).or_insert(0) += 1;

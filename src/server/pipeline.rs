@@ -190,6 +190,9 @@ pub(crate) fn submit(shared: &Shared, ticket: Ticket, built: Built, st: &Setting
     Ok(Pending { rx, answer, guard: CancelOnDrop(Some(cancel)), stream: st.stream, include_usage: st.include_usage })
 }
 
+/// How often [`Pending::wait`] collects a job's events.
+pub const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The event a closed channel stands for.
 pub fn dropped() -> Event {
     Event::Failed("the model thread dropped the request".into())
@@ -240,10 +243,21 @@ impl Pending {
         }
     }
 
-    /// The whole reply, waiting on this thread (never call it on an async executor).
+    /// The whole reply, waiting on this thread (never call it on an async executor). The
+    /// events are collected every [`WAIT_POLL`] rather than each as it comes: a receiver parked
+    /// on the channel would have the model thread wake it for every token, a system call per
+    /// token on the thread the GPU waits for.
     pub fn wait(mut self) -> Result<Value, ApiError> {
+        use tokio::sync::mpsc::error::TryRecvError;
         loop {
-            let ev = self.rx.blocking_recv().unwrap_or_else(dropped);
+            let ev = match self.rx.try_recv() {
+                Ok(ev) => ev,
+                Err(TryRecvError::Empty) => {
+                    std::thread::sleep(WAIT_POLL);
+                    continue;
+                }
+                Err(TryRecvError::Disconnected) => dropped(),
+            };
             if let Some(r) = self.absorb(ev) {
                 return r;
             }

@@ -49,7 +49,7 @@ fn auto_selects_a_backend_and_logs_why() {
 
 #[test]
 fn explicit_cuda_request_fails_with_a_reason_instead_of_falling_back() {
-    match select_device(DeviceRequest::Cuda, None) {
+    match select_device(DeviceRequest::Cuda(0), None) {
         Ok(sel) => assert_eq!(sel.backend.kind(), DeviceKind::Cuda),
         Err(e) => {
             assert!(!common::expect_gpu(), "{}", e);
@@ -81,7 +81,7 @@ fn each_ptx_module_declares_exactly_its_kernels() {
     if let Some(g) = common::gpu("ptx load") {
         assert!(g.describe().starts_with("CUDA"));
         for arch in Arch::ALL {
-            let sel = select_device_with(DeviceRequest::Cuda, KernelsRequest::Force(arch), None).unwrap_or_else(|e| panic!("{}: {}", arch, e));
+            let sel = select_device_with(DeviceRequest::Cuda(0), KernelsRequest::Force(arch), None).unwrap_or_else(|e| panic!("{}: {}", arch, e));
             assert!(sel.backend.describe().contains(arch.name()), "{} vs {}", sel.backend.describe(), arch);
         }
     }

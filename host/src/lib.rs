@@ -30,7 +30,7 @@ pub use backend::{AttnParams, Backend, BlockMask, Gelu, Mark, MemoryStats, Preci
 pub use pages::Pages;
 /// The kernels crate: launch parameters, tile sizes and the math shared with the kernels.
 pub use gpu;
-pub use device::{select, DeviceRequest, Selection};
+pub use device::{cuda_device_count, select, DeviceRequest, Selection};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use tensor::{Blocks, CpuBuffer, DeviceKind, MappedBytes, Storage, Tensor};

@@ -25,6 +25,7 @@ mod logits;
 mod progress;
 mod quantize;
 mod ranges;
+mod replicas;
 mod serve;
 mod serving;
 mod structured;
@@ -51,7 +52,8 @@ pub struct Cli {
 /// Options every model-running subcommand shares.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// Where to run: auto (CUDA if a device works, else CPU), cpu or cuda.
+    /// Where to run: auto (CUDA device 0 if it works, else CPU), cpu, cuda or cuda:N (the CUDA
+    /// device of ordinal N).
     #[clap(long, default_value = "auto")]
     pub device: DeviceRequest,
     /// CPU worker threads, 1 to 1024 (default: all cores).

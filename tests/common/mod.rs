@@ -50,7 +50,7 @@ enum Skip {
 }
 
 fn gpu_or_skip(test: &str, skip: Skip) -> Option<Arc<dyn Backend>> {
-    match select_device(DeviceRequest::Cuda, None) {
+    match select_device(DeviceRequest::Cuda(0), None) {
         Ok(sel) => {
             assert_eq!(sel.backend.kind(), qwen3_vl::DeviceKind::Cuda);
             Some(sel.backend)
@@ -91,6 +91,26 @@ fn record_gpu_skip(label: &str, skip: Skip, why: &str) {
     let _ = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(dir.join(file), format!("{}: {}\n", label, why)));
 }
 
+/// One CUDA backend on each of the first `n` devices (`--device cuda:0`, `cuda:1`, ...), or
+/// `None` (with a note, the test counted as skipped) when this machine has fewer: a machine
+/// of one GPU skips even with QWEN3_VL_EXPECT_GPU=1, which promises a GPU, not several.
+pub fn gpus_at_least(test: &str, n: usize) -> Option<Vec<Arc<dyn Backend>>> {
+    let count = match qwen3_vl::cuda_device_count() {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(!expect_gpu(), "{}: {}=1 but CUDA is unavailable: {}", test, EXPECT_GPU_VAR, e);
+            0
+        }
+    };
+    if count < n {
+        let why = format!("{} CUDA devices visible, the test needs {}", count, n);
+        eprintln!("{}: skipped on this machine: {}", test, why);
+        record_gpu_skip(test, Skip::Whole, &why);
+        return None;
+    }
+    Some((0..n).map(|i| select_device(DeviceRequest::Cuda(i), None).unwrap_or_else(|e| panic!("{}: cuda:{} does not open: {}", test, i, e)).backend).collect())
+}
+
 pub fn cpu() -> Arc<dyn Backend> {
     select_device(DeviceRequest::Cpu, None).expect("the CPU backend always starts").backend
 }
@@ -108,7 +128,7 @@ fn gpus_or_skip(test: &str, skip: Skip) -> Vec<Arc<dyn Backend>> {
     }
     let mut v = Vec::new();
     for arch in Arch::ALL {
-        match select_device_with(DeviceRequest::Cuda, KernelsRequest::Force(arch), None) {
+        match select_device_with(DeviceRequest::Cuda(0), KernelsRequest::Force(arch), None) {
             Ok(sel) => v.push(sel.backend),
             // an older device than the module needs: not an error
             Err(e) if e.to_string().contains("needs compute capability") => eprintln!("{}: {} skipped: {}", test, arch, e),

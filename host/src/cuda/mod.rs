@@ -49,6 +49,7 @@ pub struct CudaBackend {
     kv_flag: DeviceBuffer,
     pool: Arc<Pool>,
     ctx: Context,
+    ordinal: usize,
     name: String,
     /// Compute capability, multiprocessor count and SM clock (kHz) of the device.
     cc: (u32, u32),
@@ -66,21 +67,36 @@ pub struct CudaBackend {
 /// few-row linears (one per column block).
 pub(crate) const ARRIVAL_COUNTERS: usize = 1 << 16;
 
-// SAFETY: the driver API is thread-safe; every entry point makes the (primary) context current
-// on the calling thread before using the module or stream.
+// SAFETY: the driver API is thread-safe; every entry point makes this backend's (primary)
+// context current on the calling thread before using the module, stream or pool, so backends
+// of different devices may be used from different threads, or one after the other from one.
 unsafe impl Send for CudaBackend {}
 unsafe impl Sync for CudaBackend {}
 
 impl CudaBackend {
-    /// Initializes CUDA on device 0, loads the module of `ptx` that `kernels` asks for (the
-    /// newest the device supports by default) and looks up every kernel it must carry. Errors
-    /// say which step failed.
-    pub fn new(ptx: &[Ptx], kernels: KernelsRequest) -> Result<CudaBackend> {
-        let lib = driver::load().map_err(Error::Unavailable)?;
-        log::debug!("CUDA driver opened from {}", lib);
-        let ctx = cust::quick_init().map_err(|e| Error::Unavailable(format!("no usable CUDA device ({})", e)))?;
-        let device = cust::device::Device::get_device(0).map_err(|e| Error::Unavailable(format!("no CUDA device 0 ({})", e)))?;
+    /// Initializes CUDA on the device of `ordinal` (its primary context, made current on the
+    /// calling thread), loads the module of `ptx` that `kernels` asks for (the newest the
+    /// device supports by default) and looks up every kernel it must carry. Errors say which
+    /// step failed. Backends of different ordinals may live in one process: each driver call
+    /// below makes this backend's context current first (see [`CudaBackend::enter`]).
+    pub fn new(ptx: &[Ptx], kernels: KernelsRequest, ordinal: usize) -> Result<CudaBackend> {
+        let count = Self::device_count()?;
+        if count == 0 {
+            return Err(Error::Unavailable("no usable CUDA device (the driver reports none)".into()));
+        }
+        if ordinal >= count {
+            return Err(Error::Unavailable(format!("no CUDA device {}: this process sees {} (ordinals 0 to {}; CUDA_VISIBLE_DEVICES renumbers them)", ordinal, count, count - 1)));
+        }
+        let device = cust::device::Device::get_device(ordinal as u32).map_err(|e| Error::Unavailable(format!("no CUDA device {} ({})", ordinal, e)))?;
+        let ctx = Context::new(device).map_err(|e| Error::Unavailable(format!("cannot open CUDA device {} ({})", ordinal, e)))?;
+        // (Context::new makes it current but ignores a failure; the module load and the stream
+        // below need it current on this thread)
+        CurrentContext::set_current(&ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
+        if let Err(e) = ctx.set_flags(cust::context::ContextFlags::SCHED_AUTO) {
+            log::debug!("CUDA device {}: keeping the context's scheduling flags ({})", ordinal, e);
+        }
         let name = device.name().unwrap_or_else(|_| "unknown CUDA device".into());
+        let name = if ordinal == 0 { name } else { format!("{} #{}", name, ordinal) };
         let attr = |a| device.get_attribute(a).map(|v| v as u32).map_err(|e| Error::Unavailable(format!("cannot query {}: {}", name, e)));
         let cc = (attr(DeviceAttribute::ComputeCapabilityMajor)?, attr(DeviceAttribute::ComputeCapabilityMinor)?);
         let sms = attr(DeviceAttribute::MultiprocessorCount)?;
@@ -96,7 +112,20 @@ impl CudaBackend {
         let kv_flag = pool.alloc(4)?;
         unsafe { cust::sys::cuMemsetD32Async(kv_flag.addr(), 0, 1, stream.as_inner()) }.ok_or_cuda("cuMemsetD32Async (KV scale flag)")?;
         stream.synchronize().map_err(|e| cuda_err("cuStreamSynchronize (zeroing the arrival counters)", e))?;
-        Ok(CudaBackend { stream, kernels, pool, ctx, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false), a16: AtomicBool::new(false) })
+        Ok(CudaBackend { stream, kernels, pool, ctx, ordinal, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false), a16: AtomicBool::new(false) })
+    }
+
+    /// How many CUDA devices this process sees (opening the driver and initializing it first).
+    pub fn device_count() -> Result<usize> {
+        let lib = driver::load().map_err(Error::Unavailable)?;
+        log::debug!("CUDA driver opened from {}", lib);
+        cust::init(cust::CudaFlags::empty()).map_err(|e| Error::Unavailable(format!("no usable CUDA device ({})", e)))?;
+        cust::device::Device::num_devices().map(|n| n as usize).map_err(|e| Error::Unavailable(format!("cannot count the CUDA devices ({})", e)))
+    }
+
+    /// The device's ordinal (as `--device cuda:N` names it).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
     /// The loaded module's architecture and why it was chosen.
@@ -119,6 +148,8 @@ impl CudaBackend {
         2.0 * lanes * self.sms as f64 * self.clock_khz as f64 * 1e3 / 1e12
     }
 
+    /// Makes this backend's context current on the calling thread (another backend of another
+    /// device may have been current there) and hands out the launcher.
     fn enter(&self) -> Result<Launcher<'_>> {
         CurrentContext::set_current(&self.ctx).map_err(|e| cuda_err("cuCtxSetCurrent", e))?;
         Ok(Launcher { kernels: &self.kernels, stream: self.stream.as_inner(), kv_flag: self.kv_flag.addr(), counters: self.counters.addr(), a16: self.a16.load(Ordering::Relaxed) })
@@ -196,6 +227,14 @@ impl CudaBackend {
         }
         self.enter()?;
         unsafe { cust::sys::cuMemcpyDtoDAsync_v2(d.addr(), s.addr(), bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyDtoDAsync")
+    }
+}
+
+impl Drop for CudaBackend {
+    /// The fields go after this: the module unloads from, and the stream is destroyed in, this
+    /// backend's context, which need not be the thread's current one.
+    fn drop(&mut self) {
+        let _ = CurrentContext::set_current(&self.ctx);
     }
 }
 

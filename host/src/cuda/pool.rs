@@ -169,6 +169,9 @@ impl Pool {
                 p
             }
             None => {
+                // the driver allocates in the thread's current context: make it this pool's
+                // (another device's backend may have been used on this thread last)
+                CurrentContext::set_current(&self.ctx).map_err(|e| Error::Device { op: "cuCtxSetCurrent", msg: e.to_string() })?;
                 if let Some(cap) = st.cap {
                     if st.stats.in_use + st.stats.cached + block > cap {
                         Self::free_cached(&mut st);

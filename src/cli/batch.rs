@@ -341,11 +341,11 @@ pub fn run(a: BatchArgs) -> CliResult<()> {
         }
         (Box::new(f), done)
     };
-    let Prepared { checked, mut cfg, kv_tokens, per_request } = a.serving.prepare(a.max_file_mib)?;
+    let Prepared { checked, mut cfg, kv_tokens, per_request, devices } = a.serving.prepare(a.max_file_mib)?;
     let concurrency = a.concurrency.unwrap_or(2 * cfg.max_batch).max(1);
     cfg.queue_capacity = concurrency;
     // 2. the weights, then the model on this thread while the workers feed it
-    let (model, format) = a.serving.load(checked, kv_tokens, per_request)?;
+    let (model, format) = a.serving.load(checked, &devices, kv_tokens, per_request)?;
     let total = if stdin { None } else { count_lines(&a.input) };
     let progress = match total {
         Some(n) => Progress::count("batch", n, "requests"),

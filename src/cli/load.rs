@@ -11,7 +11,7 @@ use qwen3_vl::video::{VideoConfig, VideoLimits};
 use qwen3_vl::model::placement::human;
 use qwen3_vl::model::{Config, LoadQuant, Mix, Model, ModelFiles, Offload, Opened, Placement};
 use qwen3_vl::template::{media, Conversation, Piece, PromptFormat, Turn};
-use qwen3_vl::{Backend, DeviceKind, Tokenizer};
+use qwen3_vl::{Backend, DeviceKind, DeviceRequest, Tokenizer};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -170,9 +170,51 @@ impl ModelArgs {
     /// `images`: image prompts of up to this many image tokens are expected (the placement
     /// under a budget serves them first).
     pub fn load(&self, checked: Checked, context: usize, images: Option<usize>) -> CliResult<Loaded> {
-        let sel = self.device.select()?;
+        let r = self.load_on(&self.device, &checked, context, images)?;
+        Ok(Loaded { backend: r.backend, model: r.model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype: r.kv_dtype, format: checked.format })
+    }
+
+    /// [`ModelArgs::load`] once per device of `devices` (`serve --data-parallel`): each replica
+    /// its own backend and its own weights from the checkpoint's files, loaded at once on a
+    /// thread each (named `replica-N`, which the logger puts before their lines). CPU replicas
+    /// take `threads` worker threads each.
+    pub fn load_replicas(&self, checked: Checked, devices: &[DeviceRequest], threads: Option<usize>, context: usize, images: Option<usize>) -> CliResult<Replicas> {
+        let args: Vec<DeviceArgs> = devices.iter().map(|&d| DeviceArgs { device: d, threads, ..self.device.clone() }).collect();
+        let loaded: Vec<Result<Replica, String>> = if args.len() == 1 {
+            vec![self.load_on(&args[0], &checked, context, images).map_err(|e| e.to_string())]
+        } else {
+            let checked = &checked;
+            std::thread::scope(|s| {
+                let handles: Vec<_> = args
+                    .iter()
+                    .enumerate()
+                    .map(|(i, dev)| std::thread::Builder::new().name(format!("replica-{}", i)).spawn_scoped(s, move || self.load_on(dev, checked, context, images).map_err(|e| e.to_string())))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| match h {
+                        Ok(h) => h.join().unwrap_or_else(|_| Err("loading panicked".into())),
+                        Err(e) => Err(format!("cannot start a loading thread: {}", e)),
+                    })
+                    .collect()
+            })
+        };
+        let mut replicas = Vec::new();
+        for (i, r) in loaded.into_iter().enumerate() {
+            match r {
+                Ok(r) => replicas.push(r),
+                Err(e) if devices.len() == 1 => return Err(e.into()),
+                Err(e) => return Err(format!("replica {} ({}): {}", i, devices[i], e).into()),
+            }
+        }
+        Ok(Replicas { replicas, tokenizer: checked.tokenizer, defaults: checked.defaults, format: checked.format })
+    }
+
+    /// One backend as `dev` asks and the model on it.
+    fn load_on(&self, dev: &DeviceArgs, checked: &Checked, context: usize, images: Option<usize>) -> CliResult<Replica> {
+        let sel = dev.select()?;
         let t0 = Instant::now();
-        let (mut model, _host) = load_model(&self.device, &*sel.backend, &checked.opened, self.quant, context, images)?;
+        let (mut model, host) = load_model(dev, &*sel.backend, &checked.opened, self.quant, context, images)?;
         // generation never picks an id the tokenizer cannot decode (the LM head's padding rows)
         model.limit_sampling(checked.tokenizer.vocab_size());
         let c = &model.config.text;
@@ -192,9 +234,27 @@ impl ModelArgs {
         } else if model.sampled_vocab() < c.vocab_size {
             log::debug!("sampling ids below {} (the tokenizer's); the LM head's other {} rows are padding and never picked", model.sampled_vocab(), c.vocab_size - model.sampled_vocab());
         }
-        let kv_dtype = self.device.kv_dtype(&*sel.backend);
-        Ok(Loaded { backend: sel.backend, model, tokenizer: checked.tokenizer, defaults: checked.defaults, kv_dtype, format: checked.format })
+        let kv_dtype = dev.kv_dtype(&*sel.backend);
+        Ok(Replica { backend: sel.backend, model, kv_dtype, _host: host })
     }
+}
+
+/// One replica of the model: its backend and weights.
+pub struct Replica {
+    pub backend: Arc<dyn Backend>,
+    pub model: Model,
+    /// KV-cache element type of its sessions.
+    pub kv_dtype: qwen3_vl::DType,
+    /// The CPU backend of the layers off the GPU, when the model is split.
+    _host: Option<Arc<dyn Backend>>,
+}
+
+/// The replicas of [`ModelArgs::load_replicas`] and what they share.
+pub struct Replicas {
+    pub replicas: Vec<Replica>,
+    pub tokenizer: Tokenizer,
+    pub defaults: GenerationDefaults,
+    pub format: PromptFormat,
 }
 
 /// Says what `--quant MIX` makes of the checkpoint in `dir` (types with bytes; tensors that

@@ -1,4 +1,5 @@
-//! A minimal stderr logger for the `log` facade: `level: message` lines.
+//! A minimal stderr logger for the `log` facade: `level: message` lines (`level: replica N:
+//! message` from a replica's threads).
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -17,7 +18,11 @@ impl Log for Stderr {
                 Level::Debug => "debug",
                 Level::Trace => "trace",
             };
-            eprintln!("{}: {}", tag, r.args());
+            // a replica's threads (`serve --data-parallel`, named `replica-N`) say which
+            match std::thread::current().name().and_then(|n| n.strip_prefix("replica-")) {
+                Some(i) => eprintln!("{}: replica {}: {}", tag, i, r.args()),
+                None => eprintln!("{}: {}", tag, r.args()),
+            }
         }
     }
     fn flush(&self) {}

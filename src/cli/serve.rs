@@ -47,7 +47,7 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs) -> CliResult<()> {
     signals::install_server();
     // 1. every input, before the weights
-    let Prepared { checked, mut cfg, kv_tokens, per_request } = a.serving.prepare(a.max_body_mib)?;
+    let Prepared { checked, mut cfg, kv_tokens, per_request, devices } = a.serving.prepare(a.max_body_mib)?;
     cfg.api_key = a.api_key.clone();
     cfg.http.max_body = a.max_body_mib << 20;
     cfg.queue_capacity = a.queue;
@@ -71,8 +71,8 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     if let Some(ms) = std::env::var("QWEN3_VL_TEST_LOAD_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
         std::thread::sleep(Duration::from_millis(ms.min(60_000)));
     }
-    // 3. the weights
-    let (model, format) = a.serving.load(checked, kv_tokens, per_request)?;
+    // 3. the weights, once per replica
+    let (model, format) = a.serving.load(checked, &devices, kv_tokens, per_request)?;
     log::info!(
         "serving '{}' at http://{}/v1 (queue {}, prompt <= {} tokens, output <= {} tokens, <= {} images of <= {} pixels)",
         model_id,

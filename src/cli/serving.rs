@@ -7,6 +7,7 @@ use super::ranges;
 use qwen3_vl::generate::SamplingParams;
 use qwen3_vl::server::{self, ServerConfig};
 use qwen3_vl::template::PromptFormat;
+use qwen3_vl::DeviceRequest;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -58,6 +59,15 @@ pub struct ServingArgs {
     /// streams (an image prompt is read whole).
     #[clap(long, default_value = "2048", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     pub max_prefill_tokens: usize,
+    /// Replicas of the model, one engine each (1 to 64): one per CUDA device (--devices,
+    /// default the first N), or N CPU replicas with --device cpu. Requests go to the least
+    /// loaded replica, or to the one that ran their prompt's start recently.
+    #[clap(long, value_parser = super::replicas::parse_replicas, allow_hyphen_values = true)]
+    pub data_parallel: Option<usize>,
+    /// The CUDA devices of the replicas: ordinals (0,1,3) or all; --data-parallel defaults to
+    /// their count.
+    #[clap(long, value_parser = super::replicas::parse_devices)]
+    pub devices: Option<super::replicas::DeviceList>,
     #[clap(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -70,30 +80,33 @@ pub struct Prepared {
     pub kv_tokens: usize,
     /// Most tokens one request may take (prompt and output).
     pub per_request: usize,
+    /// Where each replica runs (`--data-parallel`, `--devices`).
+    pub devices: Vec<DeviceRequest>,
 }
 
-/// The loaded model and what the server needs besides it.
+/// The loaded replicas of the model and what the server needs besides them.
 pub struct Model {
-    pub backend: Arc<dyn qwen3_vl::Backend>,
-    pub model: qwen3_vl::model::Model,
-    pub kv_dtype: qwen3_vl::DType,
+    pub replicas: Vec<load::Replica>,
     pub defaults: SamplingParams,
     pub stop_ids: Vec<u32>,
     pub tokenizer: Arc<qwen3_vl::Tokenizer>,
 }
 
 impl Model {
-    /// The model as the server takes it, with its prompt format.
-    pub fn server(&self, format: PromptFormat) -> server::Loaded<'_> {
-        server::Loaded {
-            model: &self.model,
-            backend: &*self.backend,
-            tokenizer: Arc::clone(&self.tokenizer),
-            stop_ids: self.stop_ids.clone(),
-            defaults: self.defaults,
-            kv_dtype: Some(self.kv_dtype),
-            format,
-        }
+    /// The replicas as the server takes them, with the prompt format.
+    pub fn server(&self, format: PromptFormat) -> Vec<server::Loaded<'_>> {
+        self.replicas
+            .iter()
+            .map(|r| server::Loaded {
+                model: &r.model,
+                backend: &*r.backend,
+                tokenizer: Arc::clone(&self.tokenizer),
+                stop_ids: self.stop_ids.clone(),
+                defaults: self.defaults,
+                kv_dtype: Some(r.kv_dtype),
+                format: format.clone(),
+            })
+            .collect()
     }
 }
 
@@ -102,6 +115,7 @@ impl ServingArgs {
     /// `max_file_mib`: the largest image or video file read.
     pub fn prepare(&self, max_file_mib: usize) -> CliResult<Prepared> {
         let checked = self.model.check()?;
+        let devices = super::replicas::replica_devices(self.model.device.device, self.data_parallel, self.devices.as_ref(), &|| qwen3_vl::cuda_device_count().map_err(|e| e.to_string()))?;
         let context = checked.config.text.max_position_embeddings;
         let preprocess = server::images::cap_pixels(checked.preprocess.clone(), self.max_pixels)?;
         let allowed = match &self.allowed_image_dir {
@@ -137,6 +151,7 @@ impl ServingArgs {
         cfg.max_batch = self.max_batch;
         cfg.kv_cache_tokens = self.kv_cache_tokens;
         cfg.max_prefill_tokens = self.max_prefill_tokens;
+        cfg.replicas = devices.len();
         let per_request = (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context);
         if let Some(n) = cfg.kv_cache_tokens {
             if n < per_request {
@@ -144,17 +159,23 @@ impl ServingArgs {
             }
         }
         let kv_tokens = cfg.kv_cache_tokens.unwrap_or_else(|| server::default_kv_tokens(cfg.max_batch, per_request));
-        Ok(Prepared { checked, cfg, kv_tokens, per_request })
+        Ok(Prepared { checked, cfg, kv_tokens, per_request, devices })
     }
 
-    /// The weights: the placement plans for the whole KV cache of the engine; any request may
-    /// carry images, so under a budget the vision tower goes first.
-    pub fn load(&self, checked: load::Checked, kv_tokens: usize, per_request: usize) -> CliResult<(Model, PromptFormat)> {
-        let l = self.model.load(checked, kv_tokens, Some(per_request.min(kv_tokens)))?;
+    /// The weights, once per replica of `devices`: the placement plans for the whole KV cache
+    /// of the engine; any request may carry images, so under a budget the vision tower goes
+    /// first.
+    pub fn load(&self, checked: load::Checked, devices: &[DeviceRequest], kv_tokens: usize, per_request: usize) -> CliResult<(Model, PromptFormat)> {
+        let threads = super::replicas::cpu_threads(self.model.device.threads, devices);
+        if devices.len() > 1 {
+            let list: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+            let each = threads.filter(|_| devices[0] == DeviceRequest::Cpu).map_or(String::new(), |t| format!(", {} threads each", t));
+            log::info!("{} replicas on {}{}", devices.len(), list.join(", "), each);
+        }
+        let l = self.model.load_replicas(checked, devices, threads, kv_tokens, Some(per_request.min(kv_tokens)))?;
         let defaults = self.sampling.params(&l.defaults);
         log::info!("sampling defaults: {}", describe_sampling(&defaults));
         let stop_ids = stop_ids(&l.tokenizer);
-        let load::Loaded { backend, model, tokenizer, kv_dtype, format, .. } = l;
-        Ok((Model { backend, model, kv_dtype, defaults, stop_ids, tokenizer: Arc::new(tokenizer) }, format))
+        Ok((Model { replicas: l.replicas, defaults, stop_ids, tokenizer: Arc::new(l.tokenizer) }, l.format))
     }
 }

@@ -24,10 +24,11 @@ impl Local {
         Local { shared: Arc::new(Shared::new(cfg)) }
     }
 
-    /// Runs the model on the calling thread (`on_ready` once requests are taken) until
-    /// [`shutdown`](Local::shutdown) is called and the accepted requests are done.
-    pub fn serve(&self, m: Loaded<'_>, on_ready: impl FnOnce()) -> std::io::Result<()> {
-        self.shared.run_model(m, &|| false, on_ready)
+    /// Runs the replicas (as many as the config's `replicas`; one on the calling thread, see
+    /// [`Shared::run_models`]) until [`shutdown`](Local::shutdown) is called and the accepted
+    /// requests are done; `on_ready` once requests are taken.
+    pub fn serve(&self, models: Vec<Loaded<'_>>, on_ready: impl FnOnce()) -> std::io::Result<()> {
+        self.shared.run_models(models, &|| false, on_ready)
     }
 
     /// New requests are refused from now on; the accepted ones finish, then `serve` returns.

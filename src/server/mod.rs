@@ -35,6 +35,7 @@ pub mod local;
 pub mod prompt;
 pub mod queue;
 pub mod reply;
+pub mod route;
 pub mod settings;
 pub mod stop;
 pub mod structured;
@@ -87,6 +88,11 @@ pub struct ServerConfig {
     pub kv_cache_tokens: Option<usize>,
     /// Prompt tokens the engine reads per step at most.
     pub max_prefill_tokens: usize,
+    /// Replicas of the model (`--data-parallel`), each with its own engine: the server is
+    /// given this many [`Loaded`]s.
+    pub replicas: usize,
+    /// When a replica that ran a prompt's start gets it again despite its load.
+    pub route: route::RoutePolicy,
 }
 
 impl ServerConfig {
@@ -109,6 +115,8 @@ impl ServerConfig {
             max_batch: 16,
             kv_cache_tokens: None,
             max_prefill_tokens: 2048,
+            replicas: 1,
+            route: route::RoutePolicy::default(),
         }
     }
 }
@@ -164,8 +172,13 @@ impl Shared {
     /// The state of a server that has no model yet.
     pub fn new(cfg: ServerConfig) -> Shared {
         let (stop, _) = tokio::sync::watch::channel(false);
+        // one line per replica; the router remembers about as many blocks as their KV caches hold
+        let per_request = cfg.tokens.max_prompt + cfg.tokens.max_output;
+        let kv_tokens = cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(cfg.max_batch, per_request));
+        let block = host::engine::DEFAULT_BLOCK;
+        let router = route::Router::new(cfg.replicas.max(1), block, cfg.replicas * kv_tokens / block, cfg.route);
         Shared {
-            queue: Arc::new(queue::JobQueue::new(cfg.queue_capacity)),
+            queue: Arc::new(queue::JobQueue::with_router(cfg.queue_capacity, router, None)),
             intake: Arc::new(tokio::sync::Semaphore::new(cfg.max_active_requests.max(1))),
             clients: net::Clients::default(),
             image_slots: images::Slots::new(IMAGE_SLOTS),
@@ -180,39 +193,65 @@ impl Shared {
         }
     }
 
-    /// Takes the loaded model (requests are taken from now on: `on_ready` is called), then runs
-    /// it on the calling thread until `shutdown()` turns true and the queue is drained.
-    pub fn run_model(self: &Arc<Self>, m: Loaded<'_>, shutdown: &dyn Fn() -> bool, on_ready: impl FnOnce()) -> std::io::Result<()> {
-        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format, grammars: Default::default() };
+    /// Takes the loaded replicas, as many as `cfg.replicas` (requests are taken from now on:
+    /// `on_ready` is called), then runs them until `shutdown()` turns true and the queue is
+    /// drained: one on the calling thread; several on a thread each (named `replica-N`), the
+    /// calling thread waiting for them.
+    pub fn run_models(self: &Arc<Self>, models: Vec<Loaded<'_>>, shutdown: &(dyn Fn() -> bool + Sync), on_ready: impl FnOnce()) -> std::io::Result<()> {
+        if models.len() != self.queue.replicas() {
+            return Err(std::io::Error::other(format!("the server was set up for {} replicas and given {}", self.queue.replicas(), models.len())));
+        }
+        let m = &models[0];
+        let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format.clone(), grammars: Default::default() };
+        self.queue.set_image_token(m.model.config.image_token_id);
         if self.ready.set(ready).is_err() {
             return Err(std::io::Error::other("the server was given a model twice"));
         }
         on_ready();
-        let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
-        let per_request = self.cfg.tokens.max_prompt + self.cfg.tokens.max_output;
-        let kv_tokens = self.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(self.cfg.max_batch, per_request));
-        let mut ecfg = host::engine::EngineConfig::new(self.cfg.max_batch, kv_tokens, kv_dtype);
-        ecfg.max_prefill_tokens = self.cfg.max_prefill_tokens;
-        log::info!("engine: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
-        let engine = queue::Worker { model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
         let stopping = || {
             if shutdown() {
                 self.begin_shutdown();
             }
             self.is_shutting_down()
         };
-        engine.run(&self.queue, &self.metrics, &stopping, |secs| {
-            let old = f64::from_bits(self.avg_job_secs.load(Ordering::Relaxed));
-            self.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
+        if models.len() == 1 {
+            let m = models.into_iter().next().expect("one model");
+            self.run_replica(0, m, &stopping);
+            return Ok(());
+        }
+        std::thread::scope(|s| {
+            for (i, m) in models.into_iter().enumerate() {
+                let stopping = &stopping;
+                let spawned = std::thread::Builder::new().name(format!("replica-{}", i)).spawn_scoped(s, move || self.run_replica(i, m, stopping));
+                if let Err(e) = spawned {
+                    log::error!("cannot start the thread of replica {}: {}; shutting down", i, e);
+                    self.begin_shutdown();
+                }
+            }
         });
         Ok(())
     }
 
+    /// Runs replica `replica`'s model loop on the calling thread until the queue closes.
+    fn run_replica(&self, replica: usize, m: Loaded<'_>, stopping: &(dyn Fn() -> bool + Sync)) {
+        let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
+        let per_request = self.cfg.tokens.max_prompt + self.cfg.tokens.max_output;
+        let kv_tokens = self.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(self.cfg.max_batch, per_request));
+        let mut ecfg = host::engine::EngineConfig::new(self.cfg.max_batch, kv_tokens, kv_dtype);
+        ecfg.max_prefill_tokens = self.cfg.max_prefill_tokens;
+        log::info!("engine on {}: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", m.backend.describe(), ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
+        let engine = queue::Worker { replica, model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
+        engine.run(&self.queue, &self.metrics, stopping, |secs| {
+            let old = f64::from_bits(self.avg_job_secs.load(Ordering::Relaxed));
+            self.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
+        });
+    }
+
     /// Seconds after which a refused client may try again: the expected time for the queue
-    /// ahead of it, at least 1.
+    /// ahead of it (over all replicas, which take from it side by side), at least 1.
     pub fn retry_after(&self) -> u64 {
         let avg = f64::from_bits(self.avg_job_secs.load(Ordering::Relaxed));
-        ((avg * (self.queue.len() + 1) as f64).ceil() as u64).clamp(1, 3600)
+        ((avg * (self.queue.len() + 1) as f64 / self.queue.replicas() as f64).ceil() as u64).clamp(1, 3600)
     }
 }
 
@@ -223,7 +262,8 @@ pub fn default_kv_tokens(max_batch: usize, per_request: usize) -> usize {
     per_request.max((max_batch * 1024).min(16_384))
 }
 
-/// The loaded model, handed to [`Front::serve`].
+/// One loaded replica of the model, handed to [`Front::serve`] (one per replica, each on its
+/// own device; the tokenizer, defaults and format are the same for all).
 pub struct Loaded<'a> {
     pub model: &'a Model,
     pub backend: &'a dyn Backend,
@@ -268,13 +308,14 @@ impl Front {
         Ok(Front { shared, runtime: Some(runtime), shutdown })
     }
 
-    /// Serves with the loaded model until `shutdown()` turns true and the accepted work is
-    /// done. The model runs on the calling thread; `on_ready` is called once requests are taken.
-    pub fn serve(mut self, m: Loaded<'_>, on_ready: impl FnOnce()) -> std::io::Result<()> {
+    /// Serves with the loaded replicas (as many as `cfg.replicas`; see [`Shared::run_models`])
+    /// until `shutdown()` turns true and the accepted work is done; `on_ready` is called once
+    /// requests are taken.
+    pub fn serve(mut self, models: Vec<Loaded<'_>>, on_ready: impl FnOnce()) -> std::io::Result<()> {
         let shared = Arc::clone(&self.shared);
-        // 1. the model loop, on this thread, until shut down and drained
+        // 1. the model loops until shut down and drained
         let shutdown = Arc::clone(&self.shutdown);
-        shared.run_model(m, &*shutdown, on_ready)?;
+        shared.run_models(models, &*shutdown, on_ready)?;
         // 2. wait for the responses still being written
         log::info!("shutting down: the queue is drained, waiting for open responses");
         let t0 = Instant::now();

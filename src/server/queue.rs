@@ -1,11 +1,13 @@
-//! The bounded queue between connection threads and the one thread that runs the model, and
-//! that thread's loop: up to `--max-batch` sequences at once through the batching engine, their
-//! text streamed back as events. A job of `n` choices runs as `n` sibling sequences on one
+//! The bounded queue between connection threads and the threads that run the model (one per
+//! replica, `--data-parallel`), and that thread's loop: up to `--max-batch` sequences at once
+//! through the batching engine, their text streamed back as events. A queued job goes to one
+//! replica's line, chosen by [`Router`] (load and prefix affinity); the capacity is over all. A job of `n` choices runs as `n` sibling sequences on one
 //! prefill (see [`Engine::add_siblings`]); its events name the choice.
 
 use super::images::PreparedImage;
 use super::logprobs::{describe, TokenLogprob};
 use super::metrics::Metrics;
+use super::route::{Media, Router};
 use super::stop::StopMatcher;
 use crate::generate::logprobs::TokenLogprobs;
 use crate::generate::grammar::Grammar;
@@ -100,24 +102,87 @@ pub enum Refused {
 }
 
 struct State {
-    jobs: VecDeque<Job>,
+    /// Each replica's waiting jobs.
+    jobs: Vec<VecDeque<Job>>,
+    /// Each replica's running sequences (its model thread says).
+    running: Vec<usize>,
     closed: bool,
     /// Places held by [`Ticket`]s: requests admitted, still being checked.
     reserved: usize,
+    router: Router,
+    /// The image placeholder token (where a prompt's images start, for the router).
+    image_token: Option<u32>,
 }
 
-/// A bounded FIFO of jobs that can be closed (when the model thread has drained it).
+impl State {
+    fn waiting(&self) -> usize {
+        self.jobs.iter().map(VecDeque::len).sum()
+    }
+}
+
+/// A bounded FIFO of jobs per replica that can be closed (when a model thread has drained it
+/// at shutdown).
 pub struct JobQueue {
     state: Mutex<State>,
-    ready: Condvar,
+    /// One per replica: its model thread waits on it.
+    ready: Vec<Condvar>,
     /// Signalled when a place frees up (a job taken, a ticket dropped) or the queue closes.
     room: Condvar,
     capacity: usize,
 }
 
 impl JobQueue {
+    /// A queue for one replica.
     pub fn new(capacity: usize) -> JobQueue {
-        JobQueue { state: Mutex::new(State { jobs: VecDeque::new(), closed: false, reserved: 0 }), ready: Condvar::new(), room: Condvar::new(), capacity }
+        JobQueue::with_router(capacity, Router::new(1, host::engine::DEFAULT_BLOCK, 0, Default::default()), None)
+    }
+
+    /// A queue of `capacity` jobs over `router.replicas()` replicas; `image_token` marks where
+    /// a prompt's images start.
+    pub fn with_router(capacity: usize, router: Router, image_token: Option<u32>) -> JobQueue {
+        let n = router.replicas();
+        let state = State { jobs: (0..n).map(|_| VecDeque::new()).collect(), running: vec![0; n], closed: false, reserved: 0, router, image_token };
+        JobQueue { state: Mutex::new(state), ready: (0..n).map(|_| Condvar::new()).collect(), room: Condvar::new(), capacity }
+    }
+
+    /// Sets the image placeholder token (known once the model is loaded), which tells the
+    /// router where a prompt's images start.
+    pub fn set_image_token(&self, token: u32) {
+        self.lock().image_token = Some(token);
+    }
+
+    /// How many replicas take jobs.
+    pub fn replicas(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Each replica's load: waiting + running.
+    pub fn loads(&self) -> Vec<usize> {
+        let s = self.lock();
+        s.jobs.iter().zip(&s.running).map(|(q, r)| q.len() + r).collect()
+    }
+
+    /// Replica `replica` runs `n` sequences now (said as soon as one ends, before its client
+    /// hears of it, so that the client's next request sees the load without it).
+    pub fn set_running(&self, replica: usize, n: usize) {
+        if let Some(r) = self.lock().running.get_mut(replica) {
+            *r = n;
+        }
+    }
+
+    /// Puts `job` in the line of the replica the router picks; returns the jobs waiting now.
+    fn push(&self, s: &mut State, job: Job) -> usize {
+        let load: Vec<usize> = s.jobs.iter().zip(&s.running).map(|(q, r)| q.len() + r).collect();
+        // (the images' blocks are keyed by their content from the first image token on)
+        let first = s.image_token.filter(|_| !job.images.is_empty()).and_then(|t| job.prompt.iter().position(|&id| id == t));
+        let media = first.map(|first| Media { first, key: combine_image_keys(&job.images.iter().map(|i| i.key).collect::<Vec<_>>()) });
+        let choice = s.router.route(&job.prompt, media, &load);
+        if s.jobs.len() > 1 {
+            log::debug!("replica {} takes a {}-token prompt ({:?}; loads {:?}, {} tokens thought cached there)", choice.replica, job.prompt.len(), choice.why, load, choice.cached_tokens);
+        }
+        s.jobs[choice.replica].push_back(job);
+        self.ready[choice.replica].notify_one();
+        s.waiting()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -128,9 +193,9 @@ impl JobQueue {
         self.capacity
     }
 
-    /// Jobs waiting.
+    /// Jobs waiting, over all replicas.
     pub fn len(&self) -> usize {
-        self.lock().jobs.len()
+        self.lock().waiting()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -143,12 +208,10 @@ impl JobQueue {
         if s.closed {
             return Err(Refused::Closed);
         }
-        if s.jobs.len() + s.reserved >= self.capacity {
+        if s.waiting() + s.reserved >= self.capacity {
             return Err(Refused::Full);
         }
-        s.jobs.push_back(job);
-        self.ready.notify_one();
-        Ok(s.jobs.len())
+        Ok(self.push(&mut s, job))
     }
 
     /// Holds a place in the queue for a request that is still to be checked (images decoded,
@@ -160,7 +223,7 @@ impl JobQueue {
         if s.closed {
             return Err(Refused::Closed);
         }
-        if s.jobs.len() + s.reserved >= self.capacity {
+        if s.waiting() + s.reserved >= self.capacity {
             return Err(Refused::Full);
         }
         s.reserved += 1;
@@ -175,7 +238,7 @@ impl JobQueue {
             if s.closed {
                 return Err(Refused::Closed);
             }
-            if s.jobs.len() + s.reserved < self.capacity {
+            if s.waiting() + s.reserved < self.capacity {
                 s.reserved += 1;
                 return Ok(Ticket(Some(Arc::clone(self))));
             }
@@ -192,26 +255,34 @@ impl JobQueue {
         if s.closed {
             return Err(Refused::Closed);
         }
-        s.jobs.push_back(job);
-        self.ready.notify_one();
-        Ok(s.jobs.len())
+        Ok(self.push(&mut s, job))
     }
 
-    /// The next job if one waits (never blocks).
-    pub fn try_next(&self) -> Option<Job> {
-        let job = self.lock().jobs.pop_front();
+    /// Replica `replica`'s next job if one waits (never blocks). The job counts as running
+    /// from here (until the model thread says otherwise with [`set_running`](Self::set_running)),
+    /// so its load never dips between waiting and running.
+    pub fn try_next(&self, replica: usize) -> Option<Job> {
+        let job = Self::take(&mut self.lock(), replica);
         if job.is_some() {
             self.room.notify_one();
         }
         job
     }
 
-    /// The next job, waiting for one. Once `stopping()` says so and the queue is empty, the
-    /// queue closes (later submits are refused) and `None` is returned.
-    pub fn next(&self, stopping: &dyn Fn() -> bool) -> Option<Job> {
+    fn take(s: &mut State, replica: usize) -> Option<Job> {
+        let job = s.jobs.get_mut(replica)?.pop_front()?;
+        s.running[replica] += 1;
+        Some(job)
+    }
+
+    /// Replica `replica`'s next job, waiting for one. Once `stopping()` says so and its line is
+    /// empty, the queue closes (later submits are refused; the other replicas still take what
+    /// waits in their lines) and `None` is returned.
+    pub fn next(&self, replica: usize, stopping: &dyn Fn() -> bool) -> Option<Job> {
+        let ready = self.ready.get(replica)?;
         let mut s = self.lock();
         loop {
-            if let Some(job) = s.jobs.pop_front() {
+            if let Some(job) = Self::take(&mut s, replica) {
                 self.room.notify_one();
                 return Some(job);
             }
@@ -220,7 +291,7 @@ impl JobQueue {
                 self.room.notify_all();
                 return None;
             }
-            s = self.ready.wait_timeout(s, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
+            s = ready.wait_timeout(s, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }
@@ -239,6 +310,8 @@ impl Drop for Ticket {
 
 /// The model and what generation needs besides it.
 pub struct Worker<'a> {
+    /// Which replica this is (its line in the queue).
+    pub replica: usize,
     pub model: &'a Model,
     pub backend: &'a dyn Backend,
     pub tokenizer: &'a Tokenizer,
@@ -279,7 +352,7 @@ impl Worker<'_> {
             Ok(e) => e,
             Err(e) => {
                 log::error!("the engine does not start: {}; failing every request", e);
-                while let Some(job) = queue.next(stopping) {
+                while let Some(job) = queue.next(self.replica, stopping) {
                     let _ = job.events.send(Event::Failed(format!("the engine does not start: {}", e)));
                 }
                 return;
@@ -290,12 +363,12 @@ impl Worker<'_> {
             // 1. new jobs while there is room in the batch (waiting for one when idle)
             while active.len() < self.engine.max_batch {
                 let job = if active.is_empty() {
-                    match queue.next(stopping) {
+                    match queue.next(self.replica, stopping) {
                         Some(j) => j,
                         None => return,
                     }
                 } else {
-                    match queue.try_next() {
+                    match queue.try_next(self.replica) {
                         Some(j) => j,
                         None => break,
                     }
@@ -307,11 +380,13 @@ impl Worker<'_> {
             for id in gone {
                 engine.cancel(id);
                 if let Some(a) = active.remove(&id) {
+                    queue.set_running(self.replica, active.len());
                     on_finished(a.job.received.elapsed().as_secs_f64());
                     self.finish(a, "cancelled", metrics, 0.0, 0.0, 0);
                 }
             }
             publish(&engine, metrics);
+            queue.set_running(self.replica, active.len());
             if active.is_empty() {
                 continue;
             }
@@ -326,6 +401,7 @@ impl Worker<'_> {
                     };
                     log::error!("a batch step failed ({} requests): {}; the server goes on", active.len(), msg);
                     engine.abort_all();
+                    queue.set_running(self.replica, 0);
                     for (_, a) in active.drain() {
                         metrics.finished("error", a.job.prompt.len(), a.generated, 0.0, 0.0);
                         let _ = a.job.events.send(Event::Failed(msg.clone()));
@@ -346,6 +422,7 @@ impl Worker<'_> {
                         if let Some(reason) = stop {
                             engine.cancel(id);
                             if let Some(a) = active.remove(&id) {
+                                queue.set_running(self.replica, active.len());
                                 on_finished(a.job.received.elapsed().as_secs_f64());
                                 self.finish(a, reason, metrics, 0.0, 0.0, 0);
                             }
@@ -353,6 +430,7 @@ impl Worker<'_> {
                     }
                     EngineEvent::Finished { id, stop, prefill_secs, decode_secs, cached_tokens, .. } => {
                         if let Some(a) = active.remove(&id) {
+                            queue.set_running(self.replica, active.len());
                             let reason = match stop {
                                 Stop::StopToken(_) => "stop",
                                 Stop::MaxTokens => "length",
@@ -368,6 +446,7 @@ impl Worker<'_> {
                 }
             }
             publish(&engine, metrics);
+            queue.set_running(self.replica, active.len());
         }
     }
 
@@ -536,9 +615,9 @@ mod tests {
         assert_eq!(q.submit(job()), Ok(2));
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Full);
         // stopping: the queued jobs still come out, in order, then the queue closes
-        assert_eq!(q.next(&|| true).unwrap().max_tokens, 7);
-        assert!(q.next(&|| true).is_some());
-        assert!(q.next(&|| true).is_none());
+        assert_eq!(q.next(0, &|| true).unwrap().max_tokens, 7);
+        assert!(q.next(0, &|| true).is_some());
+        assert!(q.next(0, &|| true).is_none());
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Closed);
     }
 
@@ -554,5 +633,34 @@ mod tests {
         assert_eq!(q.submit_reserved(b, job()), Ok(1));
         assert_eq!(q.submit(job()), Ok(2));
         assert_eq!(q.reserve().err(), Some(Refused::Full));
+    }
+
+    #[test]
+    fn replicas_have_lines_of_their_own_under_one_capacity() {
+        use crate::server::route::{RoutePolicy, Router};
+        let q = JobQueue::with_router(3, Router::new(2, 16, 1024, RoutePolicy::default()), None);
+        let long = |seed: u32| {
+            let mut j = job();
+            j.prompt = (0..100).map(|i| i * 7 + seed).collect();
+            j
+        };
+        // two different prompts spread over the idle replicas; the first one's repeat follows
+        // it to its replica
+        assert_eq!(q.submit(long(1)), Ok(1));
+        assert_eq!(q.submit(long(2)), Ok(2));
+        assert_eq!(q.loads(), vec![1, 1]);
+        assert_eq!(q.submit(long(1)), Ok(3));
+        assert_eq!(q.submit(long(3)).unwrap_err(), Refused::Full, "the capacity is over all replicas");
+        let first = (0..2).find(|&r| q.loads()[r] == 2).expect("the repeat joined its prompt's replica");
+        let a = q.try_next(first).unwrap();
+        let b = q.try_next(first).unwrap();
+        assert_eq!(a.prompt, b.prompt);
+        assert!(q.try_next(first).is_none());
+        // running sequences count as load: a new prompt goes to the other replica
+        q.set_running(first, 5);
+        let other = 1 - first;
+        assert_eq!(q.submit(long(4)), Ok(2));
+        assert_eq!(q.loads()[other], 2);
+        assert_eq!(q.next(other, &|| false).unwrap().prompt[0], 2);
     }
 }

@@ -64,10 +64,13 @@ pub struct EngineConfig {
     pub kv_dtype: DType,
 }
 
+/// Cache rows per KV block unless configured otherwise (the prefix cache's granularity).
+pub const DEFAULT_BLOCK: usize = 16;
+
 impl EngineConfig {
-    /// 16-token blocks, prefill chunks of 2048 tokens.
+    /// [`DEFAULT_BLOCK`]-token blocks, prefill chunks of 2048 tokens.
     pub fn new(max_batch: usize, kv_tokens: usize, kv_dtype: DType) -> EngineConfig {
-        EngineConfig { max_batch, max_prefill_tokens: 2048, block: 16, kv_tokens, kv_dtype }
+        EngineConfig { max_batch, max_prefill_tokens: 2048, block: DEFAULT_BLOCK, kv_tokens, kv_dtype }
     }
 
     /// KV blocks the cache takes: `kv_tokens` rounded up to whole blocks.

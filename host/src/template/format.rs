@@ -7,8 +7,8 @@ use crate::generate::chat::{render_turn_parts, Content, Role, GENERATION_PROMPT}
 use crate::{Error, Result};
 use std::path::Path;
 
-/// The prompt format of a loaded model.
-#[derive(Debug)]
+/// The prompt format of a loaded model (cloned for each replica of `serve --data-parallel`).
+#[derive(Clone, Debug)]
 pub enum PromptFormat {
     Template(Box<ChatTemplate>),
     /// No template was found: Qwen3-VL's format, written by hand.

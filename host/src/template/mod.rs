@@ -35,6 +35,7 @@ pub enum ContentFormat {
 }
 
 /// A compiled chat template (one, or several by name as tokenizer_config.json may list them).
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// The templates' names: `default` for a single one.

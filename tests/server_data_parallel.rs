@@ -32,6 +32,19 @@ fn finished(log: &str) -> Vec<(usize, usize, usize)> {
         .collect()
 }
 
+/// The finished requests of `s`'s log once there are `n` (the log is read from the server's
+/// stderr on a thread of its own, which may lag the replies a little).
+fn wait_finished(s: &Server, n: usize) -> Vec<(usize, usize, usize)> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let done = finished(&s.log());
+        if done.len() >= n || t0.elapsed() > std::time::Duration::from_secs(10) {
+            return done;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn two_cpu_replicas_answer_as_one_and_both_serve() {
     let prompts: Vec<String> = (0..8).map(|i| format!("Question {}: name a color and a number.", i)).collect();
@@ -48,7 +61,7 @@ fn two_cpu_replicas_answer_as_one_and_both_serve() {
     });
     assert_eq!(got, want, "the replicas' greedy answers differ from one replica's");
     // 3. both replicas finished requests, and the log says so per replica
-    let done = finished(&s.log());
+    let done = wait_finished(&s, prompts.len());
     assert_eq!(done.len(), prompts.len(), "one finish line per request:\n{}", s.log());
     for r in 0..2 {
         assert!(done.iter().any(|d| d.0 == r), "replica {} served nothing: {:?}\n{}", r, done, s.log());
@@ -71,7 +84,7 @@ fn a_repeated_long_prompt_stays_on_the_replica_that_cached_it() {
             ask(s.port, &format!("Short question {}.{}?", i, j), 2);
         }
     }
-    let done = finished(&s.log());
+    let done = wait_finished(&s, 14);
     let longest = done.iter().map(|d| d.1).max().expect("finished requests");
     let long_runs: Vec<&(usize, usize, usize)> = done.iter().filter(|d| d.1 == longest).collect();
     assert_eq!(long_runs.len(), 4, "{:?}", done);

@@ -73,6 +73,11 @@ pub fn seconds(s: &str) -> Result<u64, String> {
     int_in(s, 1, 86_400).map(|v| v as u64)
 }
 
+/// `--shutdown-timeout`: 0 ends the requests in flight at once.
+pub fn shutdown_seconds(s: &str) -> Result<u64, String> {
+    int_in(s, 0, 3600).map(|v| v as u64)
+}
+
 /// A size in MiB.
 pub fn mib(s: &str) -> Result<usize, String> {
     int_in(s, 1, 4096)

@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// Seconds a client has to send a whole request, and that an idle connection stays open.
     #[clap(long, default_value = "30", value_parser = ranges::seconds, allow_hyphen_values = true)]
     read_timeout: u64,
+    /// On SIGTERM (or Ctrl-C), seconds the accepted requests have to finish while /health
+    /// answers 503 "draining" and new ones get 503; then the ones still running end with what
+    /// they have (finish reason "length") and the process exits 0 (0 to 3600). A second
+    /// signal exits at once. Keep it below Kubernetes' terminationGracePeriodSeconds.
+    #[clap(long, default_value = "25", value_parser = ranges::shutdown_seconds, allow_hyphen_values = true)]
+    shutdown_timeout: u64,
 }
 
 pub fn run(a: ServeArgs) -> CliResult<()> {
@@ -56,6 +62,7 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     cfg.max_active_requests = a.max_active_requests;
     cfg.read_timeout = Duration::from_secs(a.read_timeout);
     cfg.idle_timeout = Duration::from_secs(a.read_timeout);
+    cfg.shutdown_timeout = Duration::from_secs(a.shutdown_timeout);
     // 2. the socket (a taken port fails before the weights load), answering at once: /health
     //    says "loading" until the model is ready
     let listener = TcpListener::bind((a.host.as_str(), a.port)).map_err(|e| format!("cannot listen on {}:{}: {}", a.host, a.port, e))?;
@@ -67,6 +74,7 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         (cfg.model_id.clone(), cfg.queue_capacity, cfg.tokens.max_prompt, cfg.tokens.max_output, cfg.parse.max_images, cfg.images.max_source_pixels);
     let front = server::Front::start(listener, cfg, Arc::new(signals::shutdown_requested))?;
     eprintln!("accepting connections on http://{} (loading the model)", addr);
+    let loading = exit_if_stopped_while_loading();
     // a test aid: hold the loading state this long, so that tests can see it
     if let Some(ms) = std::env::var("QWEN3_VL_TEST_LOAD_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
         std::thread::sleep(Duration::from_millis(ms.min(60_000)));
@@ -84,7 +92,30 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
         max_pixels
     );
     let loaded = model.server(format);
+    *loading.lock().unwrap_or_else(|p| p.into_inner()) = false;
     // the line that scripts and tests wait for (requests are taken by then), printed even with -q
     front.serve(loaded, || eprintln!("listening on http://{}", addr))?;
     Ok(())
+}
+
+/// Watches for a shutdown while the model loads: no request can be in flight then, so the
+/// process exits 0 at once instead of finishing the load. Set the returned flag to false (the
+/// model loaded) to stop watching; the watcher holds it while exiting, so the two never cross.
+fn exit_if_stopped_while_loading() -> Arc<std::sync::Mutex<bool>> {
+    let loading = Arc::new(std::sync::Mutex::new(true));
+    let flag = Arc::clone(&loading);
+    std::thread::spawn(move || loop {
+        {
+            let still = flag.lock().unwrap_or_else(|p| p.into_inner());
+            if !*still {
+                return;
+            }
+            if signals::shutdown_requested() {
+                log::info!("shutting down while the model loads: nothing is in flight; server stopped");
+                std::process::exit(0);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    loading
 }

@@ -4,16 +4,21 @@
 //! pool), queued for the model thread, and answered from its events, whole or as server-sent
 //! events ([`reply`](super::reply)). A client that goes away cancels its request (see `io` for
 //! how a departure is told apart from a half-close).
+//!
+//! Every request has an id ([`RequestId`]): the client's `X-Request-Id` when it sends a sane
+//! one, else the response's id (`chatcmpl-...`, `cmpl-...`; `req-...` for other routes). It
+//! comes back as the `X-Request-Id` response header and is on the request's log lines
+//! (received, refused, finished, and the model's line) with the client's address.
 
 use super::http::{self, Reply};
 use super::io::Conn;
 use super::openai::ApiError;
-use super::pipeline::{self, Endpoint, Pending, Step};
+use super::pipeline::{self, Endpoint, Pending, RequestId, Step};
 use super::queue::{Event, Refused, Ticket};
 use super::Shared;
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::AUTHORIZATION;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION};
 use hyper::{Request, Version};
 use serde_json::json;
 use std::sync::Arc;
@@ -37,20 +42,48 @@ impl std::fmt::Display for ClientGone {
 impl std::error::Error for ClientGone {}
 
 /// Answers one request on `conn` (with `refused`, when the connection was over a limit).
-pub(crate) async fn handle(req: Request<Incoming>, conn: Arc<Conn>, refused: Option<ApiError>) -> Result<Reply, ClientGone> {
+pub(crate) async fn handle(mut req: Request<Incoming>, conn: Arc<Conn>, refused: Option<ApiError>) -> Result<Reply, ClientGone> {
     conn.request_started();
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let shown = path.chars().take(200).collect::<String>();
     let t0 = Instant::now();
+    // 1. the request's id; probes (health, metrics) log at debug level only
+    let sent = req.headers().get("x-request-id").map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let id = RequestId::new(sent, Endpoint::from_path(&path).map_or("req", Endpoint::id_prefix));
+    req.extensions_mut().insert(id.clone());
+    let level = if matches!(path.as_str(), "/health" | "/metrics") { log::Level::Debug } else { log::Level::Info };
+    log::log!(level, "[{}] {} {} {} received", id.log, conn.peer, method, shown);
+    // 2. the answer
     let reply = match refused {
         Some(e) => Ok(http::error(&e)),
         None => route(req, &conn).await,
     };
     let status = reply.as_ref().map_or(499, |r| r.status().as_u16());
     conn.shared.metrics.response(&path, status);
-    log::info!("{} {} {} in {:.3} s", method, path.chars().take(200).collect::<String>(), status, t0.elapsed().as_secs_f64());
+    // 3. the id back, the connection closed after the reply while draining, the log line
     match reply {
-        Ok(r) => Ok(r.map(|b| b.on_drop(move || conn.reply_done()))),
+        Ok(mut r) => {
+            if let Ok(v) = HeaderValue::from_str(&id.log) {
+                r.headers_mut().insert("x-request-id", v);
+            }
+            if conn.shared.is_shutting_down() {
+                r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            if status >= 400 {
+                log::log!(level, "[{}] {} {} {} refused: {} in {:.3} s", id.log, conn.peer, method, shown, status, t0.elapsed().as_secs_f64());
+            }
+            let peer = conn.peer;
+            Ok(r.map(move |b| {
+                b.on_drop(move || {
+                    if status < 400 {
+                        log::log!(level, "[{}] {} {} {} finished: {} in {:.3} s", id.log, peer, method, shown, status, t0.elapsed().as_secs_f64());
+                    }
+                    conn.reply_done()
+                })
+            }))
+        }
         Err(gone) => {
+            log::info!("[{}] {} {} {} ended: the client left after {:.3} s", id.log, conn.peer, method, shown, t0.elapsed().as_secs_f64());
             conn.reply_done();
             Err(gone)
         }
@@ -71,14 +104,14 @@ async fn route(req: Request<Incoming>, conn: &Arc<Conn>) -> Result<Reply, Client
     Ok(match (method, path) {
         ("GET", "/health") => {
             if shared.is_shutting_down() {
-                http::json(503, &json!({"status": "shutting down"}))
+                http::json(503, &json!({"status": "draining", "message": "the server is shutting down"}))
             } else if shared.ready.get().is_none() {
                 http::json(503, &json!({"status": "loading", "message": "the model is loading"}))
             } else {
                 http::json(200, &json!({"status": "ok"}))
             }
         }
-        ("GET", "/metrics") => http::text(200, "text/plain; version=0.0.4", shared.metrics.render(shared.queue.len(), shared.queue.capacity())),
+        ("GET", "/metrics") => http::text(200, "text/plain; version=0.0.4", shared.metrics.render(&shared.queue.lines(), shared.queue.capacity())),
         ("GET", "/v1/models") => http::json(200, &json!({"object": "list", "data": [model_json(shared)]})),
         ("GET", p) if p.starts_with("/v1/models/") => {
             let id = &p["/v1/models/".len()..];
@@ -136,6 +169,7 @@ pub(crate) struct Intake {
     pub place: tokio::sync::OwnedSemaphorePermit,
     pub http11: bool,
     pub received: Instant,
+    pub id: RequestId,
 }
 
 /// The checks every generation request passes first: not shutting down, the model loaded, a
@@ -143,8 +177,9 @@ pub(crate) struct Intake {
 pub(crate) async fn intake(req: Request<Incoming>, shared: &Arc<Shared>) -> Result<Intake, Result<Reply, ClientGone>> {
     let received = Instant::now();
     let http11 = req.version() == Version::HTTP_11;
+    let id = req.extensions().get::<RequestId>().cloned().unwrap_or_else(|| RequestId::new(None, "req"));
     if shared.is_shutting_down() {
-        return Err(refuse(503, "shutting_down", 5, "the server is shutting down"));
+        return Err(Ok(http::error(&pipeline::draining())));
     }
     if shared.ready.get().is_none() {
         return Err(refuse(503, "loading", 5, "the model is still loading; try again shortly"));
@@ -155,7 +190,7 @@ pub(crate) async fn intake(req: Request<Incoming>, shared: &Arc<Shared>) -> Resu
     };
     let deadline = tokio::time::Instant::now() + shared.cfg.read_timeout;
     match http::read_body(req.into_body(), shared.cfg.http.max_body, deadline).await {
-        Ok(body) => Ok(Intake { body, place, http11, received }),
+        Ok(body) => Ok(Intake { body, place, http11, received, id }),
         Err(e) => Err(Ok(http::error(&e))),
     }
 }
@@ -165,7 +200,7 @@ pub(crate) fn reserve(shared: &Shared) -> Result<Ticket, Result<Reply, ClientGon
     match shared.queue.reserve() {
         Ok(t) => Ok(t),
         Err(Refused::Full) => Err(refuse(429, "queue_full", shared.retry_after(), format!("{} requests are already waiting; try again later", shared.queue.capacity()))),
-        Err(Refused::Closed) => Err(refuse(503, "shutting_down", 5, "the server is shutting down")),
+        Err(Refused::Closed) => Err(Ok(http::error(&pipeline::draining()))),
     }
 }
 
@@ -174,7 +209,7 @@ pub(crate) fn reserve(shared: &Shared) -> Result<Ticket, Result<Reply, ClientGon
 pub(crate) async fn generate(req: Request<Incoming>, conn: &Arc<Conn>, endpoint: Endpoint) -> Result<Reply, ClientGone> {
     let shared = Arc::clone(&conn.shared);
     // 1. a place among the requests being read and checked, then the body within its limits
-    let Intake { body, place, http11, received } = match intake(req, &shared).await {
+    let Intake { body, place, http11, received, id } = match intake(req, &shared).await {
         Ok(i) => i,
         Err(reply) => return reply,
     };
@@ -199,7 +234,7 @@ pub(crate) async fn generate(req: Request<Incoming>, conn: &Arc<Conn>, endpoint:
         Err(e) => return Ok(http::error(&e)),
     };
     // 4. queued, and answered from the model's events
-    let pending = match pipeline::submit(&shared, ticket, built, parsed.settings(), received) {
+    let pending = match pipeline::submit(&shared, ticket, built, parsed.settings(), received, &id) {
         Ok(p) => p,
         Err(e) => return Ok(http::error(&e)),
     };
@@ -217,6 +252,10 @@ async fn answer(conn: &Arc<Conn>, mut pending: Pending, http11: bool) -> Result<
             Some(Event::Failed(m)) => {
                 pending.guard.disarm();
                 return Ok(http::error(&ApiError::new(500, "generation_failed", m)));
+            }
+            Some(Event::ShutDown) => {
+                pending.guard.disarm();
+                return Ok(http::error(&pipeline::draining()));
             }
             Some(e) => e,
         };

@@ -31,9 +31,10 @@ impl Local {
         self.shared.run_models(models, &|| false, on_ready)
     }
 
-    /// New requests are refused from now on; the accepted ones finish, then `serve` returns.
+    /// New requests are refused from now on; the accepted ones finish (no deadline: their
+    /// callers wait for them), then `serve` returns.
     pub fn shutdown(&self) {
-        self.shared.begin_shutdown();
+        self.shared.begin_drain(super::NO_DEADLINE);
     }
 
     /// Whether the model is loaded.
@@ -56,12 +57,12 @@ impl Local {
         let received = Instant::now();
         let shared = &self.shared;
         if shared.is_shutting_down() {
-            return Err(ApiError::new(503, "shutting_down", "the server is shutting down"));
+            return Err(pipeline::draining());
         }
         let parsed = pipeline::parse(endpoint, body, &shared.cfg.parse)?;
-        let ticket = shared.queue.reserve_wait().map_err(|_| ApiError::new(503, "shutting_down", "the server is shutting down"))?;
+        let ticket = shared.queue.reserve_wait().map_err(|_| pipeline::draining())?;
         let built = pipeline::build(shared, &parsed)?;
-        pipeline::submit(shared, ticket, built, parsed.settings(), received)
+        pipeline::submit(shared, ticket, built, parsed.settings(), received, &pipeline::RequestId::new(None, endpoint.id_prefix()))
     }
 
     /// The whole reply of a request (see [`submit`](Local::submit)), whatever its `stream`.

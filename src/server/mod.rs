@@ -8,8 +8,15 @@
 //! once, from a bounded queue (full: 429 with Retry-After). The front starts before the model
 //! is loaded ([`Front::start`]): until [`Front::serve`] is called, `/health` answers 503
 //! "loading" and chat requests 503. A client that disconnects cancels its request, queued or
-//! running. When `shutdown()` turns true, new requests get 503, queued and running ones
-//! finish, then [`Front::serve`] returns.
+//! running.
+//!
+//! Shutdown (`shutdown()` turns true: SIGTERM) drains within `shutdown_timeout`: `/health`
+//! answers 503 "draining" while connections are still accepted (a readiness probe sees it),
+//! new generation requests get 503 with Retry-After, and the queued and running ones finish.
+//! At the deadline the ones still running end with what they have (finish reason "length";
+//! a stream gets its final chunk and `data: [DONE]`) and the queued ones get 503; then the
+//! connections close (replies still being written get a second more) and [`Front::serve`]
+//! returns.
 //!
 //! Modules: `net` (accepting, connection limits, time limits), `io` (a connection's socket
 //! under hyper), `http` (bodies, responses, limits), `conn` (routing and answering), `openai`
@@ -18,7 +25,8 @@
 //! objects), `images` (image URLs to patches), `prompt` (template, tokens, budgets), `tools`
 //! (tool definitions, calls in the history and in the reply), `tokenize` (`/tokenize`,
 //! `/detokenize`), `queue` (the queue and the model loop), `stop` (stop strings), `structured`
-//! (response_format and structured_outputs to grammars), `metrics` (Prometheus text).
+//! (response_format and structured_outputs to grammars), `metrics` (Prometheus text), `rate`
+//! (the drain rate behind Retry-After).
 
 pub mod completions;
 mod conn;
@@ -34,6 +42,7 @@ pub mod pipeline;
 pub mod local;
 pub mod prompt;
 pub mod queue;
+mod rate;
 pub mod reply;
 pub mod route;
 pub mod settings;
@@ -46,7 +55,7 @@ pub mod tools;
 use crate::generate::SamplingParams;
 use crate::model::Model;
 use crate::{Backend, Tokenizer};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -55,6 +64,12 @@ const IMAGE_SLOTS: usize = 2;
 /// Bytes of prepared image patches kept for requests that send the same image again (a
 /// 1024² image's patches take 25 MB).
 const IMAGE_CACHE_BYTES: usize = 256 << 20;
+/// After the model loop ends at shutdown, the most time replies still being written get (past
+/// the shutdown's deadline when the loop ran to it).
+const CLOSE_MARGIN: Duration = Duration::from_secs(1);
+/// The deadline of a drain that has none (an in-process server's callers wait for their
+/// replies).
+const NO_DEADLINE: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// Everything about the server that is not the model.
 #[derive(Clone, Debug)]
@@ -80,8 +95,8 @@ pub struct ServerConfig {
     pub read_timeout: Duration,
     /// Time an idle keep-alive connection stays open.
     pub idle_timeout: Duration,
-    /// After shutdown, how long to wait for responses still being written.
-    pub drain_timeout: Duration,
+    /// At shutdown, how long accepted requests may still run (then they are ended).
+    pub shutdown_timeout: Duration,
     /// Requests generated at once (the engine's batch).
     pub max_batch: usize,
     /// The engine's KV cache in tokens (`None`: [`default_kv_tokens`]).
@@ -111,7 +126,7 @@ impl ServerConfig {
             max_active_requests: 64,
             read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
-            drain_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(25),
             max_batch: 16,
             kv_cache_tokens: None,
             max_prefill_tokens: 2048,
@@ -148,11 +163,12 @@ pub(crate) struct Shared {
     /// Images prepared before, by their request bytes (a chat sends its images every turn).
     pub image_cache: images::Cache,
     pub metrics: metrics::Metrics,
+    /// Draining since shutdown began (see the module docs).
     pub shutting_down: AtomicBool,
-    /// Turns true at shutdown (the accept loop and the connections wait on it).
+    /// When accepted requests must be done by, set when shutdown begins.
+    pub deadline: OnceLock<Instant>,
+    /// Turns true once the drain is over: the accept loop and the connections close.
     pub stop: tokio::sync::watch::Sender<bool>,
-    /// Seconds per finished request, smoothed (f64 bits): for Retry-After.
-    pub avg_job_secs: AtomicU64,
     pub created: u64,
 }
 
@@ -161,11 +177,27 @@ impl Shared {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// New requests get 503 from now on; idle connections close, the listener too.
+    /// Starts the drain: `/health` says "draining" and new requests get 503 from now on;
+    /// accepted ones have until `shutdown_timeout` from now. Connections stay open.
     pub fn begin_shutdown(&self) {
-        if !self.shutting_down.swap(true, Ordering::SeqCst) {
-            log::info!("shutting down: finishing the accepted requests");
+        self.begin_drain(self.cfg.shutdown_timeout);
+    }
+
+    /// Starts the drain with `limit` for the accepted requests (see `begin_shutdown`).
+    fn begin_drain(&self, limit: Duration) {
+        let deadline = *self.deadline.get_or_init(|| Instant::now() + limit);
+        if !self.shutting_down.swap(true, Ordering::SeqCst) && limit < NO_DEADLINE {
+            log::info!("shutting down: draining; accepted requests have {:.1} s to finish", deadline.saturating_duration_since(Instant::now()).as_secs_f64());
         }
+    }
+
+    /// The drain's deadline, once shutdown began.
+    pub fn drain_deadline(&self) -> Option<Instant> {
+        self.is_shutting_down().then(|| self.deadline.get().copied()).flatten()
+    }
+
+    /// The drain is over: the listener closes, and each connection once its reply is written.
+    pub fn close_connections(&self) {
         self.stop.send_replace(true);
     }
 
@@ -183,20 +215,20 @@ impl Shared {
             clients: net::Clients::default(),
             image_slots: images::Slots::new(IMAGE_SLOTS),
             image_cache: images::Cache::new(IMAGE_CACHE_BYTES),
+            metrics: metrics::Metrics::new(cfg.model_id.clone(), cfg.replicas.max(1)),
             cfg,
             ready: OnceLock::new(),
-            metrics: metrics::Metrics::default(),
             shutting_down: AtomicBool::new(false),
+            deadline: OnceLock::new(),
             stop,
-            avg_job_secs: AtomicU64::new(1f64.to_bits()),
             created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         }
     }
 
     /// Takes the loaded replicas, as many as `cfg.replicas` (requests are taken from now on:
-    /// `on_ready` is called), then runs them until `shutdown()` turns true and the queue is
-    /// drained: one on the calling thread; several on a thread each (named `replica-N`), the
-    /// calling thread waiting for them.
+    /// `on_ready` is called), then runs them until `shutdown()` turns true and the accepted
+    /// requests are done (or ended at the drain's deadline): one on the calling thread; several
+    /// on a thread each (named `replica-N`), the calling thread waiting for them.
     pub fn run_models(self: &Arc<Self>, models: Vec<Loaded<'_>>, shutdown: &(dyn Fn() -> bool + Sync), on_ready: impl FnOnce()) -> std::io::Result<()> {
         if models.len() != self.queue.replicas() {
             return Err(std::io::Error::other(format!("the server was set up for {} replicas and given {}", self.queue.replicas(), models.len())));
@@ -208,21 +240,21 @@ impl Shared {
             return Err(std::io::Error::other("the server was given a model twice"));
         }
         on_ready();
-        let stopping = || {
+        let stop = || {
             if shutdown() {
                 self.begin_shutdown();
             }
-            self.is_shutting_down()
+            self.drain_deadline()
         };
         if models.len() == 1 {
             let m = models.into_iter().next().expect("one model");
-            self.run_replica(0, m, &stopping);
+            self.run_replica(0, m, &stop);
             return Ok(());
         }
         std::thread::scope(|s| {
             for (i, m) in models.into_iter().enumerate() {
-                let stopping = &stopping;
-                let spawned = std::thread::Builder::new().name(format!("replica-{}", i)).spawn_scoped(s, move || self.run_replica(i, m, stopping));
+                let stop = &stop;
+                let spawned = std::thread::Builder::new().name(format!("replica-{}", i)).spawn_scoped(s, move || self.run_replica(i, m, stop));
                 if let Err(e) = spawned {
                     log::error!("cannot start the thread of replica {}: {}; shutting down", i, e);
                     self.begin_shutdown();
@@ -233,7 +265,7 @@ impl Shared {
     }
 
     /// Runs replica `replica`'s model loop on the calling thread until the queue closes.
-    fn run_replica(&self, replica: usize, m: Loaded<'_>, stopping: &(dyn Fn() -> bool + Sync)) {
+    fn run_replica(&self, replica: usize, m: Loaded<'_>, stop: &(dyn Fn() -> Option<Instant> + Sync)) {
         let kv_dtype = m.kv_dtype.unwrap_or_else(|| m.backend.default_kv_dtype());
         let per_request = self.cfg.tokens.max_prompt + self.cfg.tokens.max_output;
         let kv_tokens = self.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(self.cfg.max_batch, per_request));
@@ -241,17 +273,14 @@ impl Shared {
         ecfg.max_prefill_tokens = self.cfg.max_prefill_tokens;
         log::info!("engine on {}: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", m.backend.describe(), ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
         let engine = queue::Worker { replica, model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
-        engine.run(&self.queue, &self.metrics, stopping, |secs| {
-            let old = f64::from_bits(self.avg_job_secs.load(Ordering::Relaxed));
-            self.avg_job_secs.store((0.8 * old + 0.2 * secs).to_bits(), Ordering::Relaxed);
-        });
+        engine.run(&self.queue, &self.metrics, stop);
     }
 
-    /// Seconds after which a refused client may try again: the expected time for the queue
-    /// ahead of it (over all replicas, which take from it side by side), at least 1.
+    /// Seconds after which a client refused for a full queue may try again: the queue ahead of
+    /// it at the measured drain rate (over all replicas, which finish requests side by side),
+    /// at least 1 ([`metrics::Metrics::retry_after`]).
     pub fn retry_after(&self) -> u64 {
-        let avg = f64::from_bits(self.avg_job_secs.load(Ordering::Relaxed));
-        ((avg * (self.queue.len() + 1) as f64 / self.queue.replicas() as f64).ceil() as u64).clamp(1, 3600)
+        self.metrics.retry_after(self.queue.ahead())
     }
 }
 
@@ -316,14 +345,16 @@ impl Front {
         // 1. the model loops until shut down and drained
         let shutdown = Arc::clone(&self.shutdown);
         shared.run_models(models, &*shutdown, on_ready)?;
-        // 2. wait for the responses still being written
-        log::info!("shutting down: the queue is drained, waiting for open responses");
-        let t0 = Instant::now();
-        while shared.metrics.connections.load(Ordering::SeqCst) > 0 && t0.elapsed() < shared.cfg.drain_timeout {
+        // 2. the replies still being written get until the deadline (or now) plus a margin;
+        //    idle connections close at once
+        log::info!("shutting down: the model is done, closing the connections");
+        shared.close_connections();
+        let until = shared.drain_deadline().unwrap_or_else(Instant::now).max(Instant::now()) + CLOSE_MARGIN;
+        while shared.metrics.connections.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
         if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(1));
+            rt.shutdown_timeout(Duration::from_millis(500));
         }
         log::info!("server stopped");
         Ok(())
@@ -333,6 +364,7 @@ impl Front {
 impl Drop for Front {
     fn drop(&mut self) {
         self.shared.begin_shutdown();
+        self.shared.close_connections();
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }

@@ -47,6 +47,50 @@ impl Endpoint {
             Endpoint::Completions => "/v1/completions",
         }
     }
+
+    /// The prefix of its responses' ids.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        }
+    }
+}
+
+/// A request's id: `log` names it on the log lines (and, over HTTP, in the `X-Request-Id`
+/// response header), `response` is its reply's `id`.
+#[derive(Clone, Debug)]
+pub struct RequestId {
+    pub log: String,
+    pub response: String,
+}
+
+impl RequestId {
+    /// The id of a request whose client sent `sent` (an `X-Request-Id`), for responses whose
+    /// ids begin with `prefix`: `sent` when it is 1 to 128 letters, digits, `-`, `_`, `.` or
+    /// `:` (the response's id is then the prefix and it, as vLLM's), else a fresh one.
+    pub fn new(sent: Option<&str>, prefix: &str) -> RequestId {
+        let sane = |v: &str| (1..=128).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        match sent {
+            Some(v) if sane(v) => RequestId { log: v.to_string(), response: format!("{}-{}", prefix, v) },
+            other => {
+                if other.is_some() {
+                    log::debug!("ignoring an X-Request-Id that is not 1 to 128 of [A-Za-z0-9-_.:]");
+                }
+                let id = completion_id(prefix);
+                RequestId { log: id.clone(), response: id }
+            }
+        }
+    }
+}
+
+/// Retry-After of a request refused because the server is shutting down: another replica
+/// (or this one, restarted) may take it at once.
+const DRAIN_RETRY_AFTER: u64 = 1;
+
+/// The 503 of a request refused (or never started) because the server is shutting down.
+pub fn draining() -> ApiError {
+    ApiError { retry_after: Some(DRAIN_RETRY_AFTER), ..ApiError::new(503, "shutting_down", "the server is shutting down; try again (another replica may take the request)") }
 }
 
 /// A body whose JSON and fields are checked.
@@ -154,8 +198,8 @@ pub enum Step {
 }
 
 /// Step 4: the job queued in the place `ticket` holds (unset sampling fields from the
-/// model's defaults, a fresh seed unless one is given), its reply begun.
-pub(crate) fn submit(shared: &Shared, ticket: Ticket, built: Built, st: &Settings, received: Instant) -> Result<Pending, ApiError> {
+/// model's defaults, a fresh seed unless one is given), its reply begun under `id`.
+pub(crate) fn submit(shared: &Shared, ticket: Ticket, built: Built, st: &Settings, received: Instant, id: &RequestId) -> Result<Pending, ApiError> {
     let d = shared.ready.get().ok_or_else(|| ApiError::new(503, "loading", "the model is still loading; try again shortly"))?.defaults;
     let params = crate::generate::SamplingParams {
         temperature: st.temperature.unwrap_or(d.temperature),
@@ -169,6 +213,7 @@ pub(crate) fn submit(shared: &Shared, ticket: Ticket, built: Built, st: &Setting
     let (tx, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let job = Job {
+        id: id.log.clone(),
         prompt: p.ids,
         images: p.images,
         max_tokens: p.max_tokens,
@@ -183,10 +228,9 @@ pub(crate) fn submit(shared: &Shared, ticket: Ticket, built: Built, st: &Setting
     };
     match shared.queue.submit_reserved(ticket, job) {
         Ok(n) => log::debug!("queued: {} waiting", n),
-        Err(_) => return Err(ApiError { retry_after: Some(5), ..ApiError::new(503, "shutting_down", "the server is shutting down") }),
+        Err(_) => return Err(draining()),
     }
-    let prefix = if built.format == Format::Chat { "chatcmpl" } else { "cmpl" };
-    let answer = Answer::new(completion_id(prefix), shared.created_now(), shared.cfg.model_id.clone(), built.format, st.n, st.logprobs.is_some()).with_tools(built.tools);
+    let answer = Answer::new(id.response.clone(), shared.created_now(), shared.cfg.model_id.clone(), built.format, st.n, st.logprobs.is_some()).with_tools(built.tools);
     Ok(Pending { rx, answer, guard: CancelOnDrop(Some(cancel)), stream: st.stream, include_usage: st.include_usage })
 }
 
@@ -205,6 +249,10 @@ impl Pending {
             Event::Failed(m) => {
                 self.guard.disarm();
                 Some(Err(ApiError::new(500, "generation_failed", m)))
+            }
+            Event::ShutDown => {
+                self.guard.disarm();
+                Some(Err(draining()))
             }
             ev => {
                 self.answer.absorb(ev);
@@ -230,6 +278,10 @@ impl Pending {
             Event::Failed(m) => {
                 self.guard.disarm();
                 Step::Failed(ApiError::new(500, "generation_failed", m))
+            }
+            Event::ShutDown => {
+                self.guard.disarm();
+                Step::Failed(draining())
             }
             ev => {
                 let out = self.answer.chunks(ev, self.include_usage);

@@ -37,6 +37,9 @@ pub enum Event {
     Done { index: usize, finish_reason: &'static str, prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize },
     /// Generation failed (a 500 for the client).
     Failed(String),
+    /// The server shut down before the job started (a 503 for the client, who may try again
+    /// elsewhere).
+    ShutDown,
 }
 
 /// What each choice of a job draws with besides its sampling parameters.
@@ -75,6 +78,8 @@ pub fn choice_seed(seed: u64, index: usize) -> u64 {
 
 /// One chat completion to run.
 pub struct Job {
+    /// The request id the logs name it by.
+    pub id: String,
     pub prompt: Vec<u32>,
     pub images: Vec<std::sync::Arc<PreparedImage>>,
     pub max_tokens: usize,
@@ -198,6 +203,18 @@ impl JobQueue {
         self.lock().waiting()
     }
 
+    /// Jobs waiting in each replica's line.
+    pub fn lines(&self) -> Vec<usize> {
+        self.lock().jobs.iter().map(VecDeque::len).collect()
+    }
+
+    /// Jobs waiting and places held for requests still being checked: what a request refused
+    /// now would have ahead of it.
+    pub fn ahead(&self) -> usize {
+        let s = self.lock();
+        s.waiting() + s.reserved
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -258,6 +275,15 @@ impl JobQueue {
         Ok(self.push(&mut s, job))
     }
 
+    /// Closes the queue (later submits are refused) and hands back the jobs still waiting in
+    /// replica `replica`'s line.
+    pub fn close(&self, replica: usize) -> Vec<Job> {
+        let mut s = self.lock();
+        s.closed = true;
+        self.room.notify_all();
+        s.jobs.get_mut(replica).map(|l| l.drain(..).collect()).unwrap_or_default()
+    }
+
     /// Replica `replica`'s next job if one waits (never blocks). The job counts as running
     /// from here (until the model thread says otherwise with [`set_running`](Self::set_running)),
     /// so its load never dips between waiting and running.
@@ -275,10 +301,11 @@ impl JobQueue {
         Some(job)
     }
 
-    /// Replica `replica`'s next job, waiting for one. Once `stopping()` says so and its line is
-    /// empty, the queue closes (later submits are refused; the other replicas still take what
-    /// waits in their lines) and `None` is returned.
-    pub fn next(&self, replica: usize, stopping: &dyn Fn() -> bool) -> Option<Job> {
+    /// Replica `replica`'s next job, waiting for one. Once `stop()` gives a deadline
+    /// (shutdown), the queue closes (later submits are refused; the other replicas still take
+    /// what waits in their lines) and `None` is returned when its line is empty and no request
+    /// holds a place in the queue any more, or at the deadline.
+    pub fn next(&self, replica: usize, stop: &dyn Fn() -> Option<Instant>) -> Option<Job> {
         let ready = self.ready.get(replica)?;
         let mut s = self.lock();
         loop {
@@ -286,10 +313,12 @@ impl JobQueue {
                 self.room.notify_one();
                 return Some(job);
             }
-            if stopping() {
-                s.closed = true;
-                self.room.notify_all();
-                return None;
+            if let Some(deadline) = stop() {
+                if s.reserved == 0 || Instant::now() >= deadline {
+                    s.closed = true;
+                    self.room.notify_all();
+                    return None;
+                }
             }
             s = ready.wait_timeout(s, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
         }
@@ -332,27 +361,33 @@ struct Active<'t> {
     dec: StreamDecoder<'t>,
     matcher: StopMatcher,
     first: bool,
+    /// When its last token came (for the inter-token latency).
+    last_token: Option<Instant>,
     generated: usize,
     /// Log-probabilities of tokens whose text is not sent yet.
     logprobs: Vec<TokenLogprob>,
 }
 
-/// The engine's counts into the metrics' gauges.
-fn publish(engine: &Engine<'_>, metrics: &Metrics) {
-    let st = engine.stats();
-    metrics.engine(&st);
+/// The engine's counts into the metrics' gauges of `replica`.
+fn publish(engine: &Engine<'_>, metrics: &Metrics, replica: usize) {
+    metrics.engine(replica, &engine.stats());
 }
 
 impl Worker<'_> {
     /// Runs jobs until the queue closes: up to `max_batch` at once through the engine, new
     /// ones joining between its steps. A failed or panicking step fails the jobs it ran (the
     /// server goes on).
-    pub fn run(&self, queue: &JobQueue, metrics: &Metrics, stopping: &dyn Fn() -> bool, mut on_finished: impl FnMut(f64)) {
+    ///
+    /// `stop()` turns `Some(deadline)` at shutdown: from then on the jobs running and queued
+    /// still run, and the loop returns once none is left; at the deadline the running ones end
+    /// with what they have (finish reason "length"), the queued ones are refused
+    /// ([`Event::ShutDown`]) and the queue closes.
+    pub fn run(&self, queue: &JobQueue, metrics: &Metrics, stop: &dyn Fn() -> Option<Instant>) {
         let mut engine = match Engine::new(self.model, self.backend, self.engine.clone()) {
             Ok(e) => e,
             Err(e) => {
                 log::error!("the engine does not start: {}; failing every request", e);
-                while let Some(job) = queue.next(self.replica, stopping) {
+                while let Some(job) = queue.next(self.replica, stop) {
                     let _ = job.events.send(Event::Failed(format!("the engine does not start: {}", e)));
                 }
                 return;
@@ -360,10 +395,15 @@ impl Worker<'_> {
         };
         let mut active: HashMap<SeqId, Active<'_>> = HashMap::new();
         loop {
+            // 0. past the shutdown's deadline, what runs ends and what waits is refused
+            if stop().is_some_and(|deadline| Instant::now() >= deadline) {
+                self.end_all(&mut engine, &mut active, queue, metrics);
+                return;
+            }
             // 1. new jobs while there is room in the batch (waiting for one when idle)
             while active.len() < self.engine.max_batch {
                 let job = if active.is_empty() {
-                    match queue.next(self.replica, stopping) {
+                    match queue.next(self.replica, stop) {
                         Some(j) => j,
                         None => return,
                     }
@@ -381,11 +421,10 @@ impl Worker<'_> {
                 engine.cancel(id);
                 if let Some(a) = active.remove(&id) {
                     queue.set_running(self.replica, active.len());
-                    on_finished(a.job.received.elapsed().as_secs_f64());
                     self.finish(a, "cancelled", metrics, 0.0, 0.0, 0);
                 }
             }
-            publish(&engine, metrics);
+            publish(&engine, metrics, self.replica);
             queue.set_running(self.replica, active.len());
             if active.is_empty() {
                 continue;
@@ -403,14 +442,15 @@ impl Worker<'_> {
                     engine.abort_all();
                     queue.set_running(self.replica, 0);
                     for (_, a) in active.drain() {
-                        metrics.finished("error", a.job.prompt.len(), a.generated, 0.0, 0.0);
+                        self.ended(&a, metrics);
+                        metrics.finished(self.replica, "error", a.job.prompt.len(), a.generated, 0.0, 0.0);
                         let _ = a.job.events.send(Event::Failed(msg.clone()));
                     }
-                    publish(&engine, metrics);
+                    publish(&engine, metrics, self.replica);
                     continue;
                 }
             };
-            metrics.step(t0.elapsed().as_secs_f64());
+            metrics.step(self.replica, t0.elapsed().as_secs_f64());
             // 4. tokens out as text, finished jobs closed
             for ev in events {
                 match ev {
@@ -423,7 +463,6 @@ impl Worker<'_> {
                             engine.cancel(id);
                             if let Some(a) = active.remove(&id) {
                                 queue.set_running(self.replica, active.len());
-                                on_finished(a.job.received.elapsed().as_secs_f64());
                                 self.finish(a, reason, metrics, 0.0, 0.0, 0);
                             }
                         }
@@ -439,14 +478,41 @@ impl Worker<'_> {
                                     "error"
                                 }
                             };
-                            on_finished(a.job.received.elapsed().as_secs_f64());
                             self.finish(a, reason, metrics, prefill_secs, decode_secs, cached_tokens);
                         }
                     }
                 }
             }
-            publish(&engine, metrics);
+            publish(&engine, metrics, self.replica);
             queue.set_running(self.replica, active.len());
+        }
+    }
+
+    /// The shutdown's deadline passed: the running sequences end with the text they have
+    /// (finish reason "length", as a reply cut short by a limit), the jobs in this replica's
+    /// line are refused, and the queue closes.
+    fn end_all<'t>(&'t self, engine: &mut Engine<'_>, active: &mut HashMap<SeqId, Active<'t>>, queue: &JobQueue, metrics: &Metrics) {
+        let waiting = queue.close(self.replica);
+        if !active.is_empty() || !waiting.is_empty() {
+            log::warn!("shutting down: the deadline passed; ending {} running sequences and refusing {} queued requests", active.len(), waiting.len());
+        }
+        for (id, a) in active.drain() {
+            engine.cancel(id);
+            self.finish(a, "shutdown", metrics, 0.0, 0.0, 0);
+        }
+        for job in waiting {
+            metrics.finished(self.replica, "shutdown", 0, 0, 0.0, 0.0);
+            log::info!("[{}] refused: the server shut down before it started", job.id);
+            let _ = job.events.send(Event::ShutDown);
+        }
+        queue.set_running(self.replica, 0);
+        publish(engine, metrics, self.replica);
+    }
+
+    /// `a` leaves the engine: when it is the job's last choice, the job's latency is counted.
+    fn ended(&self, a: &Active<'_>, metrics: &Metrics) {
+        if Arc::strong_count(&a.job) == 1 {
+            metrics.request_latency(self.replica, a.job.received.elapsed().as_secs_f64());
         }
     }
 
@@ -475,7 +541,7 @@ impl Worker<'_> {
     /// prompt the engine refuses).
     fn start<'t>(&'t self, engine: &mut Engine<'_>, active: &mut HashMap<SeqId, Active<'t>>, job: Job, metrics: &Metrics) {
         if job.cancel.load(Ordering::SeqCst) {
-            metrics.finished("cancelled", 0, 0, 0.0, 0.0);
+            metrics.finished(self.replica, "cancelled", 0, 0, 0.0, 0.0);
             return;
         }
         let _ = job.events.send(Event::Started);
@@ -503,6 +569,7 @@ impl Worker<'_> {
                         dec: self.tokenizer.stream_decoder(true),
                         matcher: StopMatcher::new(job.stop.clone()),
                         first: true,
+                        last_token: None,
                         generated: 0,
                         job: Arc::clone(&job),
                         index,
@@ -513,8 +580,8 @@ impl Worker<'_> {
                 }
             }
             Err(e) => {
-                log::error!("generation failed: {}", e);
-                metrics.finished("error", 0, 0, 0.0, 0.0);
+                log::error!("[{}] generation failed: {}", job.id, e);
+                metrics.finished(self.replica, "error", 0, 0, 0.0, 0.0);
                 let _ = job.events.send(Event::Failed(e.to_string()));
             }
         }
@@ -524,11 +591,15 @@ impl Worker<'_> {
     /// the client, with its log-probabilities when asked. Returns the finish reason when the
     /// sequence ends here (a stop string, a client gone, text that does not decode).
     fn token(&self, a: &mut Active<'_>, t: u32, logprobs: Option<Box<TokenLogprobs>>, metrics: &Metrics) -> Option<&'static str> {
+        let now = Instant::now();
         if a.first {
             a.first = false;
             if a.index == 0 {
-                metrics.time_to_first_token(a.job.received.elapsed().as_secs_f64());
+                metrics.time_to_first_token(self.replica, now.saturating_duration_since(a.job.received).as_secs_f64());
             }
+        }
+        if let Some(prev) = a.last_token.replace(now) {
+            metrics.inter_token(self.replica, now.saturating_duration_since(prev).as_secs_f64());
         }
         a.generated += 1;
         log::trace!("token {}", t);
@@ -556,31 +627,30 @@ impl Worker<'_> {
         None
     }
 
-    /// Closes a job: held-back text flushed (unless a stop string cut it), `Done` sent.
+    /// Closes a choice: held-back text flushed (unless a stop string cut it), `Done` sent.
+    /// `reason` "shutdown" (ended by the shutdown's deadline) reaches the client as "length".
     fn finish(&self, mut a: Active<'_>, reason: &'static str, metrics: &Metrics, prefill_secs: f64, decode_secs: f64, cached_tokens: usize) {
+        self.ended(&a, metrics);
         // (the prompt counts once per job, with its first choice)
         let (prompt, generated) = (if a.index == 0 { a.job.prompt.len() } else { 0 }, a.generated);
-        let reason = match reason {
-            "error" => {
-                metrics.finished("error", prompt, generated, prefill_secs, decode_secs);
+        let (counted, reason) = match reason {
+            "error" | "cancelled" => {
+                metrics.finished(self.replica, reason, prompt, generated, prefill_secs, decode_secs);
+                log::info!("[{}] {} after {} generated tokens", a.job.id, if reason == "error" { "failed" } else { "cancelled (the client left)" }, generated);
                 return;
             }
-            "cancelled" => {
-                metrics.finished("cancelled", prompt, generated, prefill_secs, decode_secs);
-                return;
-            }
-            "stop_string" => "stop",
+            "stop_string" => ("stop", "stop"),
             r => {
                 let (text, _) = a.matcher.push(&a.dec.finish());
                 let rest = text + &a.matcher.finish();
                 if !rest.is_empty() || !a.logprobs.is_empty() {
                     let _ = a.job.events.send(Event::Text { index: a.index, text: rest, logprobs: std::mem::take(&mut a.logprobs) });
                 }
-                r
+                (r, if r == "shutdown" { "length" } else { r })
             }
         };
-        metrics.finished(reason, prompt, generated, prefill_secs, decode_secs);
-        log::info!("{} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.3} s, decode {:.3} s, {}", a.job.prompt.len(), cached_tokens, generated, prefill_secs, decode_secs, reason);
+        metrics.finished(self.replica, counted, prompt, generated, prefill_secs, decode_secs);
+        log::info!("[{}] {} prompt ({} from the prefix cache) + {} generated tokens, prefill {:.3} s, decode {:.3} s, {}", a.job.id, a.job.prompt.len(), cached_tokens, generated, prefill_secs, decode_secs, counted);
         let _ = a.job.events.send(Event::Done { index: a.index, finish_reason: reason, prompt_tokens: a.job.prompt.len(), cached_tokens, completion_tokens: generated });
     }
 }
@@ -592,6 +662,7 @@ mod tests {
 
     fn job() -> Job {
         Job {
+            id: "test".into(),
             prompt: vec![1],
             images: vec![],
             max_tokens: 1,
@@ -615,9 +686,10 @@ mod tests {
         assert_eq!(q.submit(job()), Ok(2));
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Full);
         // stopping: the queued jobs still come out, in order, then the queue closes
-        assert_eq!(q.next(0, &|| true).unwrap().max_tokens, 7);
-        assert!(q.next(0, &|| true).is_some());
-        assert!(q.next(0, &|| true).is_none());
+        let stop = || Some(Instant::now() + Duration::from_secs(60));
+        assert_eq!(q.next(0, &stop).unwrap().max_tokens, 7);
+        assert!(q.next(0, &stop).is_some());
+        assert!(q.next(0, &stop).is_none());
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Closed);
     }
 
@@ -629,6 +701,7 @@ mod tests {
         assert_eq!(q.reserve().err(), Some(Refused::Full));
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Full);
         assert_eq!(q.len(), 0, "reserved places are not waiting jobs");
+        assert_eq!(q.ahead(), 2, "but they are ahead of a refused request");
         drop(a);
         assert_eq!(q.submit_reserved(b, job()), Ok(1));
         assert_eq!(q.submit(job()), Ok(2));
@@ -661,6 +734,41 @@ mod tests {
         let other = 1 - first;
         assert_eq!(q.submit(long(4)), Ok(2));
         assert_eq!(q.loads()[other], 2);
-        assert_eq!(q.next(other, &|| false).unwrap().prompt[0], 2);
+        assert_eq!(q.next(other, &|| None).unwrap().prompt[0], 2);
+    }
+
+    #[test]
+    fn a_draining_queue_waits_for_places_held_until_the_deadline() {
+        let q = Arc::new(JobQueue::new(4));
+        let t = q.reserve().unwrap();
+        let t0 = Instant::now();
+        // a place is held: the queue stays open until the deadline
+        assert!(q.next(0, &|| Some(t0 + Duration::from_millis(150))).is_none());
+        assert!(t0.elapsed() >= Duration::from_millis(150));
+        assert_eq!(q.submit_reserved(t, job()).unwrap_err(), Refused::Closed);
+        // with the place used in time, its job still comes out
+        let q = Arc::new(JobQueue::new(4));
+        let t = q.reserve().unwrap();
+        let q2 = Arc::clone(&q);
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            q2.submit_reserved(t, job()).unwrap();
+        });
+        assert!(q.next(0, &|| Some(t0 + Duration::from_secs(60))).is_some());
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn closing_hands_back_the_waiting_jobs_and_refuses_more() {
+        let q = Arc::new(JobQueue::new(4));
+        let t = q.reserve().unwrap();
+        q.submit(job()).unwrap();
+        q.submit(job()).unwrap();
+        assert_eq!(q.lines(), vec![2]);
+        assert_eq!(q.close(0).len(), 2);
+        assert!(q.is_empty());
+        assert_eq!(q.submit(job()).unwrap_err(), Refused::Closed);
+        assert_eq!(q.submit_reserved(t, job()).unwrap_err(), Refused::Closed);
+        assert_eq!(q.reserve().err(), Some(Refused::Closed));
     }
 }

@@ -1,0 +1,255 @@
+//! `qwen3-vl serve` as an operator runs it, on loopback: the vLLM-named metrics with their
+//! labels (checked with Prometheus' own text parser when the `prometheus_client` Python
+//! package is at hand), the drain on SIGTERM within `--shutdown-timeout`, Retry-After under a
+//! burst, and request ids in the response headers and the log. Runs on the tiny checkpoint of
+//! tests/fixtures/vision.
+
+mod common;
+
+use common::server::{self, chat, get, raw, read_response, Server};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// The value of the first sample line of /metrics that starts with `line_start` (0 if none).
+fn metric(port: u16, line_start: &str) -> f64 {
+    let t = get(port, "/metrics").text();
+    t.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+}
+
+/// Waits up to 60 s for `cond`.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "timed out waiting for {}", what);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes a chat request on a new connection without reading the answer.
+fn send_chat(port: u16, body: &Value) -> TcpStream {
+    let b = body.to_string();
+    let mut c = server::connect(port);
+    c.write_all(format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{}", b.len(), b).as_bytes()).unwrap();
+    c
+}
+
+/// The Python with `prometheus_client` importable (`None`: skipped with a note, unless
+/// `QWEN3_VL_EXPECT_OPENAI=1`, under which CI installs it beside openai: then it fails).
+fn prometheus_python() -> Option<Command> {
+    let python = std::env::var("QWEN3_VL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(false, |v| v == "1");
+    let py = || {
+        let mut c = Command::new(&python);
+        if let Some(p) = std::env::var_os("QWEN3_VL_PYTHONPATH") {
+            c.env("PYTHONPATH", p);
+        }
+        c
+    };
+    let probe = py().args(["-c", "import prometheus_client"]).output();
+    if !probe.as_ref().map_or(false, |o| o.status.success()) {
+        assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import prometheus_client", python);
+        eprintln!("the Prometheus parser check is skipped: {} has no prometheus_client (pip install prometheus_client)", python);
+        return None;
+    }
+    Some(py())
+}
+
+/// Parses `text` with prometheus_client's parser and prints `name|kind|labels as JSON|value`
+/// per sample.
+const PARSE: &str = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        print("%s|%s|%s|%s" % (s.name, fam.type, json.dumps(s.labels, sort_keys=True), s.value))
+"#;
+
+#[test]
+fn metrics_carry_vllm_names_and_labels() {
+    let s = Server::start(&["--model-name", "tiny \"vl\""]);
+    let r = chat(s.port, &json!({"messages": user("Hi"), "max_tokens": 6, "ignore_eos": true}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = get(s.port, "/metrics").text();
+    // 1. the families, labeled with the model and the replica
+    let labels = r#"model_name="tiny \"vl\"",replica="0""#;
+    for (name, kind) in [
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"),
+        ("vllm:request_success_total", "counter"),
+        ("vllm:time_to_first_token_seconds", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:e2e_request_latency_seconds", "histogram"),
+    ] {
+        assert!(t.contains(&format!("# TYPE {} {}\n", name, kind)), "no {} {} in\n{}", kind, name, t);
+    }
+    let v = |series: &str| t.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("no {} in\n{}", series, t));
+    assert_eq!(v(&format!("vllm:generation_tokens_total{{{}}} ", labels)), 6.0);
+    assert!(v(&format!("vllm:prompt_tokens_total{{{}}} ", labels)) > 0.0);
+    assert_eq!(v(&format!("vllm:request_success_total{{{},finished_reason=\"length\"}} ", labels)), 1.0);
+    assert_eq!(v(&format!("vllm:e2e_request_latency_seconds_count{{{}}} ", labels)), 1.0);
+    assert_eq!(v(&format!("vllm:time_to_first_token_seconds_count{{{}}} ", labels)), 1.0);
+    assert_eq!(v(&format!("vllm:inter_token_latency_seconds_count{{{}}} ", labels)), 5.0, "one gap per token after the first");
+    assert_eq!(v(&format!("vllm:time_to_first_token_seconds_bucket{{{},le=\"2560\"}} ", labels)), 1.0, "vLLM's last TTFT bound");
+    assert_eq!(v(&format!("vllm:e2e_request_latency_seconds_bucket{{{},le=\"7680\"}} ", labels)), 1.0, "vLLM's last e2e bound");
+    let kv = v(&format!("vllm:kv_cache_usage_perc{{{}}} ", labels));
+    assert!((0.0..=1.0).contains(&kv), "{}", kv);
+    assert_eq!(v("qwen3vl_completion_tokens_total "), 6.0, "the own names stay");
+    // 2. Prometheus' parser reads the same
+    let Some(mut py) = prometheus_python() else { return };
+    let mut child = py.args(["-c", PARSE]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(t.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "prometheus_client rejected the exposition: {}\n{}", String::from_utf8_lossy(&out.stderr), t);
+    let parsed = String::from_utf8(out.stdout).unwrap();
+    let labels_json = json!({"model_name": "tiny \"vl\"", "replica": "0"}).to_string().replace(",", ", ").replace(":", ": ");
+    for want in [
+        format!("vllm:num_requests_waiting|gauge|{}|0.0", labels_json),
+        format!("vllm:generation_tokens_total|counter|{}|6.0", labels_json),
+        format!("vllm:e2e_request_latency_seconds_count|histogram|{}|1.0", labels_json),
+    ] {
+        assert!(parsed.lines().any(|l| l == want), "prometheus_client did not read {:?}:\n{}", want, parsed);
+    }
+    assert!(parsed.contains("vllm:request_success_total|counter|{\"finished_reason\": \"length\""), "{}", parsed);
+    s.assert_no_panic();
+}
+
+#[test]
+fn sigterm_drains_within_the_shutdown_timeout_and_exits_0() {
+    let mut s = Server::start(&["--shutdown-timeout", "2", "--max-batch", "2", "--max-output-tokens", "100000"]);
+    let port = s.port;
+    let long = |stream: bool| json!({"messages": user("Tell me a long story."), "max_tokens": 100_000, "ignore_eos": true, "stream": stream});
+    // 1. two requests running (one streamed, one whole), one queued, one idle kept-alive
+    //    connection
+    let mut streamed = send_chat(port, &long(true));
+    let mut head = [0u8; 1];
+    streamed.read_exact(&mut head).unwrap();
+    let mut whole = send_chat(port, &long(false));
+    wait_for("two running", || metric(port, "qwen3vl_requests_running") >= 2.0);
+    let mut queued = send_chat(port, &long(false));
+    wait_for("one queued", || metric(port, "qwen3vl_queue_depth") >= 1.0);
+    let mut idle = server::connect(port);
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert_eq!(read_response(&mut idle).unwrap().status, 200);
+    // 2. SIGTERM: a readiness probe sees the drain on new and kept-alive connections alike;
+    //    new requests get 503 with Retry-After
+    s.terminate();
+    let t0 = Instant::now();
+    wait_for("the drain to begin", || get(port, "/health").status == 503);
+    let h = get(port, "/health");
+    assert_eq!(h.json()["status"], "draining", "{}", h.text());
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let h = read_response(&mut idle).unwrap();
+    assert_eq!((h.status, h.json()["status"].as_str()), (503, Some("draining")));
+    let r = chat(port, &json!({"messages": user("Hi"), "max_tokens": 2}));
+    assert_eq!((r.status, r.error_code().as_str()), (503, "shutting_down"), "{}", r.text());
+    assert!(r.header("retry-after").is_some_and(|v| v.parse::<u64>().is_ok()), "{:?}", r.headers);
+    // 3. at the deadline: the stream ends with a finish reason and [DONE], the whole reply
+    //    answers what it has, the queued request gets 503
+    let mut rest = Vec::new();
+    streamed.read_to_end(&mut rest).unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    let ended = t0.elapsed();
+    let (last, done) = (rest.rfind("\"finish_reason\":\"length\"").unwrap_or(usize::MAX), rest.rfind("data: [DONE]").unwrap_or(0));
+    assert!(last < done && rest[done..].trim_end().ends_with("0"), "the stream did not end cleanly: ...{}", &rest[rest.len().saturating_sub(600)..]);
+    assert!(ended < Duration::from_secs(5), "the stream ran {:?} past SIGTERM with --shutdown-timeout 2", ended);
+    let w = read_response(&mut whole).unwrap();
+    assert_eq!(w.status, 200, "{}", w.text());
+    let w = w.json();
+    assert_eq!(w["choices"][0]["finish_reason"], "length", "{}", w);
+    assert!(w["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{}", w);
+    let q = read_response(&mut queued).unwrap();
+    assert_eq!((q.status, q.error_code().as_str()), (503, "shutting_down"), "{}", q.text());
+    // 4. the process exits 0, the whole drain time-limited
+    let status = s.wait(Duration::from_secs(10)).expect("the server exits after the drain");
+    assert!(status.success(), "exit status {:?}", status);
+    assert!(t0.elapsed() < Duration::from_secs(6), "exited {:?} after SIGTERM with --shutdown-timeout 2", t0.elapsed());
+    let log = s.log();
+    assert!(log.contains("the deadline passed; ending 2 running sequences and refusing 1 queued requests") && log.contains("server stopped"), "{}", log);
+    s.assert_no_panic();
+}
+
+#[test]
+fn retry_after_follows_the_drain_rate_under_a_burst() {
+    let args = ["--max-batch", "4", "--queue", "4", "--max-output-tokens", "20000"];
+    let body = |n: usize| json!({"messages": user("Count to a thousand."), "max_tokens": n, "ignore_eos": true});
+    let burst = |port: u16, k: usize, n: usize| (0..k).map(|_| std::thread::spawn(move || chat(port, &body(n)))).collect::<Vec<_>>();
+    let join = |hs: Vec<std::thread::JoinHandle<server::Response>>| hs.into_iter().for_each(|h| assert_eq!(h.join().unwrap().status, 200));
+    // 1. a length that keeps a full batch busy for about 1.5 s here (on a server of its own,
+    //    so that this does not count in the rate)
+    let n = {
+        let s = Server::start(&args);
+        let t0 = Instant::now();
+        join(burst(s.port, 4, 200));
+        ((1.5 / (t0.elapsed().as_secs_f64() / 200.0)) as usize).clamp(50, 20000)
+    };
+    let s = Server::start(&args);
+    let port = s.port;
+    // 2. a first burst measures the rate
+    join(burst(port, 4, n));
+    // 3. a second fills the batch, then the queue; one more is refused
+    let running = burst(port, 4, n);
+    wait_for("a full batch", || metric(port, "qwen3vl_requests_running") >= 4.0);
+    let queued = burst(port, 4, n);
+    wait_for("a full queue", || metric(port, "qwen3vl_queue_depth") >= 4.0);
+    let r = chat(port, &body(n));
+    assert_eq!((r.status, r.error_code().as_str()), (429, "queue_full"), "{}", r.text());
+    let refused_at = Instant::now();
+    let retry: u64 = r.header("retry-after").expect("Retry-After").parse().unwrap();
+    join(running);
+    join(queued);
+    let drained = refused_at.elapsed().as_secs_f64();
+    // the batch ahead and then the queue of 4 ran in `drained` s: the queue left within it.
+    // (A smoothed time per request times the queue, the old estimate, said about 5 batches.)
+    eprintln!("Retry-After {} s; the queue drained in {:.2} s ({} tokens per request)", retry, drained, n);
+    assert!(retry >= 1 && (retry as f64) <= drained + 1.0 && (retry as f64) >= drained / 4.0, "Retry-After {} s for a queue that drained in {:.2} s", retry, drained);
+    s.assert_no_panic();
+}
+
+#[test]
+fn request_ids_come_back_and_are_logged_with_the_client() {
+    let s = Server::start(&[]);
+    let req = |extra: &str, body: &str| {
+        raw(s.port, format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", extra, body.len(), body).as_bytes())
+    };
+    let ok = json!({"messages": user("Hi"), "max_tokens": 3}).to_string();
+    // 1. the client's id: echoed, the completion's id built on it
+    let r = req("X-Request-Id: trace-42.a:b\r\n", &ok);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-request-id"), Some("trace-42.a:b"));
+    assert_eq!(r.json()["id"], "chatcmpl-trace-42.a:b");
+    // 2. none (or one that is not sane): the completion's id
+    for extra in ["", "X-Request-Id: has spaces and ; semicolons\r\n"] {
+        let r = req(extra, &ok);
+        let id = r.json()["id"].as_str().unwrap().to_string();
+        assert!(id.starts_with("chatcmpl-") && id.len() > 9, "{}", id);
+        assert_eq!(r.header("x-request-id"), Some(id.as_str()));
+        wait_for("its log lines", || s.log().contains(&format!("[{}] 127.0.0.1:", id)));
+    }
+    // 3. a refused request carries its id too, streamed replies as well
+    let r = req("X-Request-Id: bad-one\r\n", "{not json");
+    assert_eq!((r.status, r.header("x-request-id")), (400, Some("bad-one")));
+    let r = req("X-Request-Id: streamed-1\r\n", &json!({"messages": user("Hi"), "max_tokens": 3, "stream": true}).to_string());
+    assert_eq!((r.status, r.header("x-request-id")), (200, Some("streamed-1")));
+    // 4. the log: received, finished (or refused) and the model's line, with the client
+    let log = || s.log();
+    wait_for("the finished lines", || log().contains("[streamed-1] 127.0.0.1:") && log().matches("finished: 200").count() >= 4);
+    let log = log();
+    let lines = |id: &str| log.lines().filter(|l| l.contains(&format!("[{}]", id))).map(String::from).collect::<Vec<_>>();
+    let traced = lines("trace-42.a:b");
+    assert!(traced.iter().any(|l| l.contains("127.0.0.1:") && l.contains("POST /v1/chat/completions received")), "{:?}", traced);
+    assert!(traced.iter().any(|l| l.contains("generated tokens")), "the model's line: {:?}", traced);
+    assert!(traced.iter().any(|l| l.contains("127.0.0.1:") && l.contains("finished: 200")), "{:?}", traced);
+    let bad = lines("bad-one");
+    assert!(bad.iter().any(|l| l.contains("127.0.0.1:") && l.contains("refused: 400")), "{:?}", bad);
+    s.assert_no_panic();
+}

@@ -253,3 +253,15 @@ fn request_ids_come_back_and_are_logged_with_the_client() {
     assert!(bad.iter().any(|l| l.contains("127.0.0.1:") && l.contains("refused: 400")), "{:?}", bad);
     s.assert_no_panic();
 }
+
+#[test]
+fn sigterm_while_loading_exits_0_at_once() {
+    let mut s = Server::start_until(&[], &[("QWEN3_VL_TEST_LOAD_DELAY_MS", "20000")], "accepting connections on http://");
+    let h = get(s.port, "/health");
+    assert_eq!((h.status, h.json()["status"].as_str()), (503, Some("loading")), "{}", h.text());
+    let t0 = Instant::now();
+    s.terminate();
+    let status = s.wait(Duration::from_secs(10)).expect("the server exits while loading");
+    assert!(status.success() && t0.elapsed() < Duration::from_secs(2), "{:?} after {:?}", status, t0.elapsed());
+    s.assert_no_panic();
+}

@@ -44,7 +44,7 @@ fn send_chat(port: u16, body: &Value) -> TcpStream {
 /// `QWEN3_VL_EXPECT_OPENAI=1`, under which CI installs it beside openai: then it fails).
 fn prometheus_python() -> Option<Command> {
     let python = std::env::var("QWEN3_VL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").map_or(false, |v| v == "1");
+    let expect = std::env::var("QWEN3_VL_EXPECT_OPENAI").is_ok_and(|v| v == "1");
     let py = || {
         let mut c = Command::new(&python);
         if let Some(p) = std::env::var_os("QWEN3_VL_PYTHONPATH") {
@@ -53,7 +53,7 @@ fn prometheus_python() -> Option<Command> {
         c
     };
     let probe = py().args(["-c", "import prometheus_client"]).output();
-    if !probe.as_ref().map_or(false, |o| o.status.success()) {
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
         assert!(!expect, "QWEN3_VL_EXPECT_OPENAI=1 but {} cannot import prometheus_client", python);
         eprintln!("the Prometheus parser check is skipped: {} has no prometheus_client (pip install prometheus_client)", python);
         return None;

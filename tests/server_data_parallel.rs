@@ -19,12 +19,13 @@ fn ask(port: u16, text: &str, max_tokens: usize) -> String {
 }
 
 /// `(replica, prompt tokens, tokens from the prefix cache)` of every finished request in a
-/// replica's log lines (`info: replica R: P prompt (C from the prefix cache) + ...`).
+/// replica's log lines (`info: replica R: [ID] P prompt (C from the prefix cache) + ...`).
 fn finished(log: &str) -> Vec<(usize, usize, usize)> {
     log.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix("info: replica ")?;
             let (r, rest) = rest.split_once(": ")?;
+            let rest = rest.split_once("] ").filter(|_| rest.starts_with('[')).map_or(rest, |(_, r)| r);
             let (p, rest) = rest.split_once(" prompt (")?;
             let (c, _) = rest.split_once(" from the prefix cache")?;
             Some((r.parse().ok()?, p.parse().ok()?, c.parse().ok()?))

@@ -1,8 +1,8 @@
 //! `qwen3-vl serve` as an operator runs it, on loopback: the vLLM-named metrics with their
 //! labels (checked with Prometheus' own text parser when the `prometheus_client` Python
 //! package is at hand), the drain on SIGTERM within `--shutdown-timeout`, Retry-After under a
-//! burst, and request ids in the response headers and the log. Runs on the tiny checkpoint of
-//! tests/fixtures/vision.
+//! burst, request ids in the response headers and the log, and a series per replica under
+//! `--data-parallel` (CPU replicas). Runs on the tiny checkpoint of tests/fixtures/vision.
 
 mod common;
 
@@ -278,5 +278,46 @@ fn sigterm_while_loading_exits_0_at_once() {
     s.terminate();
     let status = s.wait(Duration::from_secs(10)).expect("the server exits while loading");
     assert!(status.success() && t0.elapsed() < Duration::from_secs(2), "{:?} after {:?}", status, t0.elapsed());
+    s.assert_no_panic();
+}
+
+#[test]
+fn each_replica_has_its_own_series() {
+    let mut s = Server::start(&["--device", "cpu", "--data-parallel", "2", "--threads", "1", "--max-batch", "4", "--model-name", "tiny", "--shutdown-timeout", "1", "--max-output-tokens", "100000"]);
+    let port = s.port;
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8).map(|i| sc.spawn(move || chat(port, &json!({"messages": user(&format!("Question {}: name a color.", i)), "max_tokens": 5, "ignore_eos": true})))).collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap().status, 200);
+        }
+    });
+    let t = get(port, "/metrics").text();
+    let v = |series: String| t.lines().find(|l| l.starts_with(&series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("no {} in\n{}", series, t));
+    let labels = |r: usize| format!("model_name=\"tiny\",replica=\"{}\"", r);
+    let mut generated = 0.0;
+    for r in 0..2 {
+        for family in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"] {
+            v(format!("{}{{{}}} ", family, labels(r)));
+        }
+        generated += v(format!("vllm:generation_tokens_total{{{}}} ", labels(r)));
+        assert!(v(format!("vllm:e2e_request_latency_seconds_count{{{}}} ", labels(r))) >= 1.0, "replica {} served nothing:\n{}", r, t);
+    }
+    assert!(!t.contains("replica=\"2\""));
+    assert_eq!(generated, 40.0);
+    assert_eq!(v("qwen3vl_completion_tokens_total ".into()), 40.0, "the own names sum the replicas");
+    // the drain ends both replicas' streams at the deadline
+    let long = json!({"messages": user("Tell me a long story."), "max_tokens": 100_000, "ignore_eos": true, "stream": true});
+    let mut streams: Vec<TcpStream> = (0..2).map(|_| send_chat(port, &long)).collect();
+    wait_for("both replicas running", || get(port, "/metrics").text().lines().filter(|l| l.starts_with("vllm:num_requests_running{") && l.ends_with(" 1")).count() == 2);
+    s.terminate();
+    let t0 = Instant::now();
+    for c in &mut streams {
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(rest.contains("\"finish_reason\":\"length\"") && rest.contains("data: [DONE]"), "...{}", &rest[rest.len().saturating_sub(400)..]);
+    }
+    let status = s.wait(Duration::from_secs(10)).expect("the server exits after the drain");
+    assert!(status.success() && t0.elapsed() < Duration::from_secs(5), "{:?} after {:?}", status, t0.elapsed());
     s.assert_no_panic();
 }

@@ -8,7 +8,8 @@
 # of every run and the server logs stay in OUT_DIR. Usage, from the repository root:
 #   tools/dp_bench.sh BINARY [OUT_DIR] [N ...]
 # e.g. tools/dp_bench.sh target/release/qwen3-vl /tmp/dp 1 2 4
-# Environment: DP_CLIENTS (64), DP_REQUESTS per client (3), DP_ROUNDS (2), DP_MAX_BATCH per
+# Environment: DP_CLIENTS (64), DP_REQUESTS per client (3), DP_LOADGENS (load generator
+# processes the clients are split over: 1; latencies then are the worst process's), DP_ROUNDS (2), DP_MAX_BATCH per
 # replica (64), DP_PORT (18180), DP_WORK (/tmp/dp-models), DP_SERVE_ARGS (more serve flags);
 # for a smoke run without GPUs: DP_DEVICE=cpu DP_MODEL=tests/fixtures/vision/tiny (CPU
 # replicas; add --tokenizer tests/fixtures/tokenizer/tokenizer.json to DP_SERVE_ARGS).
@@ -17,7 +18,7 @@ bin=$1 out=${2:-/tmp/dp}
 shift 2 || shift $#
 counts=("$@")
 [ ${#counts[@]} -gt 0 ] || counts=(1 2)
-clients=${DP_CLIENTS:-64} requests=${DP_REQUESTS:-3} rounds=${DP_ROUNDS:-2} batch=${DP_MAX_BATCH:-64}
+clients=${DP_CLIENTS:-64} requests=${DP_REQUESTS:-3} loadgens=${DP_LOADGENS:-1} rounds=${DP_ROUNDS:-2} batch=${DP_MAX_BATCH:-64}
 port=${DP_PORT:-18180} work=${DP_WORK:-/tmp/dp-models} device=${DP_DEVICE:-cuda} model=${DP_MODEL:-}
 mkdir -p "$out"
 # 1. the weights: random, 2B-shaped, with the real tokenizer of the fixtures
@@ -63,8 +64,24 @@ for n in "${counts[@]}"; do
     before=$(grep -c 'generated tokens' "$log" || true)
     for round in $(seq "$rounds"); do
         json="$out/load-dp$n-$round.json"
-        python3 tools/load_test.py --url "$url" --clients "$clients" --requests "$requests" --prompt-words 150:170 \
-            --max-tokens 128 --seed "$round" > "$json" || echo "$n round $round: some requests failed, see $json"
+        # the clients split over $loadgens generator processes (one Python process tops out
+        # near 15k streamed tokens/s), their counts summed over the longest one's wall time
+        for g in $(seq "$loadgens"); do
+            python3 tools/load_test.py --url "$url" --clients "$((clients / loadgens))" --requests "$requests" --prompt-words 150:170 \
+                --max-tokens 128 --seed "$round$g" > "$json.$g" || echo "$n round $round: some requests failed, see $json.$g" &
+        done
+        wait
+        python3 -c '
+import json, sys
+js = [json.load(open(p)) for p in sys.argv[2:]]
+out = dict(js[0])
+out["completion_tokens"] = sum(j["completion_tokens"] for j in js)
+out["wall_s"] = max(j["wall_s"] for j in js)
+out["aggregate_tokens_per_s"] = out["completion_tokens"] / out["wall_s"]
+for k in ("latency_p50_s", "latency_p90_s", "ttft_p50_s"):
+    out[k] = max(j[k] for j in js)
+json.dump(out, open(sys.argv[1], "w"))
+' "$json" $(for g in $(seq "$loadgens"); do echo "$json.$g"; done)
         tps=$(python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["aggregate_tokens_per_s"])' "$json")
         # the ratio is to the first replica count's best round
         if [ "$n" = "${counts[0]}" ]; then

@@ -66,11 +66,13 @@ for n in "${counts[@]}"; do
         json="$out/load-dp$n-$round.json"
         # the clients split over $loadgens generator processes (one Python process tops out
         # near 15k streamed tokens/s), their counts summed over the longest one's wall time
+        gens=()
         for g in $(seq "$loadgens"); do
             python3 tools/load_test.py --url "$url" --clients "$((clients / loadgens))" --requests "$requests" --prompt-words 150:170 \
-                --max-tokens 128 --seed "$round$g" > "$json.$g" || echo "$n round $round: some requests failed, see $json.$g" &
+                --max-tokens 128 --seed "$round$g" > "$json.$g" &
+            gens+=($!)
         done
-        wait
+        for g in "${gens[@]}"; do wait "$g" || echo "$n round $round: some requests failed, see $json.*"; done
         python3 -c '
 import json, sys
 js = [json.load(open(p)) for p in sys.argv[2:]]

@@ -9,6 +9,7 @@ pub use host::*;
 use host::kernels::{Arch, KernelsRequest, Ptx};
 
 pub mod generation_config;
+pub mod loading;
 pub mod server;
 pub mod signals;
 

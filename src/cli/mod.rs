@@ -87,46 +87,40 @@ pub struct DeviceArgs {
 pub struct KvCacheArg(pub Option<DType>);
 
 fn parse_kv_cache(s: &str) -> Result<KvCacheArg, String> {
-    if s.eq_ignore_ascii_case("auto") {
-        return Ok(KvCacheArg(None));
-    }
-    match DType::parse_float(s) {
-        Some(d @ (DType::F32 | DType::F16)) => Ok(KvCacheArg(Some(d))),
-        _ => Err(format!("unknown KV-cache type '{}': expected auto, f32 or f16", s)),
-    }
+    qwen3_vl::loading::parse_kv_cache(s).map(KvCacheArg)
 }
 
-/// `--precision`: a mode, or the default ([`DEFAULT_PRECISION`]).
+/// `--precision`: a mode, or the default ([`qwen3_vl::loading::DEFAULT_PRECISION`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PrecisionArg(pub Option<Precision>);
 
-/// What `--precision auto` asks for: bf16, measured on the H100 within transformers bf16's
-/// error on every fixture and 17-27% faster at prefill @512-4096 (README, "Precision").
-pub const DEFAULT_PRECISION: Precision = Precision::Bf16;
-
 fn parse_precision(s: &str) -> Result<PrecisionArg, String> {
-    if s.eq_ignore_ascii_case("auto") {
-        return Ok(PrecisionArg(None));
-    }
-    s.parse().map(|p| PrecisionArg(Some(p)))
+    qwen3_vl::loading::parse_precision(s).map(PrecisionArg)
 }
 
 impl DeviceArgs {
+    /// The library's options of these flags.
+    pub fn options(&self) -> qwen3_vl::loading::DeviceOptions {
+        qwen3_vl::loading::DeviceOptions {
+            device: self.device,
+            threads: self.threads,
+            kernels: self.kernels,
+            precision: self.precision.0,
+            kv_cache: self.kv_cache.0,
+            gpu_memory: self.gpu_memory,
+            gpu_layers: self.gpu_layers,
+        }
+    }
+
     /// The backend these options ask for (logs the choice and why), set to the precision asked
     /// for.
     pub fn select(&self) -> Result<Selection, qwen3_vl::Error> {
-        let sel = qwen3_vl::select_device_with(self.device, self.kernels, self.threads)?;
-        let want = self.precision.0.unwrap_or(DEFAULT_PRECISION);
-        sel.backend.set_precision(want);
-        if self.precision.0.is_some() && sel.backend.precision() != want {
-            log::info!("--precision {}: {} has no 16-bit-activation GEMMs, computing in {}", want, sel.backend.describe(), sel.backend.precision());
-        }
-        Ok(sel)
+        self.options().select()
     }
 
     /// The KV-cache type on `backend`.
     pub fn kv_dtype(&self, backend: &dyn Backend) -> DType {
-        self.kv_cache.0.unwrap_or_else(|| backend.default_kv_dtype())
+        self.options().kv_dtype(backend)
     }
 }
 

@@ -1,15 +1,17 @@
 //! What `serve` and `batch` share: the model, the limits on requests, the engine and the
-//! sampling defaults, turned into a [`ServerConfig`] and a loaded model the same way for both,
-//! so that one request body gets the same answer from either.
+//! sampling defaults, as flags mapped onto the library's [`ServingOptions`] (which turns them
+//! into a server's settings and a loaded model the same way for every front end), and the
+//! replicas of `--data-parallel`.
 
-use super::load::{self, describe_sampling, stop_ids, CliResult, ModelArgs, SamplingArgs};
+use super::load::{CliResult, Checked, ModelArgs, SamplingArgs, WeightBars};
 use super::ranges;
-use qwen3_vl::generate::SamplingParams;
-use qwen3_vl::server::{self, ServerConfig};
+use qwen3_vl::loading::serving::ServingOptions;
+use qwen3_vl::server::ServerConfig;
 use qwen3_vl::template::PromptFormat;
 use qwen3_vl::DeviceRequest;
 use std::path::PathBuf;
-use std::sync::Arc;
+
+pub use qwen3_vl::loading::serving::Served as Model;
 
 #[derive(clap::Args)]
 pub struct ServingArgs {
@@ -74,7 +76,7 @@ pub struct ServingArgs {
 
 /// The checked inputs and the server's settings, before the weights load.
 pub struct Prepared {
-    pub checked: load::Checked,
+    pub checked: Checked,
     pub cfg: ServerConfig,
     /// Tokens of the engine's KV cache.
     pub kv_tokens: usize,
@@ -84,98 +86,49 @@ pub struct Prepared {
     pub devices: Vec<DeviceRequest>,
 }
 
-/// The loaded replicas of the model and what the server needs besides them.
-pub struct Model {
-    pub replicas: Vec<load::Replica>,
-    pub defaults: SamplingParams,
-    pub stop_ids: Vec<u32>,
-    pub tokenizer: Arc<qwen3_vl::Tokenizer>,
-}
-
-impl Model {
-    /// The replicas as the server takes them, with the prompt format.
-    pub fn server(&self, format: PromptFormat) -> Vec<server::Loaded<'_>> {
-        self.replicas
-            .iter()
-            .map(|r| server::Loaded {
-                model: &r.model,
-                backend: &*r.backend,
-                tokenizer: Arc::clone(&self.tokenizer),
-                stop_ids: self.stop_ids.clone(),
-                defaults: self.defaults,
-                kv_dtype: Some(r.kv_dtype),
-                format: format.clone(),
-            })
-            .collect()
-    }
-}
-
 impl ServingArgs {
+    /// The library's options of these flags (all but the replicas').
+    pub fn options(&self) -> ServingOptions {
+        ServingOptions {
+            model: self.model.options(),
+            model_name: self.model_name.clone(),
+            allowed_image_dir: self.allowed_image_dir.clone(),
+            max_pixels: self.max_pixels,
+            max_image_pixels: self.max_image_pixels,
+            max_images: self.max_images,
+            max_videos: self.max_videos,
+            max_video_seconds: self.max_video_seconds,
+            max_video_frames: self.max_video_frames,
+            video: self.video.options(),
+            max_prompt_tokens: self.max_prompt_tokens,
+            max_output_tokens: self.max_output_tokens,
+            max_batch: self.max_batch,
+            kv_cache_tokens: self.kv_cache_tokens,
+            max_prefill_tokens: self.max_prefill_tokens,
+            sampling: self.sampling.options(),
+        }
+    }
+
     /// Every input checked (before the weights), and the server's settings from the flags.
     /// `max_file_mib`: the largest image or video file read.
     pub fn prepare(&self, max_file_mib: usize) -> CliResult<Prepared> {
-        let checked = self.model.check()?;
+        let p = self.options().prepare(max_file_mib)?;
         let devices = super::replicas::replica_devices(self.model.device.device, self.data_parallel, self.devices.as_ref(), &|| qwen3_vl::cuda_device_count().map_err(|e| e.to_string()))?;
-        let context = checked.config.text.max_position_embeddings;
-        let preprocess = server::images::cap_pixels(checked.preprocess.clone(), self.max_pixels)?;
-        let allowed = match &self.allowed_image_dir {
-            Some(d) => Some(std::fs::canonicalize(d).map_err(|e| format!("--allowed-image-dir {}: {}", d.display(), e))?),
-            None => None,
-        };
-        if let Some(d) = &allowed {
-            if !d.is_dir() {
-                return Err(format!("--allowed-image-dir {} is not a directory", d.display()).into());
-            }
-        }
-        let model_id = self.model_name.clone().unwrap_or_else(|| {
-            std::fs::canonicalize(&self.model.model).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "qwen3-vl".into())
-        });
-        let mut cfg = ServerConfig::new(model_id, context, preprocess);
-        cfg.images.allowed_dir = allowed;
-        cfg.images.max_source_pixels = self.max_image_pixels;
-        cfg.images.max_file_bytes = max_file_mib << 20;
-        cfg.parse.max_images = self.max_images;
-        cfg.parse.max_videos = self.max_videos;
-        cfg.images.video = self.video.config(&checked.video)?;
-        cfg.images.video_limits.max_bytes = (max_file_mib << 20) as u64;
-        cfg.images.video_limits.max_duration = self.max_video_seconds as f64;
-        cfg.images.video_limits.max_source_frames = self.max_video_frames;
-        cfg.images.video_limits.ffmpeg = self.video.ffmpeg.clone();
-        cfg.images.video_limits.timeout = std::time::Duration::from_secs(self.max_video_seconds.clamp(30, 600));
-        if let Some(n) = self.max_prompt_tokens {
-            cfg.tokens.max_prompt = n.min(context);
-        }
-        if let Some(n) = self.max_output_tokens {
-            cfg.tokens.max_output = n.min(context);
-        }
-        cfg.max_batch = self.max_batch;
-        cfg.kv_cache_tokens = self.kv_cache_tokens;
-        cfg.max_prefill_tokens = self.max_prefill_tokens;
+        let mut cfg = p.cfg;
         cfg.replicas = devices.len();
-        let per_request = (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context);
-        if let Some(n) = cfg.kv_cache_tokens {
-            if n < per_request {
-                return Err(format!("--kv-cache-tokens {} is less than one request may need ({} prompt + {} output tokens)", n, cfg.tokens.max_prompt, cfg.tokens.max_output).into());
-            }
-        }
-        let kv_tokens = cfg.kv_cache_tokens.unwrap_or_else(|| server::default_kv_tokens(cfg.max_batch, per_request));
-        Ok(Prepared { checked, cfg, kv_tokens, per_request, devices })
+        Ok(Prepared { checked: p.checked, cfg, kv_tokens: p.kv_tokens, per_request: p.per_request, devices })
     }
 
-    /// The weights, once per replica of `devices`: the placement plans for the whole KV cache
-    /// of the engine; any request may carry images, so under a budget the vision tower goes
-    /// first.
-    pub fn load(&self, checked: load::Checked, devices: &[DeviceRequest], kv_tokens: usize, per_request: usize) -> CliResult<(Model, PromptFormat)> {
+    /// The weights, once per replica of `devices` (see [`ServingOptions::load`]), with a
+    /// progress bar each.
+    pub fn load(&self, checked: Checked, devices: &[DeviceRequest], kv_tokens: usize, per_request: usize) -> CliResult<(Model, PromptFormat)> {
         let threads = super::replicas::cpu_threads(self.model.device.threads, devices);
         if devices.len() > 1 {
             let list: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
             let each = threads.filter(|_| devices[0] == DeviceRequest::Cpu).map_or(String::new(), |t| format!(", {} threads each", t));
             log::info!("{} replicas on {}{}", devices.len(), list.join(", "), each);
         }
-        let l = self.model.load_replicas(checked, devices, threads, kv_tokens, Some(per_request.min(kv_tokens)))?;
-        let defaults = self.sampling.params(&l.defaults);
-        log::info!("sampling defaults: {}", describe_sampling(&defaults));
-        let stop_ids = stop_ids(&l.tokenizer);
-        Ok((Model { replicas: l.replicas, defaults, stop_ids, tokenizer: Arc::new(l.tokenizer) }, l.format))
+        let bars = WeightBars::new(devices.len());
+        self.options().load(checked, devices, threads, kv_tokens, per_request, &|i, r| bars.report(i, r))
     }
 }

@@ -24,7 +24,6 @@ mod logger;
 mod logits;
 mod progress;
 mod quantize;
-mod ranges;
 mod replicas;
 mod serve;
 mod serving;
@@ -32,6 +31,7 @@ mod structured;
 
 use clap::{Parser, Subcommand};
 use qwen3_vl::kernels::KernelsRequest;
+use qwen3_vl::loading::ranges;
 use qwen3_vl::Precision;
 use qwen3_vl::{Backend, DType, DeviceRequest, Selection};
 

@@ -6,6 +6,7 @@
 //! The options are plain structs; the CLI's clap arguments map onto them.
 
 pub mod place;
+pub mod ranges;
 pub mod serving;
 
 pub use place::{default_budget, load_model, place, placed_report};

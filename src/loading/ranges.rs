@@ -1,6 +1,6 @@
-//! Value parsers for options with a valid range. clap prints their message after the option
-//! name and the value: `Invalid value "-1" for '--temperature <TEMPERATURE>': must be a number
-//! from 0 to 100`.
+//! Value parsers for options with a valid range (the CLI's flags, the Python package's
+//! options). clap prints their message after the option name and the value: `Invalid value
+//! "-1" for '--temperature <TEMPERATURE>': must be a number from 0 to 100`.
 
 /// An integer within `lo..=hi`.
 fn int_in(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
@@ -109,5 +109,5 @@ pub fn video_fps(s: &str) -> Result<f64, String> {
 }
 
 pub fn video_max_frames(s: &str) -> Result<usize, String> {
-    int_in(s, 2, qwen3_vl::video::MAX_FRAMES_LIMIT)
+    int_in(s, 2, crate::video::MAX_FRAMES_LIMIT)
 }

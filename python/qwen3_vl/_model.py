@@ -50,8 +50,8 @@ class Model:
 
     `path`: a model directory as published on Hugging Face (config.json, *.safetensors,
     tokenizer.json), a GGUF text model file, or a directory of a GGUF model and its mmproj.
-    `device`: "auto" (CUDA if a device works, else the CPU, saying why on stderr), "cpu" or
-    "cuda". `gpu_memory`: the most the model and its KV cache take on the GPU, in bytes or as
+    `device`: "auto" (CUDA device 0 if it works, else the CPU, saying why on stderr), "cpu",
+    "cuda" or "cuda:N". `gpu_memory`: the most the model and its KV cache take on the GPU, in bytes or as
     "8GiB" (default: the free memory less 5%; what does not fit runs on the CPU). `max_batch`:
     requests generated at once (continuous batching; `batch` keeps twice as many in flight).
     `allowed_image_dir`: image and video paths in messages are read from inside this directory

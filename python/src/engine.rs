@@ -121,11 +121,13 @@ fn start(o: Options) -> Result<Engine, String> {
             let ready = tx.clone();
             let local = server.clone();
             let run = move || -> Result<(), String> {
-                let (served, format) = serving.load(checked, kv_tokens, per_request, &mut |_, _| {}).map_err(|e| e.to_string())?;
-                if served.backend.kind() != DeviceKind::Cuda && serving.model.device.device == qwen3_vl::DeviceRequest::Auto && cfg!(feature = "cuda") {
-                    log::warn!("{}", served.device);
+                let dev = &serving.model.device;
+                let (served, format) = serving.load(checked, &[dev.device], dev.threads, kv_tokens, per_request, &|_, _| {}).map_err(|e| e.to_string())?;
+                let replica = &served.replicas[0];
+                if replica.backend.kind() != DeviceKind::Cuda && dev.device == qwen3_vl::DeviceRequest::Auto && cfg!(feature = "cuda") {
+                    log::warn!("{}", replica.device);
                 }
-                let device = served.device.clone();
+                let device = replica.device.clone();
                 local.serve(served.server(format), move || {
                     let _ = ready.send(Ok(device));
                 })

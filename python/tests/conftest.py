@@ -46,7 +46,18 @@ def generate_greedy():
 
 @pytest.fixture(scope="session")
 def model():
+    """The model on the device it picks (CUDA where there is one), as the CLI's."""
     import qwen3_vl
 
     with qwen3_vl.Model(TINY, tokenizer=TOKENIZER, max_batch=4) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def cpu_model():
+    """The model on the CPU, whose greedy tokens in a batch are those of each request alone
+    (a GPU's batched kernels may round a close call the other way: tests/engine.rs)."""
+    import qwen3_vl
+
+    with qwen3_vl.Model(TINY, tokenizer=TOKENIZER, max_batch=4, device="cpu") as m:
         yield m

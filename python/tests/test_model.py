@@ -101,7 +101,8 @@ def test_a_json_schema_answer_parses(model):
     assert set(v) == {"name", "n"} and isinstance(v["n"], int) and len(v["name"]) <= 6
 
 
-def test_a_batch_answers_in_order_and_keeps_errors_as_entries(model):
+def test_a_batch_answers_in_order_and_keeps_errors_as_entries(cpu_model):
+    model = cpu_model
     prompts = ["A cat.", "A dog.", "A bird.", "A fish.", "A horse."]
     singles = [text_of(model.chat(user(p), max_tokens=8, temperature=0)) for p in prompts]
     reqs = [{"messages": user(p), "max_tokens": 8, "temperature": 0} for p in prompts]
@@ -190,7 +191,8 @@ def test_the_gil_is_released_while_the_model_runs(model):
     assert elapsed > 0.05 and during > 100_000 * elapsed, (during, elapsed)
 
 
-def test_requests_from_several_threads_are_answered_alike(model):
+def test_requests_from_several_threads_are_answered_alike(cpu_model):
+    model = cpu_model
     want = text_of(model.chat(user(PROMPT), max_tokens=8, temperature=0))
     got = [None] * 6
 

@@ -167,7 +167,8 @@ def test_load_errors_name_the_file_or_the_option(tmp_path):
     assert "tpu" in str(e.value)
 
 
-def test_the_gil_is_released_while_the_model_runs(model):
+def test_the_gil_is_released_while_the_model_runs(cpu_model):
+    model = cpu_model  # (the CPU: slow enough for the other thread to be seen counting)
     counts = [0]
     stop = threading.Event()
 

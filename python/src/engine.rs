@@ -7,12 +7,11 @@ use crate::options::{self, Options};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use qwen3_vl::loading::serving::Prepared;
-use qwen3_vl::server::local::Local;
+use qwen3_vl::server::local::{Chunks, Local};
 use qwen3_vl::server::openai::ApiError;
-use qwen3_vl::server::pipeline::{self, Endpoint, Pending, Step};
+use qwen3_vl::server::pipeline::{self, Endpoint, Pending};
 use qwen3_vl::DeviceKind;
 use serde_json::Value;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -177,9 +176,8 @@ impl Engine {
     /// The reply's chunks as `serve` streams them (the request runs once this returns).
     fn stream(&self, py: Python<'_>, endpoint: &str, body: Vec<u8>) -> PyResult<Stream> {
         let e = self::endpoint(endpoint)?;
-        let mut p = py.detach(|| self.local.submit(e, &body)).map_err(|err| request_error(py, &err))?;
-        let ready = p.opening().into();
-        Ok(Stream { state: Mutex::new(Some(StreamState { pending: p, ready, done: false })) })
+        let p = py.detach(|| self.local.submit(e, &body)).map_err(|err| request_error(py, &err))?;
+        Ok(Stream { state: Mutex::new(Some(Chunks::new(p))) })
     }
 
     /// Each of `requests` (endpoint, body) answered, `concurrency` at once through the engine
@@ -261,18 +259,13 @@ impl Engine {
     }
 }
 
-struct StreamState {
-    pending: Pending,
-    ready: VecDeque<Value>,
-    done: bool,
-}
 
 /// A streamed reply: its chunks (JSON text) as `serve` sends them, without the final
 /// `[DONE]`. A failure mid-stream raises. Closed or dropped before the end, it cancels the
 /// request.
 #[pyclass(frozen, module = "qwen3_vl._native")]
 pub struct Stream {
-    state: Mutex<Option<StreamState>>,
+    state: Mutex<Option<Chunks>>,
 }
 
 #[pymethods]
@@ -283,36 +276,21 @@ impl Stream {
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
         loop {
-            // Ok(Some(chunk)), Ok(None): the end, Err(Some(e)): failed, Err(None): no event yet
-            let r: Result<Option<Value>, Option<ApiError>> = py.detach(|| {
+            // Some(item): the iterator's item; None: no event yet (Ctrl-C is checked)
+            let r = py.detach(|| {
                 let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(st) = g.as_mut() else { return Ok(None) };
-                loop {
-                    if let Some(c) = st.ready.pop_front() {
-                        return Ok(Some(c));
-                    }
-                    if st.done {
-                        *g = None;
-                        return Ok(None);
-                    }
-                    let Some(ev) = next_event(&mut st.pending, SIGNAL_CHECK) else { return Err(None) };
-                    match st.pending.chunks(ev) {
-                        Step::Chunks(c) => st.ready.extend(c),
-                        Step::Last(c) => {
-                            st.ready.extend(c);
-                            st.done = true;
-                        }
-                        Step::Failed(e) => {
-                            *g = None;
-                            return Err(Some(e));
-                        }
-                    }
+                let Some(chunks) = g.as_mut() else { return Some(None) };
+                let r = chunks.next_with(|p| next_event(p, SIGNAL_CHECK));
+                if matches!(r, Some(None) | Some(Some(Err(_)))) {
+                    *g = None;
                 }
+                r
             });
             match r {
-                Ok(c) => return Ok(c.map(|c| c.to_string())),
-                Err(Some(e)) => return Err(request_error(py, &e)),
-                Err(None) => {
+                Some(Some(Ok(c))) => return Ok(Some(c.to_string())),
+                Some(None) => return Ok(None),
+                Some(Some(Err(e))) => return Err(request_error(py, &e)),
+                None => {
                     if let Err(e) = py.check_signals() {
                         self.close(py);
                         return Err(e);

@@ -5,6 +5,7 @@
 
 use super::openai::ApiError;
 use super::pipeline::{self, Endpoint, Pending, Step};
+use super::queue::Event;
 use super::{Loaded, ServerConfig, Shared};
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -87,18 +88,18 @@ impl Chunks {
     }
 }
 
-impl Iterator for Chunks {
-    type Item = Result<Value, ApiError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl Chunks {
+    /// The next chunk, taking events from `recv` (`None` from it: no event yet). Returns
+    /// `None` when `recv` had none, else the iterator's item: a chunk, the end, or the failure.
+    pub fn next_with(&mut self, mut recv: impl FnMut(&mut Pending) -> Option<Event>) -> Option<Option<Result<Value, ApiError>>> {
         loop {
             if let Some(c) = self.ready.pop_front() {
-                return Some(Ok(c));
+                return Some(Some(Ok(c)));
             }
             if self.done {
-                return None;
+                return Some(None);
             }
-            let ev = self.pending.rx.blocking_recv().unwrap_or_else(pipeline::dropped);
+            let ev = recv(&mut self.pending)?;
             match self.pending.chunks(ev) {
                 Step::Chunks(c) => self.ready.extend(c),
                 Step::Last(c) => {
@@ -107,9 +108,17 @@ impl Iterator for Chunks {
                 }
                 Step::Failed(e) => {
                     self.done = true;
-                    return Some(Err(e));
+                    return Some(Some(Err(e)));
                 }
             }
         }
+    }
+}
+
+impl Iterator for Chunks {
+    type Item = Result<Value, ApiError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_with(|p| Some(p.rx.blocking_recv().unwrap_or_else(pipeline::dropped))).flatten()
     }
 }

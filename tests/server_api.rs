@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::server::{self, chat, data_url, generate_greedy, get, image, post, raw, read_response, Server};
+use common::server::{self, chat, data_url, generate_greedy, get, image, metric, post, raw, read_response, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -349,11 +349,6 @@ fn start_long_stream(port: u16, max_tokens: usize) -> std::net::TcpStream {
         seen.extend_from_slice(&buf[..n]);
     }
     c
-}
-
-fn metric(port: u16, line_start: &str) -> f64 {
-    let t = get(port, "/metrics").text();
-    t.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::server::{self, chat, connect, data_url, get, read_response, Server};
+use common::server::{self, chat, connect, data_url, get, metric, read_response, wait_for, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpStream};
@@ -55,20 +55,6 @@ fn chat_request(body: &Value, version: &str) -> String {
     format!("POST /v1/chat/completions {}\r\nHost: x\r\nContent-Length: {}\r\n\r\n{}", version, b.len(), b)
 }
 
-fn metric(port: u16, line_start: &str) -> f64 {
-    let t = get(port, "/metrics").text();
-    t.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-}
-
-/// Waits up to 30 s for `cond`.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "timed out waiting for {}", what);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn idle_connections_hold_no_place_that_requests_need() {
     // 64 idle sockets of one client took every slot for --read-timeout (30 s): /health got 503
@@ -101,7 +87,7 @@ fn one_client_cannot_take_every_connection() {
     assert_eq!(get(s.port, "/health").status, 200);
     // once it closes its connections it may open new ones
     drop(held);
-    wait_for("the client's places to be released", || get_on(&mut connect_from(other, s.port), "/health").status == 200);
+    wait_for(30, "the client's places to be released", || get_on(&mut connect_from(other, s.port), "/health").status == 200);
     s.assert_no_panic();
 }
 
@@ -127,11 +113,11 @@ fn a_half_closed_client_still_gets_its_reply_and_a_closed_one_cancels() {
     let mut c = connect(s.port);
     c.write_all(chat_request(&json!({"messages": user("A long story."), "max_tokens": 100_000, "temperature": 0}), "HTTP/1.1").as_bytes()).unwrap();
     c.shutdown(Shutdown::Write).unwrap();
-    wait_for("the request to run", || metric(s.port, "qwen3vl_requests_running") >= 1.0);
+    wait_for(30, "the request to run", || metric(s.port, "qwen3vl_requests_running") >= 1.0);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(metric(s.port, "qwen3vl_requests_finished_total{reason=\"cancelled\"}"), 0.0, "a half-close cancelled the request");
     drop(c);
-    wait_for("the request to be cancelled", || metric(s.port, "qwen3vl_requests_finished_total{reason=\"cancelled\"}") >= 1.0);
+    wait_for(30, "the request to be cancelled", || metric(s.port, "qwen3vl_requests_finished_total{reason=\"cancelled\"}") >= 1.0);
     s.assert_no_panic();
 }
 
@@ -156,10 +142,10 @@ fn a_full_queue_refuses_before_decoding_images() {
     let body = json!({"messages": user("Tell me a long story."), "max_tokens": 100_000, "temperature": 0, "stream": true});
     let mut long = connect(s.port);
     long.write_all(chat_request(&body, "HTTP/1.1").as_bytes()).unwrap();
-    wait_for("the long request to run", || metric(s.port, "qwen3vl_requests_running") >= 1.0);
+    wait_for(30, "the long request to run", || metric(s.port, "qwen3vl_requests_running") >= 1.0);
     let port = s.port;
     let waiting = std::thread::spawn(move || chat(port, &json!({"messages": user("Hi"), "max_tokens": 2})));
-    wait_for("the second request to queue", || metric(s.port, "qwen3vl_queue_depth") >= 1.0);
+    wait_for(30, "the second request to queue", || metric(s.port, "qwen3vl_queue_depth") >= 1.0);
     // an image that cannot be decoded (a PNG cut after its header): the queue answers first
     let png = std::fs::read(common::repo_root().join("tests/fixtures/images/big_200x300.png")).unwrap();
     let cut = format!("data:image/png;base64,{}", server::base64(&png[..png.len().min(120)]));
@@ -189,7 +175,7 @@ fn refusals_at_the_connection_limit_are_read_answered_and_counted() {
     assert_eq!(r.header("retry-after"), Some("1"));
     drop(c);
     drop(held);
-    wait_for("the connections to close", || {
+    wait_for(30, "the connections to close", || {
         let mut c = connect(s.port);
         get_on(&mut c, "/health").status == 200
     });
@@ -226,7 +212,7 @@ fn health_says_loading_until_the_model_is_ready() {
     let r = chat(s.port, &json!({"messages": user("Hi"), "max_tokens": 2}));
     assert_eq!((r.status, r.error_code().as_str()), (503, "loading"), "{}", r.text());
     assert!(r.header("retry-after").is_some());
-    wait_for("the model to load", || get(s.port, "/health").status == 200);
+    wait_for(30, "the model to load", || get(s.port, "/health").status == 200);
     assert_eq!(chat(s.port, &json!({"messages": user("Hi"), "max_tokens": 2})).status, 200);
     s.assert_no_panic();
 }

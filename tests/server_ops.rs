@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::server::{self, chat, get, raw, read_response, Server};
+use common::server::{self, chat, get, metric, raw, read_response, wait_for, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -15,21 +15,6 @@ use std::time::{Duration, Instant};
 
 fn user(text: &str) -> Value {
     json!([{"role": "user", "content": text}])
-}
-
-/// The value of the first sample line of /metrics that starts with `line_start` (0 if none).
-fn metric(port: u16, line_start: &str) -> f64 {
-    let t = get(port, "/metrics").text();
-    t.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-}
-
-/// Waits up to 60 s for `cond`.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "timed out waiting for {}", what);
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Writes a chat request on a new connection without reading the answer.
@@ -134,9 +119,9 @@ fn sigterm_drains_within_the_shutdown_timeout_and_exits_0() {
     let mut head = [0u8; 1];
     streamed.read_exact(&mut head).unwrap();
     let mut whole = send_chat(port, &long(false));
-    wait_for("two running", || metric(port, "qwen3vl_requests_running") >= 2.0);
+    wait_for(60, "two running", || metric(port, "qwen3vl_requests_running") >= 2.0);
     let mut queued = send_chat(port, &long(false));
-    wait_for("one queued", || metric(port, "qwen3vl_queue_depth") >= 1.0);
+    wait_for(60, "one queued", || metric(port, "qwen3vl_queue_depth") >= 1.0);
     let mut idle = server::connect(port);
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     assert_eq!(read_response(&mut idle).unwrap().status, 200);
@@ -144,7 +129,7 @@ fn sigterm_drains_within_the_shutdown_timeout_and_exits_0() {
     //    new requests get 503 with Retry-After
     s.terminate();
     let t0 = Instant::now();
-    wait_for("the drain to begin", || get(port, "/health").status == 503);
+    wait_for(60, "the drain to begin", || get(port, "/health").status == 503);
     let h = get(port, "/health");
     assert_eq!(h.json()["status"], "draining", "{}", h.text());
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -202,7 +187,7 @@ fn retry_after_follows_the_drain_rate_under_a_burst() {
     for _ in 0..3 {
         join(burst(port, 4, n));
         let running = burst(port, 4, n);
-        wait_for("a full batch", || metric(port, "qwen3vl_requests_running") >= 4.0);
+        wait_for(60, "a full batch", || metric(port, "qwen3vl_requests_running") >= 4.0);
         let more: Vec<_> = (0..5).map(|_| std::thread::spawn(move || (chat(port, &body(n)), Instant::now()))).collect();
         let more: Vec<_> = more.into_iter().map(|h| h.join().unwrap()).collect();
         join(running);
@@ -248,7 +233,7 @@ fn request_ids_come_back_and_are_logged_with_the_client() {
         let id = r.json()["id"].as_str().unwrap().to_string();
         assert!(id.starts_with("chatcmpl-") && id.len() > 9, "{}", id);
         assert_eq!(r.header("x-request-id"), Some(id.as_str()));
-        wait_for("its log lines", || s.log().contains(&format!("[{}] 127.0.0.1:", id)));
+        wait_for(60, "its log lines", || s.log().contains(&format!("[{}] 127.0.0.1:", id)));
     }
     // 3. a refused request carries its id too, streamed replies as well
     let r = req("X-Request-Id: bad-one\r\n", "{not json");
@@ -257,7 +242,7 @@ fn request_ids_come_back_and_are_logged_with_the_client() {
     assert_eq!((r.status, r.header("x-request-id")), (200, Some("streamed-1")));
     // 4. the log: received, finished (or refused) and the model's line, with the client
     let log = || s.log();
-    wait_for("the finished lines", || log().contains("[streamed-1] 127.0.0.1:") && log().matches("finished: 200").count() >= 4);
+    wait_for(60, "the finished lines", || log().contains("[streamed-1] 127.0.0.1:") && log().matches("finished: 200").count() >= 4);
     let log = log();
     let lines = |id: &str| log.lines().filter(|l| l.contains(&format!("[{}]", id))).map(String::from).collect::<Vec<_>>();
     let traced = lines("trace-42.a:b");
@@ -308,7 +293,7 @@ fn each_replica_has_its_own_series() {
     // the drain ends both replicas' streams at the deadline
     let long = json!({"messages": user("Tell me a long story."), "max_tokens": 100_000, "ignore_eos": true, "stream": true});
     let mut streams: Vec<TcpStream> = (0..2).map(|_| send_chat(port, &long)).collect();
-    wait_for("both replicas running", || get(port, "/metrics").text().lines().filter(|l| l.starts_with("vllm:num_requests_running{") && l.ends_with(" 1")).count() == 2);
+    wait_for(60, "both replicas running", || get(port, "/metrics").text().lines().filter(|l| l.starts_with("vllm:num_requests_running{") && l.ends_with(" 1")).count() == 2);
     s.terminate();
     let t0 = Instant::now();
     for c in &mut streams {

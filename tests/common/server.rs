@@ -284,3 +284,18 @@ pub fn base64(bytes: &[u8]) -> String {
     }
     s
 }
+
+/// The value of the first sample line of `/metrics` that starts with `line_start` (0 if none).
+pub fn metric(port: u16, line_start: &str) -> f64 {
+    let t = get(port, "/metrics").text();
+    t.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+}
+
+/// Waits up to `limit_secs` for `cond`, failing the test with `what` after that.
+pub fn wait_for(limit_secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(limit_secs), "timed out waiting for {}", what);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

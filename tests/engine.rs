@@ -238,13 +238,69 @@ fn image_requests_among_text_ones_give_transformers_tokens() {
             let mut sampler = Sampler::new(SamplingParams::greedy());
             let alone_img = s.generate_with_images(&ids, Some(&Images { patches: &px, row_len: 1536, grids: &grids }), greedy_ids.len(), &mut sampler, &[], &mut |_| true).unwrap();
             assert_eq!(alone_img.tokens, greedy_ids, "{} alone on {}", name, b.describe());
-            let r = Request { prompt: ids, images: Some(ImageInput { patches: px, row_len: 1536, grids, key: None }), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+            let r = Request { prompt: ids, images: Some(ImageInput { patches: px, row_len: 1536, grids, keys: vec![] }), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
             let n = greedy_ids.len();
             want.push((e.add(r).unwrap(), (greedy_ids, n), name.to_string()));
         }
         let got = run(&mut e, vec![], None);
         for (id, w, what) in want {
             check(&format!("{} in a batch on {}", what, b.describe()), &got[&id], &w);
+        }
+    }
+}
+
+/// Image prompts added together: their images go through one tower run (an image in two
+/// prompts once), several image prompts are read in one step (their DeepStack rows side by
+/// side), and each answer is still transformers'. Then the same image after another question
+/// takes its embeddings from the image-embedding cache (the prefix cache has none of its
+/// blocks), and answers as the prompt alone does; without the cache the tower runs again.
+#[test]
+fn image_prompts_share_tower_runs_and_cached_embeddings() {
+    for b in common::backends("engine image batches and embedding cache") {
+        let model = Model::load(&common::repo_root().join("tests/fixtures/vision/tiny"), &*b, &mut |_, _| {}).unwrap();
+        let kv = b.default_kv_dtype();
+        let req = |ids: &[u32], px: &[f32], grids: &[[usize; 3]], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.to_vec(), keys: vec![] }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+        for cache in [1 << 20, 0] {
+            let mut cfg = EngineConfig::new(8, 2048, kv);
+            cfg.block = 4;
+            cfg.vision_cache_bytes = cache;
+            let mut e = Engine::new(&model, &*b, cfg).unwrap();
+            // 1. three image prompts at once: one tower run over the distinct images
+            let cases: Vec<_> = ["one_image_exact", "one_image_resized", "two_images"].iter().map(|n| (n, vision_case(n))).collect();
+            let mut distinct: Vec<Vec<f32>> = Vec::new();
+            for (_, (_, px, grids, _)) in &cases {
+                let mut r0 = 0;
+                for g in grids {
+                    let img = px[r0 * 1536..(r0 + g[0] * g[1] * g[2]) * 1536].to_vec();
+                    r0 += g[0] * g[1] * g[2];
+                    if !distinct.contains(&img) {
+                        distinct.push(img);
+                    }
+                }
+            }
+            let want: Vec<(SeqId, Vec<u32>, &str)> = cases.iter().map(|(name, (ids, px, grids, greedy_ids))| (e.add(req(ids, px, grids, greedy_ids.len())).unwrap(), greedy_ids.clone(), **name)).collect();
+            let got = run(&mut e, vec![], None);
+            for (id, w, name) in &want {
+                assert_eq!(&got[id], w, "{} beside the others on {}", name, b.describe());
+            }
+            let st = e.stats();
+            assert_eq!((st.vision_runs, st.vision_images, st.vision_cache_hits), (1, distinct.len() as u64, 0), "one run over {} distinct images on {}", distinct.len(), b.describe());
+            // 2. the first image after another question: no block of it in the prefix cache
+            let (ids, px, grids, _) = &cases[0].1;
+            let mut other = ids.clone();
+            other[2] = 271; // a token before the image
+            let mut s = Session::with_kv_dtype(&model, &*b, other.len() + 8, kv).unwrap();
+            let alone_ids = s.generate_with_images(&other, Some(&Images { patches: px, row_len: 1536, grids }), 8, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap().tokens;
+            let (got, cached) = run_one(&mut e, req(&other, px, grids, 8));
+            assert_eq!(cached, 0);
+            assert_eq!(got[..3], alone_ids[..3], "another question about the same image on {} (cache {})", b.describe(), cache);
+            let st2 = e.stats();
+            if cache > 0 {
+                assert_eq!((st2.vision_images, st2.vision_cache_hits), (st.vision_images, 1), "the tower did not run again");
+                assert!(st2.vision_cache_bytes > 0);
+            } else {
+                assert_eq!((st2.vision_images, st2.vision_cache_hits), (st.vision_images + 1, 0), "no cache: the tower ran again");
+            }
         }
     }
 }
@@ -329,7 +385,7 @@ fn image_prompts_reuse_cached_blocks_keyed_by_the_image() {
         let (ids, px, grids, greedy_ids) = vision_case("one_image_exact");
         let first = ids.iter().position(|&t| t == image_id).unwrap();
         let end = ids.iter().rposition(|&t| t == image_id).unwrap() + 1;
-        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.clone(), key: None }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.clone(), keys: vec![] }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
         let alone = |ids: &[u32], px: &[f32], n: usize| -> Vec<u32> {
             let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + n, kv).unwrap();
             s.generate_with_images(ids, Some(&Images { patches: px, row_len: 1536, grids: &grids }), n, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap().tokens

@@ -306,3 +306,30 @@ fn each_replica_has_its_own_series() {
     assert!(status.success() && t0.elapsed() < Duration::from_secs(5), "{:?} after {:?}", status, t0.elapsed());
     s.assert_no_panic();
 }
+
+/// The same image asked about with another question: the second request takes the image's
+/// embeddings from the image-embedding cache (the tower ran once; the metrics say so), and
+/// answers as a server without the cache does.
+#[test]
+fn a_known_image_with_a_new_question_skips_the_tower() {
+    let img = server::data_url(&server::image("a_64x96.png"), "image/png");
+    let ask = |q: &str| json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": img}}, {"type": "text", "text": q}]}], "max_tokens": 6, "temperature": 0});
+    let mut answers = Vec::new();
+    for cache in ["64MiB", "0"] {
+        let s = Server::start(&["--image-cache", cache]);
+        let mut texts = Vec::new();
+        for q in ["What is this?", "Which colours do you see here?"] {
+            let r = chat(s.port, &ask(q));
+            assert_eq!(r.status, 200, "{}", r.text());
+            texts.push(r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string());
+        }
+        let (runs, hits) = (metric(s.port, "qwen3vl_vision_tower_images_total"), metric(s.port, "qwen3vl_image_cache_hits_total"));
+        if cache == "0" {
+            assert_eq!((runs, hits), (2.0, 0.0), "without the cache the tower runs for each request");
+        } else {
+            assert_eq!((runs, hits), (1.0, 1.0), "the second question took the cached embeddings");
+        }
+        answers.push(texts);
+    }
+    assert_eq!(answers[0], answers[1], "the cached embeddings answer as the tower's");
+}

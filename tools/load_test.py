@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Load generator for `qwen3-vl serve`: C concurrent clients, each sending R streamed OpenAI chat
-completions (random prompt lengths, optional image), one after another. Reports aggregate
-completion tok/s over the wall time, time to first token and request latency (p50 / p90), and
-what failed, as one JSON object on stdout. Standard library only.
+completions (random prompt lengths, optional images), one after another. Reports aggregate
+completion tok/s over the wall time, time to first token and request latency (p50 / p90),
+images/s when requests carry images, and what failed, as one JSON object on stdout. Standard
+library only.
 
-  python3 tools/load_test.py --url http://127.0.0.1:8080 --clients 16 --requests 4 \
-      --prompt-words 150:170 --max-tokens 128 [--image photo.png] [--seed 1]
+  text:   python3 tools/load_test.py --url http://127.0.0.1:8080 --clients 64 --requests 3 \
+              --prompt-words 150:170 --max-tokens 128 [--seed 1]
+  images: python3 tools/load_test.py --clients 16 --requests 4 --image-side 1024 --max-tokens 64
+              (every request its own random S x S image and "Describe this image.";
+              --same-image: each client asks its requests about one image, with other questions)
+  one file: --image photo.png sends it with every other request
 """
 import argparse
 import base64
@@ -17,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import zlib
 from collections import namedtuple
 
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
@@ -34,6 +40,21 @@ def pct(v, p):
 # usage's completion and prompt tokens, an error (None when it succeeded), the reply's text and
 # the whole usage object.
 Result = namedtuple("Result", "ttft latency completion prompt error text usage", defaults=(None, None, 0, 0, None, "", None))
+
+
+def png(side, seed):
+    """A side x side RGB PNG of random pixels (noise: the tower's cost depends on the size only)."""
+    rng = random.Random(seed)
+    raw = b"".join(b"\x00" + rng.randbytes(side * 3) for _ in range(side))
+
+    def chunk(kind, data):
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+    head = side.to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b"")
+
+
+QUESTIONS = ("Describe this image.", "What colours are in this image?", "What is in the top left corner?",
+             "Is there any text in this picture?", "Describe the texture of this image.")
 
 
 def one_request(url, body, timeout):
@@ -84,6 +105,9 @@ def main():
     ap.add_argument("--prompt-words", default="150:170", help="MIN:MAX words per prompt")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--image", help="an image file to send with every other request")
+    ap.add_argument("--image-side", type=int, help="every request its own random SIDE x SIDE image and a short question "
+                    "(--prompt-words is then unused)")
+    ap.add_argument("--same-image", action="store_true", help="with --image-side: one image per client, a new question each request")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sampling", choices=("greedy", "shared", "mixed"), default="greedy",
                     help="greedy: temperature 0; shared: temperature 0.8, top-p 0.95, top-k 20 for all, the "
@@ -95,6 +119,11 @@ def main():
     if a.image:
         with open(a.image, "rb") as f:
             img = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+    if a.image_side:
+        # made before the clock starts: one per request, or one per client
+        n = a.clients if a.same_image else a.clients * a.requests
+        sides = [png(a.image_side, a.seed * 100_003 + i) for i in range(n)]
+        urls = ["data:image/png;base64," + base64.b64encode(b).decode() for b in sides]
     results, lock = [], threading.Lock()
 
     def client(ci):
@@ -104,6 +133,10 @@ def main():
             content = text
             if img and (ci + ri) % 2 == 1:
                 content = [{"type": "image_url", "image_url": {"url": img}}, {"type": "text", "text": text}]
+            if a.image_side:
+                url = urls[ci] if a.same_image else urls[ci * a.requests + ri]
+                question = QUESTIONS[ri % len(QUESTIONS)] if a.same_image else QUESTIONS[0]
+                content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
             body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": a.max_tokens,
                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
             if a.sampling == "shared":
@@ -134,6 +167,7 @@ def main():
         "completion_tokens": tokens,
         "prompt_tokens_mean": statistics.mean(r[3] for r in ok) if ok else None,
         "aggregate_tokens_per_s": tokens / wall if wall > 0 else None,
+        "images_per_s": len(ok) / wall if a.image_side and wall > 0 else None,
         "ttft_p50_s": pct([r[0] for r in ok if r[0] is not None], 50),
         "ttft_p90_s": pct([r[0] for r in ok if r[0] is not None], 90),
         "latency_p50_s": pct([r[1] for r in ok], 50),

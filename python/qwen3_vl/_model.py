@@ -62,7 +62,7 @@ class Model:
     precision, kv_cache, gpu_layers, mmproj, quant, tokenizer, chat_template, model_name,
     max_pixels, max_image_pixels, max_images, max_videos, max_video_seconds, max_video_frames,
     video_fps, video_max_frames, video_max_pixels, ffmpeg, max_prompt_tokens,
-    max_output_tokens, kv_cache_tokens, max_prefill_tokens, temperature, top_k, top_p,
+    max_output_tokens, kv_cache_tokens, max_prefill_tokens, image_cache, temperature, top_k, top_p,
     repetition_penalty, seed (the sampling defaults of requests that give none), and
     max_file_mib (the largest image or video file read, 32 by default).
 

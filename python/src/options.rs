@@ -17,7 +17,8 @@ pub struct Options {
 const NAMES: &[&str] = &[
     "device", "threads", "kernels", "precision", "kv_cache", "gpu_memory", "gpu_layers", "mmproj", "quant", "tokenizer", "chat_template", "model_name",
     "allowed_image_dir", "max_pixels", "max_image_pixels", "max_images", "max_videos", "max_video_seconds", "max_video_frames", "video_fps", "video_max_frames",
-    "video_max_pixels", "ffmpeg", "max_prompt_tokens", "max_output_tokens", "max_batch", "kv_cache_tokens", "max_prefill_tokens", "temperature", "top_k",
+    "video_max_pixels", "ffmpeg", "max_prompt_tokens", "max_output_tokens", "max_batch", "kv_cache_tokens", "max_prefill_tokens", "image_cache", "temperature",
+    "top_k",
     "top_p", "repetition_penalty", "seed", "max_file_mib",
 ];
 
@@ -100,6 +101,7 @@ pub fn parse(json: &str) -> Result<Options, String> {
     s.max_batch = value(o, "max_batch", ranges::queue)?.unwrap_or(s.max_batch);
     s.kv_cache_tokens = value(o, "kv_cache_tokens", ranges::max_tokens)?;
     s.max_prefill_tokens = value(o, "max_prefill_tokens", ranges::max_tokens)?.unwrap_or(s.max_prefill_tokens);
+    s.image_cache = value(o, "image_cache", ranges::image_cache)?;
     s.sampling.temperature = value(o, "temperature", ranges::temperature)?;
     s.sampling.top_k = value(o, "top_k", ranges::top_k)?;
     s.sampling.top_p = value(o, "top_p", ranges::top_p)?;

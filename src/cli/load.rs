@@ -220,8 +220,8 @@ impl Prepared {
 
     /// The images and videos as the engine takes them (a copy of the patches), `None` without.
     pub fn input(&self) -> Option<qwen3_vl::engine::ImageInput> {
-        let key = (self.keys.len() == self.grids.len()).then(|| qwen3_vl::engine::combine_image_keys(&self.keys));
-        self.images().map(|im| qwen3_vl::engine::ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), key })
+        let keys = if self.keys.len() == self.grids.len() { self.keys.clone() } else { Vec::new() };
+        self.images().map(|im| qwen3_vl::engine::ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), keys })
     }
 
     /// Placeholder tokens of every image and video.

@@ -109,6 +109,7 @@ impl DeviceArgs {
             kv_cache: self.kv_cache.0,
             gpu_memory: self.gpu_memory,
             gpu_layers: self.gpu_layers,
+            reserve: 0,
         }
     }
 

@@ -61,6 +61,11 @@ pub struct ServingArgs {
     /// streams (an image prompt is read whole).
     #[clap(long, default_value = "2048", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     pub max_prefill_tokens: usize,
+    /// Vision-tower outputs kept per replica by image content, so a request about an image seen
+    /// before (another question, a later turn) skips the tower: 512MiB, 1G, 0 (off) or bytes
+    /// (default: 512MiB, or 0 under --gpu-memory, whose placement then leaves this much free).
+    #[clap(long, value_parser = qwen3_vl::loading::ranges::image_cache)]
+    pub image_cache: Option<usize>,
     /// Replicas of the model, one engine each (1 to 64): one per CUDA device (--devices,
     /// default the first N), or N CPU replicas with --device cpu. Requests go to the least
     /// loaded replica, or to the one that ran their prompt's start recently.
@@ -105,6 +110,7 @@ impl ServingArgs {
             max_batch: self.max_batch,
             kv_cache_tokens: self.kv_cache_tokens,
             max_prefill_tokens: self.max_prefill_tokens,
+            image_cache: self.image_cache,
             sampling: self.sampling.options(),
         }
     }
@@ -132,3 +138,4 @@ impl ServingArgs {
         self.options().load(checked, devices, threads, kv_tokens, per_request, &|i, r| bars.report(i, r))
     }
 }
+

@@ -48,11 +48,14 @@ pub struct DeviceOptions {
     pub gpu_memory: Option<usize>,
     /// Exactly this many text layers on the GPU.
     pub gpu_layers: Option<usize>,
+    /// Bytes of the budget the placement leaves to caches beside the model (the server's
+    /// image-embedding cache).
+    pub reserve: usize,
 }
 
 impl Default for DeviceOptions {
     fn default() -> DeviceOptions {
-        DeviceOptions { device: DeviceRequest::Auto, threads: None, kernels: KernelsRequest::Auto, precision: None, kv_cache: None, gpu_memory: None, gpu_layers: None }
+        DeviceOptions { device: DeviceRequest::Auto, threads: None, kernels: KernelsRequest::Auto, precision: None, kv_cache: None, gpu_memory: None, gpu_layers: None, reserve: 0 }
     }
 }
 

@@ -39,12 +39,13 @@ pub fn place(dev: &DeviceOptions, backend: &dyn Backend, opened: &Opened, quant:
     let kv = dev.kv_dtype(backend);
     let image_tokens = images.unwrap_or(context);
     let mut sizes = Model::sizes(opened, LoadQuant::mix(quant), backend, context, image_tokens, kv);
-    let mut p = Placement::plan(&sizes, Some(budget), dev.gpu_layers, images.is_some());
+    let planned = budget.saturating_sub(dev.reserve);
+    let mut p = Placement::plan(&sizes, Some(planned), dev.gpu_layers, images.is_some());
     if quant.is_none() && p.as_ref().map_or(true, |p| p.is_split()) {
         let q8 = LoadQuant { mix: None, vision_q8: true };
         let s8 = Model::sizes(opened, q8, backend, context, image_tokens, kv);
         if s8.vision < sizes.vision {
-            if let Ok(mut p8) = Placement::plan(&s8, Some(budget), dev.gpu_layers, images.is_some()) {
+            if let Ok(mut p8) = Placement::plan(&s8, Some(planned), dev.gpu_layers, images.is_some()) {
                 if p.as_ref().map_or(true, |p| p8.better_than(p)) {
                     p8.vision_q8 = true;
                     log::info!(
@@ -61,7 +62,7 @@ pub fn place(dev: &DeviceOptions, backend: &dyn Backend, opened: &Opened, quant:
     }
     let p = p?;
     log::info!(
-        "placement{}: {}; GPU {} (weights, KV cache at {} tokens, {} workspace), CPU {}; budget {}{}",
+        "placement{}: {}; GPU {} (weights, KV cache at {} tokens, {} workspace), CPU {}; budget {}{}{}",
         if p.vision_first { " for image prompts" } else { "" },
         p.describe(),
         human(p.device_bytes),
@@ -69,6 +70,7 @@ pub fn place(dev: &DeviceOptions, backend: &dyn Backend, opened: &Opened, quant:
         human(if p.vision_on_device { sizes.text_work.max(sizes.vision_work) } else { sizes.text_work }),
         human(p.host_bytes),
         human(budget),
+        if dev.reserve > 0 { format!(", {} of it kept for the image-embedding cache", human(dev.reserve)) } else { String::new() },
         match (dev.gpu_memory, free) {
             (Some(_), _) => " (--gpu-memory)".to_string(),
             (None, Some(f)) => format!(" (default: {} free less the margin)", human(f)),

@@ -111,3 +111,12 @@ pub fn video_fps(s: &str) -> Result<f64, String> {
 pub fn video_max_frames(s: &str) -> Result<usize, String> {
     int_in(s, 2, crate::video::MAX_FRAMES_LIMIT)
 }
+
+/// A cache size: 0 or off (no cache), else a size as `--gpu-memory` takes it (2GiB, 512MiB,
+/// bytes).
+pub fn image_cache(s: &str) -> Result<usize, String> {
+    match s.trim() {
+        "0" | "off" => Ok(0),
+        t => crate::model::placement::parse_size(t),
+    }
+}

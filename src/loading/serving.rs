@@ -10,6 +10,10 @@ use crate::DeviceRequest;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// The image-embedding cache per replica unless configured: 512 MiB (16 images of 1024² at
+/// the 2B model's width, with their DeepStack features).
+pub const DEFAULT_IMAGE_CACHE: usize = 512 << 20;
+
 /// The server's options (the CLI's flags of `serve` and `batch`); [`ServingOptions::new`]
 /// gives the CLI's defaults.
 #[derive(Clone, Debug)]
@@ -44,6 +48,9 @@ pub struct ServingOptions {
     pub kv_cache_tokens: Option<usize>,
     /// Prompt tokens read per engine step at most.
     pub max_prefill_tokens: usize,
+    /// Bytes of vision-tower outputs kept by image content, so a known image skips the tower
+    /// (`None`: [`DEFAULT_IMAGE_CACHE`], or 0 under a `gpu_memory` budget).
+    pub image_cache: Option<usize>,
     pub sampling: SamplingOptions,
 }
 
@@ -66,6 +73,7 @@ impl ServingOptions {
             max_batch: 16,
             kv_cache_tokens: None,
             max_prefill_tokens: 2048,
+            image_cache: None,
             sampling: SamplingOptions::default(),
         }
     }
@@ -147,6 +155,7 @@ impl ServingOptions {
         cfg.max_batch = self.max_batch;
         cfg.kv_cache_tokens = self.kv_cache_tokens;
         cfg.max_prefill_tokens = self.max_prefill_tokens;
+        cfg.image_cache_bytes = self.image_cache_bytes();
         let per_request = (cfg.tokens.max_prompt + cfg.tokens.max_output).min(context);
         if let Some(n) = cfg.kv_cache_tokens {
             if n < per_request {
@@ -157,12 +166,21 @@ impl ServingOptions {
         Ok(Prepared { checked, cfg, kv_tokens, per_request })
     }
 
+    /// The image-embedding cache's bytes per replica: as given, else
+    /// [`DEFAULT_IMAGE_CACHE`] without a GPU memory budget and none under one (the budget's
+    /// plan would have to give way to it; give `image_cache` to have both).
+    pub fn image_cache_bytes(&self) -> usize {
+        self.image_cache.unwrap_or(if self.model.device.gpu_memory.is_some() { 0 } else { DEFAULT_IMAGE_CACHE })
+    }
+
     /// The weights, once per replica of `devices` (CPU ones with `threads` threads each): the
     /// placement plans for the whole KV cache of the engine; any request may carry images, so
     /// under a budget the vision tower goes first. `progress(i, report)`: replica i's
     /// [`LoadProgress`](super::LoadProgress).
     pub fn load(&self, checked: Checked, devices: &[DeviceRequest], threads: Option<usize>, kv_tokens: usize, per_request: usize, progress: &(dyn Fn(usize, Option<(usize, usize)>) + Sync)) -> Result<(Served, PromptFormat)> {
-        let l = self.model.load_replicas(checked, devices, threads, kv_tokens, Some(per_request.min(kv_tokens)), progress)?;
+        let mut model = self.model.clone();
+        model.device.reserve = self.image_cache_bytes();
+        let l = model.load_replicas(checked, devices, threads, kv_tokens, Some(per_request.min(kv_tokens)), progress)?;
         let defaults = self.sampling.params(&l.defaults);
         log::info!("sampling defaults: {}", describe_sampling(&defaults));
         let stop_ids = stop_ids(&l.tokenizer);

@@ -88,6 +88,8 @@ struct Replica {
     prefix_hit_tokens: AtomicU64,
     prefix_prompt_tokens: AtomicU64,
     vision_runs: AtomicU64,
+    vision_images: AtomicU64,
+    vision_cache_hits: AtomicU64,
     host_samples: AtomicU64,
     steps: AtomicU64,
     step_us: AtomicU64,
@@ -118,6 +120,8 @@ impl Replica {
             prefix_hit_tokens: AtomicU64::new(0),
             prefix_prompt_tokens: AtomicU64::new(0),
             vision_runs: AtomicU64::new(0),
+            vision_images: AtomicU64::new(0),
+            vision_cache_hits: AtomicU64::new(0),
             host_samples: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             step_us: AtomicU64::new(0),
@@ -246,6 +250,8 @@ impl Metrics {
         r.prefix_hit_tokens.store(st.prefix_hit_tokens, Ordering::Relaxed);
         r.prefix_prompt_tokens.store(st.prompt_tokens, Ordering::Relaxed);
         r.vision_runs.store(st.vision_runs, Ordering::Relaxed);
+        r.vision_images.store(st.vision_images, Ordering::Relaxed);
+        r.vision_cache_hits.store(st.vision_cache_hits, Ordering::Relaxed);
         r.host_samples.store(st.host_samples, Ordering::Relaxed);
         let busy = self.replicas.iter().any(|r| r.running.load(Ordering::Relaxed) + r.waiting.load(Ordering::Relaxed) > 0);
         lock(&self.drain).set_busy(Instant::now(), busy);
@@ -337,7 +343,9 @@ impl Metrics {
         c("qwen3vl_kv_blocks_cached", "KV-cache blocks no sequence holds, kept for the prefix cache (counted free too).", sum(|r| &r.blocks_cached).to_string(), "gauge", &mut metric);
         c("qwen3vl_prefix_cache_hit_tokens_total", "Prompt tokens whose keys and values came from the prefix cache.", sum64(|r| &r.prefix_hit_tokens).to_string(), "counter", &mut metric);
         c("qwen3vl_prefix_cache_prompt_tokens_total", "Prompt tokens the engine admitted (hits and misses).", sum64(|r| &r.prefix_prompt_tokens).to_string(), "counter", &mut metric);
-        c("qwen3vl_vision_tower_runs_total", "Vision tower passes (prompts whose image tokens were not all in the prefix cache).", sum64(|r| &r.vision_runs).to_string(), "counter", &mut metric);
+        c("qwen3vl_vision_tower_runs_total", "Vision tower runs (each over the images of one or more prompts whose image tokens were not all in the prefix cache).", sum64(|r| &r.vision_runs).to_string(), "counter", &mut metric);
+        c("qwen3vl_vision_tower_images_total", "Images (and videos) through the vision tower.", sum64(|r| &r.vision_images).to_string(), "counter", &mut metric);
+        c("qwen3vl_image_cache_hits_total", "Images whose embeddings came from the image-embedding cache instead of the tower.", sum64(|r| &r.vision_cache_hits).to_string(), "counter", &mut metric);
         c("qwen3vl_host_sampled_tokens_total", "Tokens drawn on the host from downloaded logits (penalties, or a top-k the device does not take); the rest are drawn inside the step.", sum64(|r| &r.host_samples).to_string(), "counter", &mut metric);
         c("qwen3vl_preemptions_total", "Sequences preempted for KV blocks (re-read later).", sum64(|r| &r.preemptions).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_steps_total", "Engine steps run.", sum64(|r| &r.steps).to_string(), "counter", &mut metric);

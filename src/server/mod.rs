@@ -103,6 +103,8 @@ pub struct ServerConfig {
     pub kv_cache_tokens: Option<usize>,
     /// Prompt tokens the engine reads per step at most.
     pub max_prefill_tokens: usize,
+    /// Bytes of each engine's image-embedding cache.
+    pub image_cache_bytes: usize,
     /// Replicas of the model (`--data-parallel`), each with its own engine: the server is
     /// given this many [`Loaded`]s.
     pub replicas: usize,
@@ -130,6 +132,7 @@ impl ServerConfig {
             max_batch: 16,
             kv_cache_tokens: None,
             max_prefill_tokens: 2048,
+            image_cache_bytes: 0,
             replicas: 1,
             route: route::RoutePolicy::default(),
         }
@@ -271,7 +274,16 @@ impl Shared {
         let kv_tokens = self.cfg.kv_cache_tokens.unwrap_or_else(|| default_kv_tokens(self.cfg.max_batch, per_request));
         let mut ecfg = host::engine::EngineConfig::new(self.cfg.max_batch, kv_tokens, kv_dtype);
         ecfg.max_prefill_tokens = self.cfg.max_prefill_tokens;
-        log::info!("engine on {}: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens", m.backend.describe(), ecfg.max_batch, kv_tokens, kv_dtype, ecfg.max_prefill_tokens);
+        ecfg.vision_cache_bytes = self.cfg.image_cache_bytes;
+        log::info!(
+            "engine on {}: up to {} sequences at once, a KV cache of {} tokens ({}), prefill chunks of {} tokens, an image-embedding cache of {} MiB",
+            m.backend.describe(),
+            ecfg.max_batch,
+            kv_tokens,
+            kv_dtype,
+            ecfg.max_prefill_tokens,
+            ecfg.vision_cache_bytes >> 20
+        );
         let engine = queue::Worker { replica, model: m.model, backend: m.backend, tokenizer: &m.tokenizer, stop_ids: m.stop_ids, engine: ecfg };
         engine.run(&self.queue, &self.metrics, stop);
     }

@@ -552,7 +552,7 @@ impl Worker<'_> {
                 patches: job.images.iter().flat_map(|i| i.patches.iter().copied()).collect(),
                 row_len: job.images[0].row_len,
                 grids: job.images.iter().map(|i| i.grid).collect(),
-                key: Some(combine_image_keys(&job.images.iter().map(|i| i.key).collect::<Vec<_>>())),
+                keys: job.images.iter().map(|i| i.key).collect(),
             })
         };
         let stop_ids = Arc::new(if job.choices.ignore_eos { Vec::new() } else { self.stop_ids.clone() });

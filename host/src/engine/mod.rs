@@ -30,6 +30,8 @@ pub mod blocks;
 pub mod graph;
 mod masks;
 pub mod paged;
+mod vision;
+pub mod vision_cache;
 
 use crate::backend::DeviceSampling;
 use crate::generate::logprobs::TokenLogprobs;
@@ -44,6 +46,7 @@ use blocks::{chain, BlockPool};
 use graph::{DecodeSteps, Pick, Picked};
 use gpu::params::{sample_row, CURSOR_FIELDS};
 use paged::{PagedKv, PagedStep, StepRows};
+use vision_cache::VisionCache;
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -62,15 +65,17 @@ pub struct EngineConfig {
     /// Tokens the KV cache holds over all sequences.
     pub kv_tokens: usize,
     pub kv_dtype: DType,
+    /// Bytes of vision-tower outputs kept by image content ([`vision_cache`]; 0: none).
+    pub vision_cache_bytes: usize,
 }
 
 /// Cache rows per KV block unless configured otherwise (the prefix cache's granularity).
 pub const DEFAULT_BLOCK: usize = 16;
 
 impl EngineConfig {
-    /// [`DEFAULT_BLOCK`]-token blocks, prefill chunks of 2048 tokens.
+    /// [`DEFAULT_BLOCK`]-token blocks, prefill chunks of 2048 tokens, no image-embedding cache.
     pub fn new(max_batch: usize, kv_tokens: usize, kv_dtype: DType) -> EngineConfig {
-        EngineConfig { max_batch, max_prefill_tokens: 2048, block: DEFAULT_BLOCK, kv_tokens, kv_dtype }
+        EngineConfig { max_batch, max_prefill_tokens: 2048, block: DEFAULT_BLOCK, kv_tokens, kv_dtype, vision_cache_bytes: 0 }
     }
 
     /// KV blocks the cache takes: `kv_tokens` rounded up to whole blocks.
@@ -93,11 +98,24 @@ pub struct ImageInput {
     pub patches: Vec<f32>,
     pub row_len: usize,
     pub grids: Vec<[usize; 3]>,
-    /// What keys the prefix cache's blocks from the first image token on: a hash of the
-    /// images' content ([`image_key`]). `None`: [`Engine::add`] hashes the patches (tens of
-    /// milliseconds for a large image on the engine's thread; the server hashes each image
-    /// where it decodes it and passes the result).
-    pub key: Option<u64>,
+    /// Each image's content hash ([`image_key`] of its patches and grid), one per grid: what
+    /// keys the image-embedding cache and (combined, [`combine_image_keys`]) the prefix cache's
+    /// blocks from the first image token on. Empty: [`Engine::add`] hashes the patches (tens
+    /// of milliseconds for a large image on the engine's thread; the server hashes each image
+    /// where it decodes it and passes the results).
+    pub keys: Vec<u64>,
+}
+
+impl ImageInput {
+    /// Each grid's patch rows: `(first row, rows)`.
+    fn spans(&self) -> Vec<(usize, usize)> {
+        let mut r0 = 0;
+        self.grids.iter().map(|g| {
+            let n = g[0] * g[1] * g[2];
+            r0 += n;
+            (r0 - n, n)
+        }).collect()
+    }
 }
 
 /// The process's random hashing key for image contents (so no client can aim a collision at
@@ -159,8 +177,15 @@ pub struct EngineStats {
     /// Prompt tokens taken from the prefix cache, and prompt tokens admitted, so far.
     pub prefix_hit_tokens: u64,
     pub prompt_tokens: u64,
-    /// Vision tower passes (prompts whose images were not all in the prefix cache).
+    /// Vision tower passes (each over one or more images of one or more prompts whose image
+    /// tokens were not all in the prefix cache).
     pub vision_runs: u64,
+    /// Images through the tower, and images whose embeddings came from the image-embedding
+    /// cache instead.
+    pub vision_images: u64,
+    pub vision_cache_hits: u64,
+    /// Bytes the image-embedding cache holds.
+    pub vision_cache_bytes: usize,
     /// Tokens drawn on the host from downloaded logits (a repetition or output penalty in the
     /// step, or a top-k the device does not take); the others were drawn in the step.
     pub host_samples: u64,
@@ -193,8 +218,10 @@ struct Seq {
     image_key: u64,
     /// Shared with its siblings ([`Engine::add_siblings`]).
     images: Option<Arc<ImageInput>>,
-    /// The tower's output for the images (made on the first prefill, kept across preemption).
-    vision: Option<VisionOutput>,
+    /// The tower's output for each image (made before the prompt's images are read, dropped
+    /// once they are: a preempted sequence takes it from the image-embedding cache or runs
+    /// the tower again).
+    vision: Option<Vec<VisionOutput>>,
     generated: usize,
     max_new: usize,
     sampler: Sampler,
@@ -272,6 +299,7 @@ pub struct Engine<'a> {
     stats: EngineStats,
     /// Decode-only steps, recorded per batch size where the backend records.
     decode_steps: DecodeSteps,
+    vision_cache: VisionCache,
     /// Whether tokens may be picked inside the step (see [`Engine::set_device_picks`]).
     device_picks: bool,
 }
@@ -286,7 +314,8 @@ impl<'a> Engine<'a> {
         let blocks = cfg.kv_blocks();
         let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
         let decode_steps = DecodeSteps::new(!model.is_split());
-        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps, device_picks: true })
+        let vision_cache = VisionCache::new(cfg.vision_cache_bytes);
+        Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps, vision_cache, device_picks: true })
     }
 
     /// Turns recording and replaying of decode-only steps on or off (on by default; never for a
@@ -336,8 +365,18 @@ impl<'a> Engine<'a> {
         let vt = cfg.vision_tokens();
         let first_image = req.prompt.iter().position(|&t| vt.is_vision(t)).filter(|_| !grids.is_empty()).unwrap_or(req.prompt.len());
         let images_end = req.prompt.iter().rposition(|&t| vt.is_vision(t)).filter(|_| !grids.is_empty()).map_or(first_image, |i| i + 1);
-        let image_key = match &req.images {
-            Some(im) if !im.grids.is_empty() => im.key.unwrap_or_else(|| image_key(&im.patches, im.row_len, &im.grids)),
+        let mut images = req.images;
+        let image_key = match &mut images {
+            Some(im) if !im.grids.is_empty() => {
+                let spans = im.spans();
+                if spans.last().map_or(0, |s| s.0 + s.1) * im.row_len != im.patches.len() {
+                    return Err(Error::shape("engine add", &[&[im.patches.len()]], format!("image grids {:?} need {} rows of {} values", im.grids, spans.last().map_or(0, |s| s.0 + s.1), im.row_len)));
+                }
+                if im.keys.len() != im.grids.len() {
+                    im.keys = spans.iter().zip(&im.grids).map(|(&(r0, n), g)| image_key(&im.patches[r0 * im.row_len..(r0 + n) * im.row_len], im.row_len, &[*g])).collect();
+                }
+                combine_image_keys(&im.keys)
+            }
             _ => 0,
         };
         let id = self.next_id;
@@ -356,7 +395,7 @@ impl<'a> Engine<'a> {
             first_image,
             images_end,
             image_key,
-            images: req.images.map(Arc::new),
+            images: images.map(Arc::new),
             vision: None,
             generated: 0,
             max_new: req.max_new,
@@ -453,7 +492,7 @@ impl<'a> Engine<'a> {
     }
 
     pub fn stats(&self) -> EngineStats {
-        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), blocks_cached: self.pool.cached_idle(), ..self.stats }
+        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), blocks_cached: self.pool.cached_idle(), vision_cache_bytes: self.vision_cache.bytes(), ..self.stats }
     }
 
     /// Frees sequence `i` of `running`'s blocks and queues it again at the front.
@@ -587,9 +626,9 @@ impl<'a> Engine<'a> {
             let is_prefill = pending > 1 || s.images_unread();
             if is_prefill && budget > 0 {
                 let whole = s.images_unread();
-                if whole && images_taken {
+                if whole && images_taken && pending > budget {
                     i += 1;
-                    continue; // one image prompt per step (its DeepStack rows)
+                    continue; // a second image prompt only within the budget
                 }
                 // (an image prompt is read whole, past the budget if need be)
                 let n = if whole { pending } else { pending.min(budget) };
@@ -613,25 +652,15 @@ impl<'a> Engine<'a> {
         }
         let (b, m) = (self.backend, self.model);
         let cfg = &m.config;
-        // 1. the images of prompts read for the first time go through the tower
-        for p in &parts {
-            let s = &mut self.running[p.seq];
-            if !s.images_unread() {
-                continue; // no images, or all of their rows came from the prefix cache
-            }
-            if let (Some(im), None) = (&s.images, &s.vision) {
-                if !im.grids.is_empty() {
-                    s.vision = Some(m.vision.encode(b, &im.patches, im.row_len, &im.grids)?);
-                    self.stats.vision_runs += 1;
-                }
-            }
-        }
+        // 1. the images of prompts read for the first time: from the image-embedding cache or
+        //    through the tower, batched over requests
+        self.encode_images(&parts)?;
         // 2. the rows: token ids, cursors (position, cache row), block tables, gather lists
         let rows: usize = parts.iter().map(|p| p.n).sum();
         let (mut ids, mut cur) = (Vec::with_capacity(rows), Vec::with_capacity(rows * CURSOR_FIELDS));
         let mut step_rows = StepRows { decode: Vec::new(), prefill: Vec::new() };
         let mut image_rows: Vec<usize> = Vec::new();
-        let mut vision_of: Option<usize> = None;
+        let mut readers: Vec<usize> = Vec::new(); // sequences whose images this step reads, in row order
         for p in &parts {
             let s = &self.running[p.seq];
             let r0 = ids.len();
@@ -646,7 +675,7 @@ impl<'a> Engine<'a> {
                 }
             }
             if reads_images {
-                vision_of = Some(p.seq);
+                readers.push(p.seq);
             }
             if p.decode {
                 step_rows.decode.push((s.blocks.clone(), p.from + 1));
@@ -681,12 +710,10 @@ impl<'a> Engine<'a> {
             return Ok(self.finish_step(&parts, picks));
         }
         // 4. otherwise the forward over decode rows and prefill chunks
-        let mut x = m.text.embed(b, &ids)?; // [rows, hidden]
-        let vision = vision_of.and_then(|i| self.running[i].vision.as_ref());
-        if let Some(v) = vision {
-            x = b.scatter_rows(&x, &image_rows, &v.embeds, false)?;
-        }
-        let ds = vision.map(|v| Deepstack { rows: &image_rows, features: &v.deepstack });
+        let x = m.text.embed(b, &ids)?; // [rows, hidden]
+        let images: Vec<&VisionOutput> = readers.iter().flat_map(|&i| self.running[i].vision.iter().flatten()).collect();
+        let (x, features) = vision::place_images(b, x, &image_rows, &images)?;
+        let ds = features.as_ref().map(|f| Deepstack { rows: &image_rows, features: f });
         let cursor = b.upload_u32(&[rows, CURSOR_FIELDS], &cur)?;
         let h = {
             let mut kv = PagedStep::new(&mut self.kv, &step_rows);
@@ -740,7 +767,11 @@ impl<'a> Engine<'a> {
     /// without a token (its constraint gave no mask) ends with [`Stop::Constraint`].
     fn finish_step(&mut self, parts: &[Part], picks: Vec<(usize, Option<u32>)>) -> Vec<Event> {
         for p in parts {
-            self.running[p.seq].cached = p.from + p.n;
+            let s = &mut self.running[p.seq];
+            s.cached = p.from + p.n;
+            if !s.images_unread() {
+                s.vision = None; // read (the image-embedding cache may keep it)
+            }
             self.register_written(p.seq);
         }
         // the tokens, told to the sequences' constraints (in parallel where several are)

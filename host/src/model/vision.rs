@@ -115,7 +115,8 @@ pub struct Images<'a> {
     pub grids: &'a [[usize; 3]],
 }
 
-/// What the tower produces for a batch of images.
+/// What the tower produces for a batch of images (cheap to clone: the tensors share storage).
+#[derive(Clone)]
 pub struct VisionOutput {
     /// `[tokens, out_hidden]`: one embedding per merged 2×2 window, images in order.
     pub embeds: Tensor,
@@ -327,6 +328,68 @@ impl VisionModel {
             tok0 += toks;
         }
         Ok(VisionOutput { embeds, deepstack })
+    }
+
+    /// The tower over several inputs (images, or videos as a whole), one [`VisionOutput`] per
+    /// input: `inputs` are each input's patch rows `[t·h·w, row_len]` and grid `(t, h, w)`.
+    /// Consecutive inputs go through together, one pass of at most [`TOWER_SLICE_TOKENS`]
+    /// merged tokens (each input's patches uploaded to its rows of the pass, attention kept
+    /// within each input's frames); an input larger than that goes through
+    /// [`VisionModel::encode`] alone (sliced by frames). Every op but attention is per row, so
+    /// each output equals the input's tower run alone.
+    pub fn encode_batch(&self, b: &dyn Backend, inputs: &[(&[f32], [usize; 3])], row_len: usize) -> Result<Vec<VisionOutput>> {
+        let group = (self.cfg.spatial_merge_size * self.cfg.spatial_merge_size).max(1);
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut i = 0;
+        while i < inputs.len() {
+            // 1. the inputs of this pass: as many as fit the slice, at least one
+            let mut j = i + 1;
+            let mut toks = self.tokens_for(inputs[i].1);
+            while j < inputs.len() && toks + self.tokens_for(inputs[j].1) <= TOWER_SLICE_TOKENS {
+                toks += self.tokens_for(inputs[j].1);
+                j += 1;
+            }
+            if j == i + 1 {
+                out.push(self.encode(b, inputs[i].0, row_len, &[inputs[i].1])?);
+                i = j;
+                continue;
+            }
+            // 2. their patches in one tensor [Σ rows, row_len] on the tower's backend: each
+            //    uploaded, then copied to its rows there
+            let vb = self.backend(b);
+            let rows: Vec<usize> = inputs[i..j].iter().map(|(px, g)| {
+                if px.len() != g[0] * g[1] * g[2] * row_len {
+                    Err(Error::shape("vision encode_batch", &[&[px.len()]], format!("grid {:?} needs {} rows of {} values", g, g[0] * g[1] * g[2], row_len)))
+                } else {
+                    Ok(g[0] * g[1] * g[2])
+                }
+            }).collect::<Result<_>>()?;
+            let total: usize = rows.iter().sum();
+            let ups = inputs[i..j].iter().zip(&rows).map(|((px, _), &n)| vb.upload_f32(&[n, row_len], px)).collect::<Result<Vec<_>>>()?;
+            let grids: Vec<[usize; 3]> = inputs[i..j].iter().map(|(_, g)| *g).collect();
+            let mut pass = None;
+            vb.within(&mut || {
+                let mut x = vb.zeros(&[total, row_len])?;
+                let mut r0 = 0;
+                for (u, &n) in ups.iter().zip(&rows) {
+                    x = vb.scatter_rows(&x, &(r0..r0 + n).collect::<Vec<_>>(), u, false)?;
+                    r0 += n;
+                }
+                pass = Some(self.forward(b, &x, &grids)?);
+                Ok(())
+            })?;
+            let pass = pass.expect("set by the forward");
+            // 3. each input's merged rows of the pass's outputs
+            let mut t0 = 0;
+            for &n in &rows {
+                let t = n / group;
+                let take = |x: &Tensor| b.take_rows(x, t0, t);
+                out.push(VisionOutput { embeds: take(&pass.embeds)?, deepstack: pass.deepstack.iter().map(take).collect::<Result<_>>()? });
+                t0 += t;
+            }
+            i = j;
+        }
+        Ok(out)
     }
 
     fn encode_whole(&self, b: &dyn Backend, patches: &[f32], row_len: usize, grids: &[[usize; 3]]) -> Result<VisionOutput> {

@@ -111,6 +111,11 @@ struct State {
     jobs: Vec<VecDeque<Job>>,
     /// Each replica's running sequences (its model thread says).
     running: Vec<usize>,
+    /// Each replica's batch: it runs at most this many jobs at once (unbounded until its
+    /// model thread says, [`JobQueue::set_batch`]).
+    batch: Vec<usize>,
+    /// Jobs a replica took from another's line (see [`JobQueue::take`]).
+    stolen: u64,
     closed: bool,
     /// Places held by [`Ticket`]s: requests admitted, still being checked.
     reserved: usize,
@@ -146,7 +151,7 @@ impl JobQueue {
     /// a prompt's images start.
     pub fn with_router(capacity: usize, router: Router, image_token: Option<u32>) -> JobQueue {
         let n = router.replicas();
-        let state = State { jobs: (0..n).map(|_| VecDeque::new()).collect(), running: vec![0; n], closed: false, reserved: 0, router, image_token };
+        let state = State { jobs: (0..n).map(|_| VecDeque::new()).collect(), running: vec![0; n], batch: vec![usize::MAX; n], stolen: 0, closed: false, reserved: 0, router, image_token };
         JobQueue { state: Mutex::new(state), ready: (0..n).map(|_| Condvar::new()).collect(), room: Condvar::new(), capacity }
     }
 
@@ -175,6 +180,19 @@ impl JobQueue {
         }
     }
 
+    /// Replica `replica` runs at most `n` jobs at once (its engine's batch): while it runs that
+    /// many, the others may take the jobs waiting in its line.
+    pub fn set_batch(&self, replica: usize, n: usize) {
+        if let Some(b) = self.lock().batch.get_mut(replica) {
+            *b = n;
+        }
+    }
+
+    /// Jobs a replica took from another replica's line so far.
+    pub fn stolen(&self) -> u64 {
+        self.lock().stolen
+    }
+
     /// Puts `job` in the line of the replica the router picks; returns the jobs waiting now.
     fn push(&self, s: &mut State, job: Job) -> usize {
         let load: Vec<usize> = s.jobs.iter().zip(&s.running).map(|(q, r)| q.len() + r).collect();
@@ -187,6 +205,10 @@ impl JobQueue {
         }
         s.jobs[choice.replica].push_back(job);
         self.ready[choice.replica].notify_one();
+        if s.running[choice.replica] >= s.batch[choice.replica] {
+            // it cannot take the job now: an idle replica may
+            self.ready.iter().for_each(Condvar::notify_one);
+        }
         s.waiting()
     }
 
@@ -295,8 +317,21 @@ impl JobQueue {
         job
     }
 
+    /// Replica `replica`'s next job: the first of its line, else (work stealing) the first of
+    /// the longest line among the replicas that run a full batch, which could not take it yet
+    /// (a job routed to a replica for its cached prefix, that replica then filling up). A
+    /// replica whose batch has room keeps its line: it takes its jobs within a step.
     fn take(s: &mut State, replica: usize) -> Option<Job> {
-        let job = s.jobs.get_mut(replica)?.pop_front()?;
+        let from = if s.jobs.get(replica)?.is_empty() {
+            (0..s.jobs.len()).filter(|&r| r != replica && !s.jobs[r].is_empty() && s.running[r] >= s.batch[r]).max_by_key(|&r| s.jobs[r].len())?
+        } else {
+            replica
+        };
+        let job = s.jobs[from].pop_front()?;
+        if from != replica {
+            s.stolen += 1;
+            log::debug!("replica {} takes a job waiting for replica {} (its batch of {} is full; {} more wait there)", replica, from, s.batch[from], s.jobs[from].len());
+        }
         s.running[replica] += 1;
         Some(job)
     }
@@ -383,6 +418,7 @@ impl Worker<'_> {
     /// with what they have (finish reason "length"), the queued ones are refused
     /// ([`Event::ShutDown`]) and the queue closes.
     pub fn run(&self, queue: &JobQueue, metrics: &Metrics, stop: &dyn Fn() -> Option<Instant>) {
+        queue.set_batch(self.replica, self.engine.max_batch);
         let mut engine = match Engine::new(self.model, self.backend, self.engine.clone()) {
             Ok(e) => e,
             Err(e) => {
@@ -691,6 +727,32 @@ mod tests {
         assert!(q.next(0, &stop).is_some());
         assert!(q.next(0, &stop).is_none());
         assert_eq!(q.submit(job()).unwrap_err(), Refused::Closed);
+    }
+
+    #[test]
+    fn an_idle_replica_takes_jobs_waiting_for_a_full_one() {
+        let q = JobQueue::with_router(8, Router::new(2, host::engine::DEFAULT_BLOCK, 64, Default::default()), None);
+        q.set_batch(0, 2);
+        q.set_batch(1, 2);
+        let mut a = job();
+        a.max_tokens = 7;
+        q.lock().jobs[0].push_back(a); // as if routed to replica 0 for its prefix
+        q.lock().jobs[0].push_back(job());
+        // replica 0 has room: its line stays its own
+        q.set_running(0, 1);
+        assert!(q.try_next(1).is_none());
+        // replica 0 full: replica 1 takes the first job waiting there
+        q.set_running(0, 2);
+        assert_eq!(q.try_next(1).map(|j| j.max_tokens), Some(7));
+        assert_eq!((q.stolen(), q.loads()), (1, vec![3, 1]));
+        // a replica with jobs of its own takes those first
+        let mut b = job();
+        b.max_tokens = 9;
+        q.lock().jobs[1].push_back(b);
+        assert_eq!(q.try_next(1).map(|j| j.max_tokens), Some(9));
+        let stop = || None;
+        assert_eq!(q.next(1, &stop).map(|j| j.max_tokens), Some(1));
+        assert_eq!((q.stolen(), q.lines()), (2, vec![0, 0]));
     }
 
     #[test]

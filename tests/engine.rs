@@ -238,7 +238,7 @@ fn image_requests_among_text_ones_give_transformers_tokens() {
             let mut sampler = Sampler::new(SamplingParams::greedy());
             let alone_img = s.generate_with_images(&ids, Some(&Images { patches: &px, row_len: 1536, grids: &grids }), greedy_ids.len(), &mut sampler, &[], &mut |_| true).unwrap();
             assert_eq!(alone_img.tokens, greedy_ids, "{} alone on {}", name, b.describe());
-            let r = Request { prompt: ids, images: Some(ImageInput { patches: px, row_len: 1536, grids, keys: vec![] }), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+            let r = Request { prompt: ids, images: Some(ImageInput::flat(px, 1536, grids)), max_new: greedy_ids.len(), sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
             let n = greedy_ids.len();
             want.push((e.add(r).unwrap(), (greedy_ids, n), name.to_string()));
         }
@@ -259,7 +259,7 @@ fn image_prompts_share_tower_runs_and_cached_embeddings() {
     for b in common::backends("engine image batches and embedding cache") {
         let model = Model::load(&common::repo_root().join("tests/fixtures/vision/tiny"), &*b, &mut |_, _| {}).unwrap();
         let kv = b.default_kv_dtype();
-        let req = |ids: &[u32], px: &[f32], grids: &[[usize; 3]], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.to_vec(), keys: vec![] }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+        let req = |ids: &[u32], px: &[f32], grids: &[[usize; 3]], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput::flat(px.to_vec(), 1536, grids.to_vec())), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
         for cache in [1 << 20, 0] {
             let mut cfg = EngineConfig::new(8, 2048, kv);
             cfg.block = 4;
@@ -385,7 +385,7 @@ fn image_prompts_reuse_cached_blocks_keyed_by_the_image() {
         let (ids, px, grids, greedy_ids) = vision_case("one_image_exact");
         let first = ids.iter().position(|&t| t == image_id).unwrap();
         let end = ids.iter().rposition(|&t| t == image_id).unwrap() + 1;
-        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput { patches: px.to_vec(), row_len: 1536, grids: grids.clone(), keys: vec![] }), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
+        let req = |ids: &[u32], px: &[f32], n: usize| Request { prompt: ids.to_vec(), images: Some(ImageInput::flat(px.to_vec(), 1536, grids.clone())), max_new: n, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
         let alone = |ids: &[u32], px: &[f32], n: usize| -> Vec<u32> {
             let mut s = Session::with_kv_dtype(&model, &*b, ids.len() + n, kv).unwrap();
             s.generate_with_images(ids, Some(&Images { patches: px, row_len: 1536, grids: &grids }), n, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap().tokens

@@ -71,7 +71,7 @@ fn run(model: &Model, b: &dyn Backend, prompt: &[u32], images: Option<&Images<'_
     cfg.block = 4;
     cfg.max_prefill_tokens = 5;
     let mut e = Engine::new(model, b, cfg).unwrap();
-    let input = images.map(|im| ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), keys: vec![] });
+    let input = images.map(|im| ImageInput::flat(im.patches.to_vec(), im.row_len, im.grids.to_vec()));
     let req = Request { prompt: prompt.to_vec(), images: input, max_new: steps, sampler: Sampler::new(SamplingParams::greedy()), stop_ids: vec![] };
     assert_eq!(e.generate(req, &mut |_| true).unwrap().tokens, g.tokens, "the engine against the session");
     (logits, g.tokens)

@@ -221,7 +221,7 @@ impl Prepared {
     /// The images and videos as the engine takes them (a copy of the patches), `None` without.
     pub fn input(&self) -> Option<qwen3_vl::engine::ImageInput> {
         let keys = if self.keys.len() == self.grids.len() { self.keys.clone() } else { Vec::new() };
-        self.images().map(|im| qwen3_vl::engine::ImageInput { patches: im.patches.to_vec(), row_len: im.row_len, grids: im.grids.to_vec(), keys })
+        self.images().map(|im| qwen3_vl::engine::ImageInput { keys, ..qwen3_vl::engine::ImageInput::flat(im.patches.to_vec(), im.row_len, im.grids.to_vec()) })
     }
 
     /// Placeholder tokens of every image and video.

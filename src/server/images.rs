@@ -57,6 +57,12 @@ pub struct PreparedImage {
     pub key: u64,
 }
 
+impl AsRef<[f32]> for PreparedImage {
+    fn as_ref(&self) -> &[f32] {
+        &self.patches
+    }
+}
+
 /// The preprocessing settings of a model directory (Qwen3-VL's defaults without a
 /// preprocessor_config.json), with `max_pixels` lowering the resize cap. `max_pixels` below one
 /// merged patch is refused, naming the option.

@@ -93,9 +93,14 @@ impl EngineConfig {
 /// A sequence's handle.
 pub type SeqId = u64;
 
-/// Images of a request, already preprocessed: patches `[Σ t·h·w, row_len]` and their grids.
+/// One image's (or video's) patch rows `[t·h·w, row_len]`, shared with whoever prepared them
+/// (the server's cache of prepared images), so handing them to the engine copies nothing.
+pub type PatchRows = Arc<dyn AsRef<[f32]> + Send + Sync>;
+
+/// Images of a request, already preprocessed: each one's patch rows and grid, in prompt order.
 pub struct ImageInput {
-    pub patches: Vec<f32>,
+    /// One per grid.
+    pub parts: Vec<PatchRows>,
     pub row_len: usize,
     pub grids: Vec<[usize; 3]>,
     /// Each image's content hash ([`image_key`] of its patches and grid), one per grid: what
@@ -107,14 +112,26 @@ pub struct ImageInput {
 }
 
 impl ImageInput {
-    /// Each grid's patch rows: `(first row, rows)`.
-    fn spans(&self) -> Vec<(usize, usize)> {
-        let mut r0 = 0;
-        self.grids.iter().map(|g| {
-            let n = g[0] * g[1] * g[2];
-            r0 += n;
-            (r0 - n, n)
-        }).collect()
+    /// The images of `patches [Σ t·h·w, row_len]`, all grids' rows in one buffer (cut into
+    /// one part per grid here; a buffer that does not hold the grids' rows stays whole, and
+    /// [`Engine::add`] refuses it).
+    pub fn flat(patches: Vec<f32>, row_len: usize, grids: Vec<[usize; 3]>) -> ImageInput {
+        let rows: Vec<usize> = grids.iter().map(|g| g[0] * g[1] * g[2]).collect();
+        let parts: Vec<PatchRows> = if rows.iter().sum::<usize>() * row_len != patches.len() || grids.len() < 2 {
+            vec![Arc::new(patches)]
+        } else {
+            let mut r0 = 0;
+            rows.iter().map(|&n| {
+                r0 += n;
+                Arc::new(patches[(r0 - n) * row_len..r0 * row_len].to_vec()) as PatchRows
+            }).collect()
+        };
+        ImageInput { parts, row_len, grids, keys: Vec::new() }
+    }
+
+    /// Image `k`'s patch rows.
+    pub fn part(&self, k: usize) -> &[f32] {
+        (*self.parts[k]).as_ref()
     }
 }
 
@@ -368,12 +385,12 @@ impl<'a> Engine<'a> {
         let mut images = req.images;
         let image_key = match &mut images {
             Some(im) if !im.grids.is_empty() => {
-                let spans = im.spans();
-                if spans.last().map_or(0, |s| s.0 + s.1) * im.row_len != im.patches.len() {
-                    return Err(Error::shape("engine add", &[&[im.patches.len()]], format!("image grids {:?} need {} rows of {} values", im.grids, spans.last().map_or(0, |s| s.0 + s.1), im.row_len)));
+                let lens: Vec<usize> = (0..im.parts.len()).map(|k| im.part(k).len()).collect();
+                if lens.len() != im.grids.len() || im.grids.iter().zip(&lens).any(|(g, &n)| g[0] * g[1] * g[2] * im.row_len != n) {
+                    return Err(Error::shape("engine add", &[&lens], format!("image grids {:?} need one part each of t·h·w rows of {} values", im.grids, im.row_len)));
                 }
                 if im.keys.len() != im.grids.len() {
-                    im.keys = spans.iter().zip(&im.grids).map(|(&(r0, n), g)| image_key(&im.patches[r0 * im.row_len..(r0 + n) * im.row_len], im.row_len, &[*g])).collect();
+                    im.keys = (0..im.grids.len()).map(|k| image_key(im.part(k), im.row_len, &[im.grids[k]])).collect();
                 }
                 combine_image_keys(&im.keys)
             }

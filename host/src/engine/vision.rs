@@ -54,14 +54,9 @@ impl Engine<'_> {
         // 3. the tower over the missing images, their outputs kept by content
         if !todo.is_empty() {
             let row_len = self.running[todo[0].1].images.as_ref().expect("checked").row_len;
-            let spans: Vec<(usize, usize, [usize; 3])> = todo.iter().map(|&(_, i, k)| {
+            let inputs: Vec<(&[f32], [usize; 3])> = todo.iter().map(|&(_, i, k)| {
                 let im = self.running[i].images.as_ref().expect("checked");
-                let (r0, n) = im.spans()[k];
-                (r0, n, im.grids[k])
-            }).collect();
-            let inputs: Vec<(&[f32], [usize; 3])> = todo.iter().zip(&spans).map(|(&(_, i, _), &(r0, n, g))| {
-                let im = self.running[i].images.as_ref().expect("checked");
-                (&im.patches[r0 * im.row_len..(r0 + n) * im.row_len], g)
+                (im.part(k), im.grids[k])
             }).collect();
             if let Some(&(_, i, _)) = todo.iter().find(|&&(_, i, _)| self.running[i].images.as_ref().map_or(0, |im| im.row_len) != row_len) {
                 return Err(Error::Limit { op: "engine images", msg: format!("sequence {}'s patch rows differ in length from the others' ({})", self.running[i].id, row_len) });

@@ -51,6 +51,7 @@ pub mod structured;
 mod tokenize;
 pub mod tool_grammar;
 pub mod tools;
+mod trace;
 
 use crate::generate::SamplingParams;
 use crate::model::Model;

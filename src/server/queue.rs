@@ -430,7 +430,9 @@ impl Worker<'_> {
             }
         };
         let mut active: HashMap<SeqId, Active<'_>> = HashMap::new();
+        let mut trace = super::trace::StepTrace::from_env(self.replica);
         loop {
+            let begin = Instant::now();
             // 0. past the shutdown's deadline, what runs ends and what waits is refused
             if stop().is_some_and(|deadline| Instant::now() >= deadline) {
                 self.end_all(&mut engine, &mut active, queue, metrics);
@@ -487,6 +489,7 @@ impl Worker<'_> {
                 }
             };
             metrics.step(self.replica, t0.elapsed().as_secs_f64());
+            let t1 = Instant::now();
             // 4. tokens out as text, finished jobs closed
             for ev in events {
                 match ev {
@@ -521,6 +524,9 @@ impl Worker<'_> {
             }
             publish(&engine, metrics, self.replica);
             queue.set_running(self.replica, active.len());
+            if let Some(t) = trace.as_mut() {
+                t.turn(begin, t0, t1, Instant::now(), &engine.stats());
+            }
         }
     }
 
@@ -585,7 +591,7 @@ impl Worker<'_> {
             None
         } else {
             Some(ImageInput {
-                patches: job.images.iter().flat_map(|i| i.patches.iter().copied()).collect(),
+                parts: job.images.iter().map(|i| Arc::clone(i) as host::engine::PatchRows).collect(),
                 row_len: job.images[0].row_len,
                 grids: job.images.iter().map(|i| i.grid).collect(),
                 keys: job.images.iter().map(|i| i.key).collect(),

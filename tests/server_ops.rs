@@ -97,12 +97,14 @@ fn metrics_carry_vllm_names_and_labels() {
     assert!(out.status.success(), "prometheus_client rejected the exposition: {}\n{}", String::from_utf8_lossy(&out.stderr), t);
     let parsed = String::from_utf8(out.stdout).unwrap();
     let labels_json = json!({"model_name": "tiny \"vl\"", "replica": "0"}).to_string().replace(",", ", ").replace(":", ": ");
-    for want in [
-        format!("vllm:num_requests_waiting|gauge|{}|0.0", labels_json),
-        format!("vllm:generation_tokens_total|counter|{}|6.0", labels_json),
-        format!("vllm:e2e_request_latency_seconds_count|histogram|{}|1.0", labels_json),
+    // (the value compared as a number: prometheus_client versions print 0 or 0.0)
+    for (want, value) in [
+        (format!("vllm:num_requests_waiting|gauge|{}|", labels_json), 0.0),
+        (format!("vllm:generation_tokens_total|counter|{}|", labels_json), 6.0),
+        (format!("vllm:e2e_request_latency_seconds_count|histogram|{}|", labels_json), 1.0),
     ] {
-        assert!(parsed.lines().any(|l| l == want), "prometheus_client did not read {:?}:\n{}", want, parsed);
+        let read = parsed.lines().any(|l| l.strip_prefix(want.as_str()).and_then(|v| v.parse::<f64>().ok()) == Some(value));
+        assert!(read, "prometheus_client did not read {:?} = {}:\n{}", want, value, parsed);
     }
     assert!(parsed.contains("vllm:request_success_total|counter|{\"finished_reason\": \"length\""), "{}", parsed);
     s.assert_no_panic();

@@ -175,6 +175,15 @@ fn quiet_prints_only_the_reply_and_verbose_adds_detail() {
     assert!(!e.contains("trace:"));
     let e = stderr(&run(cli("generate", &["-vv", "--max-tokens", "4", "-p", "Hi"])));
     assert!(e.contains("trace: token 1: id"), "-vv lacks per-token detail:\n{}", e);
+    // without -v/-q the level comes from QWEN3_VL_LOG; -q wins over it
+    let mut c = cli("generate", &["--max-tokens", "4", "-p", "Hi"]);
+    c.env("QWEN3_VL_LOG", "debug");
+    let e = stderr(&run(c));
+    assert!(e.contains("debug: sampling: greedy") && !e.contains("trace:"), "QWEN3_VL_LOG=debug:\n{}", e);
+    let mut c = cli("generate", &["-q", "--max-tokens", "4", "-p", "Hi"]);
+    c.env("QWEN3_VL_LOG", "trace");
+    let o = run(c);
+    assert!(o.status.success() && o.stderr.is_empty(), "-q with QWEN3_VL_LOG=trace wrote to stderr: {}", stderr(&o));
 }
 
 /// Runs chat with `input` on stdin; returns (stdout, stderr, success).

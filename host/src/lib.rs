@@ -15,6 +15,7 @@ pub mod video;
 mod dtype;
 mod error;
 pub mod kernels;
+pub mod logging;
 mod memory;
 pub mod model;
 pub mod ops;

@@ -25,6 +25,9 @@ pub mod quant;
 pub mod template;
 mod switch;
 mod tensor;
+#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
+pub mod test_support;
 pub mod tokenizer;
 
 pub use backend::{AttnParams, Backend, BlockMask, Gelu, Mark, MemoryStats, Precision};

@@ -3,36 +3,10 @@
 //! arguments satisfy the tool's parameters schema.
 
 use super::*;
-use crate::generate::grammar::{GrammarSpec, Grammars};
+use crate::generate::grammar::GrammarSpec;
 use crate::generate::{Sampler, SamplingParams};
 use crate::server::tools::{parse_reply, parse_request, ParsedCall};
-use crate::Tokenizer;
-use std::sync::OnceLock;
-
-/// Qwen3-VL's lm_head rows (past the tokenizer's ids).
-const SAMPLED_VOCAB: usize = 151_936;
-
-fn tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::from_file(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/tokenizer.json")).unwrap())
-}
-
-fn grammars() -> &'static Grammars {
-    static G: OnceLock<Grammars> = OnceLock::new();
-    G.get_or_init(|| Grammars::new(tokenizer()).unwrap())
-}
-
-/// Logits from a seeded xorshift, roughly uniform in [-4, 4).
-fn random_logits(state: &mut u64) -> Vec<f32> {
-    (0..SAMPLED_VOCAB)
-        .map(|_| {
-            *state ^= *state << 13;
-            *state ^= *state >> 7;
-            *state ^= *state << 17;
-            (*state >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-        })
-        .collect()
-}
+use host::test_support::{grammars, random_logits, tokenizer};
 
 /// A weather tool (enum, bounded integer, optional boolean, a `$ref` into `$defs` as Pydantic
 /// writes it) and a search tool (bounded string and array), both strict.

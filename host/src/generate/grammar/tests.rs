@@ -4,33 +4,8 @@
 use super::*;
 use crate::generate::sampling::{mask_allows, mask_words, Constraint};
 use crate::generate::{Sampler, SamplingParams};
+use crate::test_support::{grammars, random_logits, tokenizer, SAMPLED_VOCAB};
 use serde_json::json;
-use std::sync::OnceLock;
-
-/// Qwen3-VL's lm_head rows: the sampled vocabulary, past the tokenizer's 151,669 ids.
-const SAMPLED_VOCAB: usize = 151_936;
-
-fn tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::from_file(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer/tokenizer.json")).unwrap())
-}
-
-fn grammars() -> &'static Grammars {
-    static G: OnceLock<Grammars> = OnceLock::new();
-    G.get_or_init(|| Grammars::new(tokenizer()).unwrap())
-}
-
-/// Logits drawn from a seeded xorshift, roughly uniform in [-4, 4).
-fn random_logits(state: &mut u64) -> Vec<f32> {
-    (0..SAMPLED_VOCAB)
-        .map(|_| {
-            *state ^= *state << 13;
-            *state ^= *state >> 7;
-            *state ^= *state << 17;
-            (*state >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-        })
-        .collect()
-}
 
 /// Draws up to `max` tokens under `spec` with random logits at temperature 1 (seed `seed`),
 /// until the end of sequence; returns the text before it (None when `max` ran out).

@@ -144,3 +144,33 @@ fn batch_reads_stdin_and_writes_stdout() {
     assert_eq!(ids["a"]["response"]["body"]["object"], "chat.completion");
     assert_eq!(ids["b"]["response"]["body"]["object"], "text_completion");
 }
+
+#[test]
+fn batch_reads_a_named_pipe_once() {
+    // `-i <(...)` or a FIFO: read once, no second pass over it (which would take its lines,
+    // or wait for a writer that is gone)
+    let dir = temp_dir("fifo");
+    let (fifo, output) = (dir.join("in.jsonl"), dir.join("out.jsonl"));
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo: {}", std::io::Error::last_os_error());
+    let body = json!({"prompt": "Hi", "max_tokens": 3});
+    let input: String = ["a", "b", "c"].iter().map(|id| line(id, "/v1/completions", &body) + "\n").collect();
+    let mut child = cli("batch", &["--device", "cpu", "-q", "-i", fifo.to_str().unwrap(), "-o", output.to_str().unwrap()]).stdin(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let writer = std::thread::spawn(move || std::fs::write(&fifo, input).unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("batch on a named pipe did not finish in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    writer.join().unwrap();
+    let ids = by_id(&read_results(&output));
+    for id in ["a", "b", "c"] {
+        assert_eq!(ids[id]["response"]["status_code"], 200, "{}: {:?}", id, ids.get(id));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

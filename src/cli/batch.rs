@@ -71,29 +71,32 @@ struct Lines {
 }
 
 impl Lines {
-    /// The next line and its number (`None` at the end); a line too long or not UTF-8 comes as
-    /// an error message.
-    fn next(&mut self) -> Option<(usize, Result<String, String>)> {
+    /// The next line: its number, its length in bytes (for the progress over a file's bytes)
+    /// and its text (`None` at the end); a line too long or not UTF-8 comes as an error message.
+    fn next(&mut self) -> Option<(usize, u64, Result<String, String>)> {
         let mut buf = Vec::new();
         let n = (&mut self.reader).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut buf);
         self.number += 1;
         match n {
             Ok(0) => None,
-            Ok(_) if buf.len() > MAX_LINE_BYTES => {
+            Ok(n) if buf.len() > MAX_LINE_BYTES => {
                 // skip the rest of the line
+                let mut bytes = n as u64;
                 let mut rest = Vec::new();
                 loop {
                     rest.clear();
                     match (&mut self.reader).take(1 << 20).read_until(b'\n', &mut rest) {
                         Ok(0) | Err(_) => break,
-                        Ok(_) if rest.ends_with(b"\n") => break,
-                        Ok(_) => {}
+                        Ok(n) => bytes += n as u64,
+                    }
+                    if rest.ends_with(b"\n") {
+                        break;
                     }
                 }
-                Some((self.number, Err(format!("the line is longer than {} MiB", MAX_LINE_BYTES >> 20))))
+                Some((self.number, bytes, Err(format!("the line is longer than {} MiB", MAX_LINE_BYTES >> 20))))
             }
-            Ok(_) => Some((self.number, String::from_utf8(buf).map_err(|_| "the line is not UTF-8".to_string()))),
-            Err(e) => Some((self.number, Err(format!("cannot read the input: {}", e)))),
+            Ok(n) => Some((self.number, n as u64, String::from_utf8(buf).map_err(|_| "the line is not UTF-8".to_string()))),
+            Err(e) => Some((self.number, 0, Err(format!("cannot read the input: {}", e)))),
         }
     }
 }
@@ -195,22 +198,6 @@ fn open_output(path: &Path) -> CliResult<(File, Done)> {
     Ok((f, done))
 }
 
-/// Lines in a file, for the progress bar's total.
-fn count_lines(path: &Path) -> Option<u64> {
-    let f = File::open(path).ok()?;
-    let mut r = BufReader::with_capacity(1 << 20, f);
-    let mut n = 0u64;
-    loop {
-        let buf = r.fill_buf().ok()?;
-        if buf.is_empty() {
-            return Some(n);
-        }
-        n += buf.iter().filter(|&&b| b == b'\n').count() as u64;
-        let l = buf.len();
-        r.consume(l);
-    }
-}
-
 /// Everything the workers share.
 struct Run {
     local: Local,
@@ -219,7 +206,10 @@ struct Run {
     /// What the output answers already.
     done: Done,
     counts: Counts,
+    /// Over the input's bytes where it is a regular file (whose size is known without reading
+    /// it), else over its lines (stdin, a pipe).
     progress: Progress,
+    by_bytes: bool,
     start: Instant,
 }
 
@@ -234,9 +224,14 @@ impl Run {
         }
     }
 
-    fn error_line(&self, number: usize, custom_id: Option<String>, message: String) {
+    /// A line of `bytes` bytes is done (answered, skipped or an error line).
+    fn advance(&self, bytes: u64) {
+        self.progress.add(if self.by_bytes { bytes } else { 1 });
+    }
+
+    fn error_line(&self, number: usize, bytes: u64, custom_id: Option<String>, message: String) {
         self.counts.errors.fetch_add(1, Ordering::Relaxed);
-        self.progress.inc();
+        self.advance(bytes);
         log::warn!("line {}: {}", number, message);
         self.write(&json!({"id": line_id(), "custom_id": custom_id, "response": null, "error": {"code": "invalid_request", "message": format!("line {}: {}", number, message), "line": number}}));
     }
@@ -245,7 +240,7 @@ impl Run {
     fn work(&self) {
         while !signals::shutdown_requested() {
             // 1. the next line that is a request still to answer
-            let (number, text) = {
+            let (number, bytes, text) = {
                 let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
                 match lines.next() {
                     None => return,
@@ -254,17 +249,17 @@ impl Run {
             };
             if self.done.lines.contains(&number) {
                 self.counts.skipped.fetch_add(1, Ordering::Relaxed);
-                self.progress.inc();
+                self.advance(bytes);
                 continue;
             }
             let text = match text {
                 Ok(t) if t.trim().is_empty() => {
-                    self.progress.inc();
+                    self.advance(bytes);
                     continue;
                 }
                 Ok(t) => t,
                 Err(m) => {
-                    self.error_line(number, None, m);
+                    self.error_line(number, bytes, None, m);
                     continue;
                 }
             };
@@ -272,21 +267,21 @@ impl Run {
                 Ok(l) => l,
                 Err((Some(id), _)) if self.done.ids.contains(&id) => {
                     self.counts.skipped.fetch_add(1, Ordering::Relaxed);
-                    self.progress.inc();
+                    self.advance(bytes);
                     continue;
                 }
                 Err((id, m)) => {
-                    self.error_line(number, id, m);
+                    self.error_line(number, bytes, id, m);
                     continue;
                 }
             };
             if self.done.ids.contains(&line.custom_id) {
                 self.counts.skipped.fetch_add(1, Ordering::Relaxed);
-                self.progress.inc();
+                self.advance(bytes);
                 continue;
             }
             if !self.lines.lock().unwrap_or_else(|p| p.into_inner()).seen.insert(line.custom_id.clone()) {
-                self.error_line(number, Some(line.custom_id.clone()), format!("custom_id '{}' appears more than once in the input", line.custom_id));
+                self.error_line(number, bytes, Some(line.custom_id.clone()), format!("custom_id '{}' appears more than once in the input", line.custom_id));
                 continue;
             }
             // 2. the request, as serve runs it
@@ -307,9 +302,11 @@ impl Run {
                 }
             };
             self.write(&json!({"id": line_id(), "custom_id": line.custom_id, "response": response, "error": null}));
-            self.progress.inc();
+            self.advance(bytes);
+            let c = &self.counts;
+            let lines = c.answered.load(Ordering::Relaxed) + c.errors.load(Ordering::Relaxed) + c.skipped.load(Ordering::Relaxed);
             let secs = self.start.elapsed().as_secs_f64().max(1e-3);
-            self.progress.message(&format!("{:.0} tok/s", self.counts.completion_tokens.load(Ordering::Relaxed) as f64 / secs));
+            self.progress.message(&format!("{} lines, {:.0} tok/s", lines, c.completion_tokens.load(Ordering::Relaxed) as f64 / secs));
         }
     }
 }
@@ -327,10 +324,14 @@ pub fn run(a: BatchArgs) -> CliResult<()> {
     if !stdin && !stdout && std::fs::canonicalize(&a.input).ok().is_some_and(|i| std::fs::canonicalize(&a.output).ok().as_ref() == Some(&i)) {
         return Err(format!("--output {} is the input file", a.output.display()).into());
     }
-    let reader: Box<dyn BufRead + Send> = if stdin {
-        Box::new(BufReader::new(std::io::stdin()))
+    // (a regular file's size is the progress bar's total, known without reading the file; a
+    // pipe, `-i <(...)`, has none, and can be read only once)
+    let (reader, size): (Box<dyn BufRead + Send>, Option<u64>) = if stdin {
+        (Box::new(BufReader::new(std::io::stdin())), None)
     } else {
-        Box::new(BufReader::new(File::open(&a.input).map_err(|e| format!("cannot open {}: {}", a.input.display(), e))?))
+        let f = File::open(&a.input).map_err(|e| format!("cannot open {}: {}", a.input.display(), e))?;
+        let size = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+        (Box::new(BufReader::new(f)), size)
     };
     let (out, done): (Box<dyn Write + Send>, Done) = if stdout {
         (Box::new(std::io::stdout()), Done::default())
@@ -346,13 +347,12 @@ pub fn run(a: BatchArgs) -> CliResult<()> {
     cfg.queue_capacity = concurrency;
     // 2. the weights, then the model on this thread while the workers feed it
     let (model, format) = a.serving.load(checked, &devices, kv_tokens, per_request)?;
-    let total = if stdin { None } else { count_lines(&a.input) };
-    let progress = match total {
-        Some(n) => Progress::count("batch", n, "requests"),
-        None => Progress::count("batch", 0, "requests"),
+    let progress = match size {
+        Some(n) => Progress::bytes("batch", n),
+        None => Progress::count("batch", 0, "lines"),
     };
     let local = Local::new(cfg);
-    let run = Arc::new(Run { local: local.clone(), lines: Mutex::new(Lines { reader, number: 0, seen: HashSet::new() }), out: Mutex::new(out), done, counts: Counts::default(), progress, start: Instant::now() });
+    let run = Arc::new(Run { local: local.clone(), lines: Mutex::new(Lines { reader, number: 0, seen: HashSet::new() }), out: Mutex::new(out), done, counts: Counts::default(), progress, by_bytes: size.is_some(), start: Instant::now() });
     let feeder = {
         let run = Arc::clone(&run);
         move || {

@@ -58,6 +58,11 @@ impl Progress {
         self.bar.inc(1);
     }
 
+    /// `n` more items (or bytes) done.
+    pub fn add(&self, n: u64) {
+        self.bar.inc(n);
+    }
+
     /// Clears the live bar; the caller reports what was done in its own words.
     pub fn clear(&self) {
         self.bar.finish_and_clear();

@@ -45,22 +45,3 @@ pub(super) fn fill_masks(running: &mut [Seq], seqs: &[usize], words: usize, out:
     }
     failed
 }
-
-/// Tells each sequence `running[s]` of `taken` (`(s, token)`, distinct `s`) the token it took
-/// ([`crate::generate::Sampler::accept`]); several constrained sequences in parallel (a
-/// grammar's step past a token costs about as much as its mask). The results in `taken`'s order.
-pub(super) fn accept_all(running: &mut [Seq], taken: &[(usize, u32)]) -> Vec<crate::Result<()>> {
-    let mut slot_of: Vec<Option<(usize, u32)>> = vec![None; running.len()];
-    for (j, &(s, t)) in taken.iter().enumerate() {
-        slot_of[s] = Some((j, t));
-    }
-    let jobs: Vec<(usize, u32, &mut crate::generate::Sampler)> = running.iter_mut().enumerate().filter_map(|(s, seq)| slot_of[s].map(|(j, t)| (j, t, &mut seq.sampler))).collect();
-    let accept = |(j, t, sampler): (usize, u32, &mut crate::generate::Sampler)| (j, sampler.accept(t));
-    let masked = jobs.iter().filter(|(_, _, s)| s.masks()).count();
-    let done: Vec<(usize, crate::Result<()>)> = if masked > 1 { jobs.into_par_iter().map(accept).collect() } else { jobs.into_iter().map(accept).collect() };
-    let mut out: Vec<Option<crate::Result<()>>> = (0..taken.len()).map(|_| None).collect();
-    for (j, r) in done {
-        out[j] = Some(r);
-    }
-    out.into_iter().map(|r| r.expect("every token is told")).collect()
-}

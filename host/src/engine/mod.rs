@@ -791,21 +791,19 @@ impl<'a> Engine<'a> {
             }
             self.register_written(p.seq);
         }
-        // the tokens, told to the sequences' constraints (in parallel where several are)
-        let taken: Vec<(usize, u32)> = picks.iter().filter_map(|&(k, t)| t.map(|t| (parts[k].seq, t))).collect();
-        let mut verdicts = masks::accept_all(&mut self.running, &taken).into_iter();
         let mut events = Vec::new();
         let mut done: Vec<usize> = Vec::new();
         for (k, t) in picks {
             let s = &mut self.running[parts[k].seq];
             let now = Instant::now();
             s.first_token.get_or_insert(now);
-            // the token, told to the constraints
+            // the token, told to the constraints with the next step's masks (while the device
+            // runs that step's forward; a rejection fails that mask)
             let accepted = match t {
                 Some(t) => {
                     s.generated += 1;
                     events.push(Event::Token { id: s.id, token: t, logprobs: s.sampler.take_logprobs().map(Box::new) });
-                    match verdicts.next().expect("one verdict per token") {
+                    match s.sampler.accept_later(t) {
                         Ok(()) => Some(t),
                         Err(e) => {
                             log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);

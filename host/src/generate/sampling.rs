@@ -62,11 +62,13 @@ pub struct Sampler {
     logprobs: Option<usize>,
     /// The last draw's log-probabilities, until [`Sampler::take_logprobs`].
     last_logprobs: Option<TokenLogprobs>,
+    /// A token taken but not yet told to the constraints ([`Sampler::accept_later`]).
+    pending: Option<u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { params, constraints: Vec::new(), step: 0, penalties: OutputPenalties::default(), produced: Default::default(), logit_bias: Vec::new(), logprobs: None, last_logprobs: None }
+        Sampler { params, constraints: Vec::new(), step: 0, penalties: OutputPenalties::default(), produced: Default::default(), logit_bias: Vec::new(), logprobs: None, last_logprobs: None, pending: None }
     }
 
     /// This sampler with `bias` added to those tokens' logits before every draw (after the
@@ -109,6 +111,7 @@ impl Sampler {
     /// all ones without constraints.
     pub fn fill_mask(&mut self, words: &mut [u32]) -> crate::Result<()> {
         words.fill(u32::MAX);
+        self.flush()?;
         if self.constraints.len() == 1 {
             return self.constraints[0].fill_mask(words);
         }
@@ -126,10 +129,36 @@ impl Sampler {
     /// Tells the constraints the token the sequence took. Every caller that feeds a drawn token
     /// on (the engine, the session) calls this once per token, drawn on the host or the device.
     pub fn accept(&mut self, token: u32) -> crate::Result<()> {
+        self.flush()?;
         for c in &mut self.constraints {
             c.accept(token)?;
         }
         Ok(())
+    }
+
+    /// [`Sampler::accept`], deferred to the next mask ([`Sampler::fill_mask`]) or accept: the
+    /// engine tells a step's tokens this way, so the grammars move past them while the device
+    /// runs the next step's forward (beside that step's masks) rather than between steps. A
+    /// constraint that rejects the token then fails that next mask.
+    pub fn accept_later(&mut self, token: u32) -> crate::Result<()> {
+        self.flush()?;
+        if self.masks() {
+            self.pending = Some(token);
+        }
+        Ok(())
+    }
+
+    /// Tells the constraints the deferred token, if any.
+    fn flush(&mut self) -> crate::Result<()> {
+        match self.pending.take() {
+            Some(t) => {
+                for c in &mut self.constraints {
+                    c.accept(t)?;
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// This sampler with presence / frequency penalties on its own output.
@@ -372,5 +401,30 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(s.sample(&mut logits.clone(), &[]).unwrap(), 0);
         }
+    }
+
+    /// A token told with `accept_later` reaches the constraints with the next mask (or the
+    /// next accept), once; one they reject fails that mask.
+    #[test]
+    fn deferred_tokens_reach_the_constraints_with_the_next_mask() {
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let told = || seen.load(std::sync::atomic::Ordering::Relaxed);
+        let mut s = Sampler::new(SamplingParams::greedy()).with_constraint(Box::new(Only(vec![3, 40], seen.clone())));
+        let mut words = vec![0u32; 2];
+        s.accept_later(3).unwrap();
+        assert_eq!(told(), 0);
+        s.fill_mask(&mut words).unwrap();
+        assert_eq!(told(), 1);
+        s.fill_mask(&mut words).unwrap();
+        assert_eq!(told(), 1, "told once");
+        s.accept_later(40).unwrap();
+        s.accept(3).unwrap();
+        assert_eq!(told(), 3, "the deferred token first, then the new one");
+        s.accept_later(7).unwrap();
+        assert!(s.fill_mask(&mut words).is_err(), "a rejected token fails the next mask");
+        // without constraints nothing is kept
+        let mut free = Sampler::new(SamplingParams::greedy());
+        free.accept_later(5).unwrap();
+        assert!(free.pending.is_none());
     }
 }

@@ -184,6 +184,11 @@ fn quiet_prints_only_the_reply_and_verbose_adds_detail() {
     c.env("QWEN3_VL_LOG", "trace");
     let o = run(c);
     assert!(o.status.success() && o.stderr.is_empty(), "-q with QWEN3_VL_LOG=trace wrote to stderr: {}", stderr(&o));
+    // a name that is not a level is said, and the default taken
+    let mut c = cli("generate", &["--max-tokens", "4", "-p", "Hi"]);
+    c.env("QWEN3_VL_LOG", "loud");
+    let e = stderr(&run(c));
+    assert!(e.contains("QWEN3_VL_LOG=\"loud\" is not a level") && e.contains("info: ") && !e.contains("debug:"), "QWEN3_VL_LOG=loud:\n{}", e);
 }
 
 /// Runs chat with `input` on stdin; returns (stdout, stderr, success).

@@ -28,9 +28,17 @@ impl Stderr {
     }
 }
 
-/// The level that `QWEN3_VL_LOG` names (off, error, warn, info, debug, trace), else `default`.
+/// The level that `QWEN3_VL_LOG` names (off, error, warn, info, debug, trace), else `default`
+/// (a name that is not a level is said on stderr).
 pub fn env_level(default: LevelFilter) -> LevelFilter {
-    std::env::var("QWEN3_VL_LOG").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    match std::env::var("QWEN3_VL_LOG") {
+        Ok(v) => v.parse().unwrap_or_else(|_| {
+            // (said on stderr directly: no logger is installed yet)
+            eprintln!("warning: QWEN3_VL_LOG={:?} is not a level (off, error, warn, info, debug or trace); logging at {}", v, default.as_str().to_lowercase());
+            default
+        }),
+        Err(_) => default,
+    }
 }
 
 impl Log for Stderr {

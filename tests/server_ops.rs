@@ -330,6 +330,8 @@ fn a_known_image_with_a_new_question_skips_the_tower() {
             assert_eq!((runs, hits), (2.0, 0.0), "without the cache the tower runs for each request");
         } else {
             assert_eq!((runs, hits), (1.0, 1.0), "the second question took the cached embeddings");
+            let held = metric(s.port, "qwen3vl_image_cache_bytes");
+            assert!(held > 0.0 && held <= (64 << 20) as f64, "the cache holds the image within its budget: {} bytes", held);
         }
         answers.push(texts);
     }

@@ -85,6 +85,7 @@ struct Replica {
     preemptions: AtomicU64,
     /// Prefix cache: idle cached blocks, prompt tokens taken from it and prompt tokens admitted.
     blocks_cached: AtomicUsize,
+    image_cache_bytes: AtomicUsize,
     prefix_hit_tokens: AtomicU64,
     prefix_prompt_tokens: AtomicU64,
     vision_runs: AtomicU64,
@@ -117,6 +118,7 @@ impl Replica {
             blocks_free: AtomicUsize::new(0),
             preemptions: AtomicU64::new(0),
             blocks_cached: AtomicUsize::new(0),
+            image_cache_bytes: AtomicUsize::new(0),
             prefix_hit_tokens: AtomicU64::new(0),
             prefix_prompt_tokens: AtomicU64::new(0),
             vision_runs: AtomicU64::new(0),
@@ -247,6 +249,7 @@ impl Metrics {
         r.blocks_free.store(st.blocks_free, Ordering::Relaxed);
         r.preemptions.store(st.preemptions, Ordering::Relaxed);
         r.blocks_cached.store(st.blocks_cached, Ordering::Relaxed);
+        r.image_cache_bytes.store(st.vision_cache_bytes, Ordering::Relaxed);
         r.prefix_hit_tokens.store(st.prefix_hit_tokens, Ordering::Relaxed);
         r.prefix_prompt_tokens.store(st.prompt_tokens, Ordering::Relaxed);
         r.vision_runs.store(st.vision_runs, Ordering::Relaxed);
@@ -341,6 +344,7 @@ impl Metrics {
         c("qwen3vl_kv_blocks_used", "KV-cache blocks held by sequences.", sum(|r| &r.blocks_used).to_string(), "gauge", &mut metric);
         c("qwen3vl_kv_blocks_free", "KV-cache blocks free.", sum(|r| &r.blocks_free).to_string(), "gauge", &mut metric);
         c("qwen3vl_kv_blocks_cached", "KV-cache blocks no sequence holds, kept for the prefix cache (counted free too).", sum(|r| &r.blocks_cached).to_string(), "gauge", &mut metric);
+        c("qwen3vl_image_cache_bytes", "Bytes of vision-tower outputs the image-embedding cache holds (--image-cache).", sum(|r| &r.image_cache_bytes).to_string(), "gauge", &mut metric);
         c("qwen3vl_prefix_cache_hit_tokens_total", "Prompt tokens whose keys and values came from the prefix cache.", sum64(|r| &r.prefix_hit_tokens).to_string(), "counter", &mut metric);
         c("qwen3vl_prefix_cache_prompt_tokens_total", "Prompt tokens the engine admitted (hits and misses).", sum64(|r| &r.prefix_prompt_tokens).to_string(), "counter", &mut metric);
         c("qwen3vl_vision_tower_runs_total", "Vision tower runs (each over the images of one or more prompts whose image tokens were not all in the prefix cache).", sum64(|r| &r.vision_runs).to_string(), "counter", &mut metric);

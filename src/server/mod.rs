@@ -214,7 +214,7 @@ impl Shared {
         let block = host::engine::DEFAULT_BLOCK;
         let router = route::Router::new(cfg.replicas.max(1), block, cfg.replicas * kv_tokens / block, cfg.route);
         Shared {
-            queue: Arc::new(queue::JobQueue::with_router(cfg.queue_capacity, router, None)),
+            queue: Arc::new(queue::JobQueue::with_router(cfg.queue_capacity, router, &[])),
             intake: Arc::new(tokio::sync::Semaphore::new(cfg.max_active_requests.max(1))),
             clients: net::Clients::default(),
             image_slots: images::Slots::new(IMAGE_SLOTS),
@@ -239,7 +239,7 @@ impl Shared {
         }
         let m = &models[0];
         let ready = Ready { tokenizer: Arc::clone(&m.tokenizer), image_token: m.model.config.image_token_id, defaults: m.defaults, format: m.format.clone(), grammars: Default::default() };
-        self.queue.set_image_token(m.model.config.image_token_id);
+        self.queue.set_vision_tokens(&[m.model.config.image_token_id, m.model.config.video_token_id]);
         if self.ready.set(ready).is_err() {
             return Err(std::io::Error::other("the server was given a model twice"));
         }

@@ -120,8 +120,8 @@ struct State {
     /// Places held by [`Ticket`]s: requests admitted, still being checked.
     reserved: usize,
     router: Router,
-    /// The image placeholder token (where a prompt's images start, for the router).
-    image_token: Option<u32>,
+    /// The image and video placeholder tokens (where a prompt's media start, for the router).
+    vision_tokens: Vec<u32>,
 }
 
 impl State {
@@ -144,21 +144,22 @@ pub struct JobQueue {
 impl JobQueue {
     /// A queue for one replica.
     pub fn new(capacity: usize) -> JobQueue {
-        JobQueue::with_router(capacity, Router::new(1, host::engine::DEFAULT_BLOCK, 0, Default::default()), None)
+        JobQueue::with_router(capacity, Router::new(1, host::engine::DEFAULT_BLOCK, 0, Default::default()), &[])
     }
 
-    /// A queue of `capacity` jobs over `router.replicas()` replicas; `image_token` marks where
-    /// a prompt's images start.
-    pub fn with_router(capacity: usize, router: Router, image_token: Option<u32>) -> JobQueue {
+    /// A queue of `capacity` jobs over `router.replicas()` replicas; `vision_tokens` (the image
+    /// and video placeholders) mark where a prompt's images and videos start.
+    pub fn with_router(capacity: usize, router: Router, vision_tokens: &[u32]) -> JobQueue {
         let n = router.replicas();
-        let state = State { jobs: (0..n).map(|_| VecDeque::new()).collect(), running: vec![0; n], batch: vec![usize::MAX; n], stolen: 0, closed: false, reserved: 0, router, image_token };
+        let state = State { jobs: (0..n).map(|_| VecDeque::new()).collect(), running: vec![0; n], batch: vec![usize::MAX; n], stolen: 0, closed: false, reserved: 0, router, vision_tokens: vision_tokens.to_vec() };
         JobQueue { state: Mutex::new(state), ready: (0..n).map(|_| Condvar::new()).collect(), room: Condvar::new(), capacity }
     }
 
-    /// Sets the image placeholder token (known once the model is loaded), which tells the
-    /// router where a prompt's images start.
-    pub fn set_image_token(&self, token: u32) {
-        self.lock().image_token = Some(token);
+    /// Sets the image and video placeholder tokens (known once the model is loaded), which tell
+    /// the router where a prompt's images and videos start (the engine keys the blocks from
+    /// there by their content).
+    pub fn set_vision_tokens(&self, tokens: &[u32]) {
+        self.lock().vision_tokens = tokens.to_vec();
     }
 
     /// How many replicas take jobs.
@@ -197,7 +198,7 @@ impl JobQueue {
     fn push(&self, s: &mut State, job: Job) -> usize {
         let load: Vec<usize> = s.jobs.iter().zip(&s.running).map(|(q, r)| q.len() + r).collect();
         // (the images' blocks are keyed by their content from the first image token on)
-        let first = s.image_token.filter(|_| !job.images.is_empty()).and_then(|t| job.prompt.iter().position(|&id| id == t));
+        let first = if job.images.is_empty() { None } else { job.prompt.iter().position(|id| s.vision_tokens.contains(id)) };
         let media = first.map(|first| Media { first, key: combine_image_keys(&job.images.iter().map(|i| i.key).collect::<Vec<_>>()) });
         let choice = s.router.route(&job.prompt, media, &load);
         if s.jobs.len() > 1 {
@@ -737,7 +738,7 @@ mod tests {
 
     #[test]
     fn an_idle_replica_takes_jobs_waiting_for_a_full_one() {
-        let q = JobQueue::with_router(8, Router::new(2, host::engine::DEFAULT_BLOCK, 64, Default::default()), None);
+        let q = JobQueue::with_router(8, Router::new(2, host::engine::DEFAULT_BLOCK, 64, Default::default()), &[]);
         q.set_batch(0, 2);
         q.set_batch(1, 2);
         let mut a = job();
@@ -779,7 +780,7 @@ mod tests {
     #[test]
     fn replicas_have_lines_of_their_own_under_one_capacity() {
         use crate::server::route::{RoutePolicy, Router};
-        let q = JobQueue::with_router(3, Router::new(2, 16, 1024, RoutePolicy::default()), None);
+        let q = JobQueue::with_router(3, Router::new(2, 16, 1024, RoutePolicy::default()), &[]);
         let long = |seed: u32| {
             let mut j = job();
             j.prompt = (0..100).map(|i| i * 7 + seed).collect();
@@ -803,6 +804,28 @@ mod tests {
         assert_eq!(q.submit(long(4)), Ok(2));
         assert_eq!(q.loads()[other], 2);
         assert_eq!(q.next(other, &|| None).unwrap().prompt[0], 2);
+    }
+
+    /// A video prompt is routed with its video's content: its repeat follows it to its replica
+    /// for the cached prefix, the same tokens with another video go by load.
+    #[test]
+    fn video_prompts_are_routed_by_their_content_too() {
+        use crate::server::images::PreparedImage;
+        use crate::server::route::{RoutePolicy, Router};
+        const VIDEO: u32 = 9_999;
+        let q = JobQueue::with_router(8, Router::new(2, 16, 1024, RoutePolicy::default()), &[7_777, VIDEO]);
+        let video = |key: u64| {
+            let mut j = job();
+            j.prompt = (0..100).map(|i| if (10..90).contains(&i) { VIDEO } else { i * 7 + 1 }).collect();
+            j.images = vec![Arc::new(PreparedImage { patches: vec![0.0; 4], row_len: 1, grid: [1, 2, 2], tokens: 1, video: None, key })];
+            j
+        };
+        assert_eq!(q.submit(video(1)), Ok(1));
+        let first = (0..2).find(|&r| q.loads()[r] == 1).unwrap();
+        assert_eq!(q.submit(video(1)), Ok(2));
+        assert_eq!(q.loads()[first], 2, "the repeat joined its replica");
+        assert_eq!(q.submit(video(2)), Ok(3));
+        assert_eq!(q.loads()[1 - first], 1, "another video: only the 10 tokens before it match, so by load");
     }
 
     #[test]

@@ -194,8 +194,9 @@ pub struct EngineStats {
     /// Prompt tokens taken from the prefix cache, and prompt tokens admitted, so far.
     pub prefix_hit_tokens: u64,
     pub prompt_tokens: u64,
-    /// Vision tower passes (each over one or more images of one or more prompts whose image
-    /// tokens were not all in the prefix cache).
+    /// Vision tower runs: one per step that runs the tower, over the images of one or more
+    /// prompts whose image tokens were not all in the prefix cache (a run makes one pass per
+    /// 4,096 merged tokens).
     pub vision_runs: u64,
     /// Images through the tower, and images whose embeddings came from the image-embedding
     /// cache instead.
@@ -806,7 +807,8 @@ impl<'a> Engine<'a> {
                     match s.sampler.accept_later(t) {
                         Ok(()) => Some(t),
                         Err(e) => {
-                            log::error!("engine: sequence {}: a constraint rejected token {}: {}", s.id, t, e);
+                            // (the token told before this one, which no mask told yet)
+                            log::error!("engine: sequence {}: a constraint rejected the token before {}: {}", s.id, t, e);
                             None
                         }
                     }

@@ -1,7 +1,7 @@
 //! `qwen3-vl serve`'s HTTP side under unfriendly clients, on loopback: idle connections that
 //! must not shut others out, one client's connection limit, half-closed connections, a huge
-//! prompt, a full queue with images, refusals at the connection limit, HTTP/1.0 streaming, and
-//! `/health` while the model loads. Clients that must look like other hosts bind to other
+//! prompt, a full queue with images, a burst past the places for requests being read, refusals
+//! at the connection limit, HTTP/1.0 streaming, and `/health` while the model loads. Clients that must look like other hosts bind to other
 //! loopback addresses (127.0.0.2, ...). Runs on the tiny checkpoint of tests/fixtures/vision.
 
 mod common;
@@ -157,6 +157,48 @@ fn a_full_queue_refuses_before_decoding_images() {
     // with room, the same image is decoded and refused for what it is
     let r = chat(s.port, &json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": cut}}, {"type": "text", "text": "?"}]}]}));
     assert_eq!((r.status, r.error_code().as_str()), (400, "invalid_image"), "{}", r.text());
+    s.assert_no_panic();
+}
+
+#[test]
+fn a_burst_past_the_places_for_requests_being_received_waits_instead_of_failing() {
+    // 256 clients at once on four replicas got "64 requests are being received already" (503)
+    let s = Server::start(&["--max-active-requests", "1", "--read-timeout", "3"]);
+    let body = json!({"messages": user("Hi"), "max_tokens": 2, "temperature": 0}).to_string();
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len());
+    // 1. a slow client holds the only place: its head and half its body are in
+    let mut slow = connect(s.port);
+    slow.write_all(format!("{}{}", head, &body[..body.len() / 2]).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // 2. another request arrives meanwhile: it waits for the place, and is answered once the
+    //    slow one has sent the rest
+    let port = s.port;
+    let waiting = std::thread::spawn(move || chat(port, &json!({"messages": user("Hi"), "max_tokens": 2, "temperature": 0})));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!waiting.is_finished(), "the second request was answered while the place was taken: {}", waiting.join().unwrap().text());
+    slow.write_all(body[body.len() / 2..].as_bytes()).unwrap();
+    let first = read_response(&mut slow).expect("the slow client's reply");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let second = waiting.join().unwrap();
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["choices"][0]["message"]["content"], first.json()["choices"][0]["message"]["content"]);
+    // 3. no place for --read-timeout: the waiter is refused, 503 with Retry-After. The first
+    //    stuck client's place frees when its own time runs out, before the waiter's, and goes
+    //    to the second stuck client, which waited longer (places go first come, first served).
+    let stuck: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut c = connect(s.port);
+            c.write_all(format!("{}{}", head, &body[..1]).as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            c
+        })
+        .collect();
+    let t0 = Instant::now();
+    let r = chat(s.port, &json!({"messages": user("Hi"), "max_tokens": 2}));
+    assert_eq!((r.status, r.error_code().as_str()), (503, "server_busy"), "{}", r.text());
+    assert!(t0.elapsed() >= Duration::from_secs(2), "refused after {:?}, before the wait", t0.elapsed());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop(stuck);
     s.assert_no_panic();
 }
 

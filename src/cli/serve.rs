@@ -36,7 +36,8 @@ pub struct ServeArgs {
     #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
     max_client_connections: usize,
     /// Most chat requests being received and checked at once (each holds its body in memory);
-    /// more get 503 (1 to 4096). Queued and generating requests hold none.
+    /// more wait for a place (their bodies unread) up to --read-timeout, then get 503 (1 to
+    /// 4096). Queued and generating requests hold none.
     #[clap(long, default_value = "64", value_parser = ranges::connections, allow_hyphen_values = true)]
     max_active_requests: usize,
     /// Seconds a client has to send a whole request, and that an idle connection stays open.

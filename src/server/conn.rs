@@ -184,9 +184,21 @@ pub(crate) async fn intake(req: Request<Incoming>, shared: &Arc<Shared>) -> Resu
     if shared.ready.get().is_none() {
         return Err(refuse(503, "loading", 5, "the model is still loading; try again shortly"));
     }
+    // a burst waits for a place (its body stays in the socket meanwhile), for as long as a
+    // client has to send a request; only then is it refused
     let place = match Arc::clone(&shared.intake).try_acquire_owned() {
         Ok(p) => p,
-        Err(_) => return Err(refuse(503, "server_busy", 1, format!("{} requests are being received already; try again shortly", shared.cfg.max_active_requests))),
+        Err(_) => {
+            let until = tokio::time::Instant::from_std(received) + shared.cfg.read_timeout;
+            match tokio::time::timeout_at(until, Arc::clone(&shared.intake).acquire_owned()).await {
+                Ok(Ok(p)) if !shared.is_shutting_down() => p,
+                Ok(Ok(_)) => return Err(Ok(http::error(&pipeline::draining()))),
+                _ => {
+                    let msg = format!("all {} places for requests being received stayed taken for {} s; try again shortly", shared.cfg.max_active_requests, shared.cfg.read_timeout.as_secs());
+                    return Err(refuse(503, "server_busy", 1, msg));
+                }
+            }
+        }
     };
     let deadline = tokio::time::Instant::now() + shared.cfg.read_timeout;
     match http::read_body(req.into_body(), shared.cfg.http.max_body, deadline).await {

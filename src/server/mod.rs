@@ -89,8 +89,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Most open connections from one client address; more are answered 503 and closed.
     pub max_client_connections: usize,
-    /// Most chat requests being received and checked at once (each holds its body); more are
-    /// answered 503. Requests queued or generating hold none.
+    /// Most chat requests being received and checked at once (each holds its body); more wait
+    /// for a place up to `read_timeout` from their arrival, then are answered 503. Requests
+    /// queued or generating hold none.
     pub max_active_requests: usize,
     /// Time a client has to send a whole request once it started.
     pub read_timeout: Duration,

@@ -15,7 +15,9 @@
 //!   lane 0 writes it, adding bias and residual (each output element is read and written by
 //!   that one lane, so `residual = c` is safe). With `norm` set, the block first RMS-norms the
 //!   activation row into dynamic shared memory (`k` floats) and reads it from there: the
-//!   decoder's RMSNorm costs no launch. One row only keeps the register count (occupancy) of
+//!   decoder's RMSNorm costs no launch. Each warp issues its first round of weight loads
+//!   before that prologue (the weights do not wait on the activations), so the norm's two
+//!   passes and barrier run while they are in flight. One row only keeps the register count (occupancy) of
 //!   the decode path low; a few rows take `gemv_*`.
 //! - `gemv_gate_up_*`: the same over two weight matrices at once (gate and up rows of one
 //!   feature), writing `silu(gate · a) · (up · a)`, with the same optional RMSNorm.
@@ -26,7 +28,7 @@
 //! is past `n` exits as a whole, so every shuffle runs with all 32 lanes; no block barriers.
 
 use crate::math::{rms_scale, silu, Bf16, WeightElem, F16};
-use crate::mem::{ld_f32x4, ld_nc_v4, VecElem};
+use crate::mem::{ld_f32x4, ld_nc_v4, ld_nc_v4_now, VecElem};
 use crate::params::gemv_tile::WARPS;
 use crate::params::gemv_vec_tile::UNROLL;
 use crate::params::{GateUpParams, LinearParams};
@@ -74,24 +76,50 @@ unsafe fn gemv<W: WeightElem>(p: LinearParams) {
     }
 }
 
+/// Whether a whole round of `UNROLL` vectors starts at vector `v` of a row of `vecs`.
+#[inline(always)]
+fn full_round(v: usize, vecs: usize) -> bool {
+    v + 32 * (UNROLL - 1) < vecs
+}
+
+/// The round of `UNROLL` 16-byte weight vectors `v, v + 32, ...` of row `w`.
+#[inline(always)]
+unsafe fn load_round(w: *const u32, v: usize) -> [[u32; 4]; UNROLL] {
+    let mut ws = [[0u32; 4]; UNROLL];
+    for u in 0..UNROLL {
+        ws[u] = ld_nc_v4(w.add((v + 32 * u) * 4));
+    }
+    ws
+}
+
+/// The first round of a lane's loads, issued now (before a prologue with barriers: the asm is
+/// not `pure`, so it is neither sunk to its use nor merged with a later load); zeros when the
+/// row has no whole round at `lane` or the warp has no feature (`live` false).
+#[inline(always)]
+unsafe fn first_round(live: bool, w: *const u32, vecs: usize, lane: usize) -> [[u32; 4]; UNROLL] {
+    let mut ws = [[0u32; 4]; UNROLL];
+    if live && full_round(lane, vecs) {
+        for u in 0..UNROLL {
+            ws[u] = ld_nc_v4_now(w.add((lane + 32 * u) * 4));
+        }
+    }
+    ws
+}
+
 /// Sums `w_row · a[r]` for `r < M` into `acc[r]` (this lane's share): the 16-byte vectors
 /// `lane, lane + 32, ...` of the `vecs` in the row, in rounds of `UNROLL` per lane. Each round's
 /// loads are issued before the previous round's arithmetic (double buffering), so a long row
 /// keeps `2 · UNROLL` loads in flight instead of waiting once per round.
+/// `first` is the round at vector `lane` when [`full_round`] holds there (from [`load_round`],
+/// issued early by the caller), else unused.
 #[inline(always)]
-unsafe fn row_dots<W: VecElem>(w: *const u32, vecs: usize, a: *const f32, lane: usize) -> f32 {
+unsafe fn row_dots<W: VecElem>(w: *const u32, vecs: usize, a: *const f32, lane: usize, first: [[u32; 4]; UNROLL]) -> f32 {
     let mut acc = 0.0f32;
-    let full = |v: usize| v + 32 * (UNROLL - 1) < vecs;
-    let load = |v: usize| {
-        let mut ws = [[0u32; 4]; UNROLL];
-        for u in 0..UNROLL {
-            ws[u] = ld_nc_v4(w.add((v + 32 * u) * 4));
-        }
-        ws
-    };
+    let full = |v: usize| full_round(v, vecs);
+    let load = |v: usize| load_round(w, v);
     let mut v = lane;
     if full(v) {
-        let mut cur = load(v);
+        let mut cur = first;
         loop {
             let next_v = v + 32 * UNROLL;
             let more = full(next_v);
@@ -175,27 +203,29 @@ unsafe fn activations(a: *const f32, k: usize, norm: u64, eps: f32) -> *const f3
     stage
 }
 
-/// The warp's output feature and lane, and the activations (normed when `norm` is set), for the
-/// vector GEMVs; `None` for warps past `n` (uniform per warp, after the block's barriers).
+/// The warp's output feature, its lane, and whether the feature exists (`col < n`, uniform per
+/// warp) for the vector GEMVs.
 #[inline(always)]
-unsafe fn warp_feature(a: u64, k: u32, n: u32, norm: u64, eps: f32) -> Option<(usize, usize, *const f32)> {
+fn warp_feature(n: u32) -> (usize, usize, bool) {
     let tid = thread::thread_idx_x() as usize;
     let col = thread::block_idx_x() as usize * (thread::block_dim_x() as usize / 32) + tid / 32;
-    let act = activations(a as *const f32, k as usize, norm, eps);
-    if col >= n as usize {
-        return None;
-    }
-    Some((col, tid % 32, act))
+    (col, tid % 32, col < n as usize)
 }
 
 #[inline(always)]
 unsafe fn gemv_vec<W: VecElem>(p: LinearParams) {
-    let (col, lane, a) = match warp_feature(p.a, p.k, p.n, p.norm, p.eps) {
-        Some(f) => f,
-        None => return,
-    };
+    let (col, lane, live) = warp_feature(p.n);
     let vecs = p.k as usize / W::PER_VEC;
-    let total = warp_sum(row_dots::<W>((p.w as *const u32).add(col * vecs * 4), vecs, a, lane));
+    let w = (p.w as *const u32).wrapping_add(col * vecs * 4);
+    // 1. the first round of weight loads, in flight during the RMSNorm prologue
+    let first = first_round(live, w, vecs, lane);
+    // 2. the activations (normed when `norm` is set; every thread takes the barriers), then
+    //    the warps past `n` leave
+    let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
+    if !live {
+        return;
+    }
+    let total = warp_sum(row_dots::<W>(w, vecs, a, lane, first));
     if lane == 0 {
         *(p.c as *mut f32).add(col) = total + epilogue(&p, 0, col);
     }
@@ -203,22 +233,16 @@ unsafe fn gemv_vec<W: VecElem>(p: LinearParams) {
 
 /// `row_dots` over two weight rows at once (gate and up of one feature): both rows' vectors,
 /// `UNROLL` of each per round, double-buffered like `row_dots`.
+/// `first` holds both rows' rounds at vector `lane` (see [`row_dots`]).
 #[inline(always)]
-unsafe fn row_dots2<W: VecElem>(w: [*const u32; 2], vecs: usize, a: *const f32, lane: usize) -> (f32, f32) {
+unsafe fn row_dots2<W: VecElem>(w: [*const u32; 2], vecs: usize, a: *const f32, lane: usize, first: [[[u32; 4]; UNROLL]; 2]) -> (f32, f32) {
     const H: usize = UNROLL;
     let mut acc = [0.0f32; 2];
-    let full = |v: usize| v + 32 * (H - 1) < vecs;
-    let load = |v: usize| {
-        let mut ws = [[[0u32; 4]; H]; 2];
-        for u in 0..H {
-            ws[0][u] = ld_nc_v4(w[0].add((v + 32 * u) * 4));
-            ws[1][u] = ld_nc_v4(w[1].add((v + 32 * u) * 4));
-        }
-        ws
-    };
+    let full = |v: usize| full_round(v, vecs);
+    let load = |v: usize| [load_round(w[0], v), load_round(w[1], v)];
     let mut v = lane;
     if full(v) {
-        let mut cur = load(v);
+        let mut cur = first;
         loop {
             let next_v = v + 32 * H;
             let more = full(next_v);
@@ -246,13 +270,16 @@ unsafe fn row_dots2<W: VecElem>(w: [*const u32; 2], vecs: usize, a: *const f32, 
 
 #[inline(always)]
 unsafe fn gemv_gate_up<W: VecElem>(p: GateUpParams) {
-    let (col, lane, a) = match warp_feature(p.a, p.k, p.n, p.norm, p.eps) {
-        Some(f) => f,
-        None => return,
-    };
+    let (col, lane, live) = warp_feature(p.n);
     let vecs = p.k as usize / W::PER_VEC;
-    let rows = [(p.gate as *const u32).add(col * vecs * 4), (p.up as *const u32).add(col * vecs * 4)];
-    let (g, u) = row_dots2::<W>(rows, vecs, a, lane);
+    let rows = [(p.gate as *const u32).wrapping_add(col * vecs * 4), (p.up as *const u32).wrapping_add(col * vecs * 4)];
+    // as in `gemv_vec`: both rows' first rounds in flight during the RMSNorm prologue
+    let first = [first_round(live, rows[0], vecs, lane), first_round(live, rows[1], vecs, lane)];
+    let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
+    if !live {
+        return;
+    }
+    let (g, u) = row_dots2::<W>(rows, vecs, a, lane, first);
     let (g, u) = (warp_sum(g), warp_sum(u));
     if lane == 0 {
         *(p.c as *mut f32).add(col) = silu(g) * u;

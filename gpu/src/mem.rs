@@ -20,6 +20,20 @@ pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// [`ld_nc_v4`] issued where it stands: not `pure`, so the compiler neither sinks it to its use
+/// (past barriers) nor merges it with another load. For loads that must be in flight early.
+#[inline(always)]
+pub unsafe fn ld_nc_v4_now(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    core::arch::asm!(
+        "ld.global.nc.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+        out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+        in(reg64) p,
+        options(readonly, nostack),
+    );
+    [a, b, c, d]
+}
+
 /// An f32 from global memory at `p` through L2 only (`ld.global.cg`): data another block of
 /// the same launch wrote (after a fence), which this SM's L1 may not hold current.
 #[inline(always)]

@@ -27,6 +27,8 @@
 //!   sub-block scales; the 8 lanes' loads of it are one broadcast).
 //! - `Q6_K` (planar): 8 lanes per super-block; lane `u` takes 16 bytes of `ql` and the 16 bytes
 //!   of `qh` holding their top bits (two lanes share each), so 32 values of two sub-blocks of 16.
+//! Each lane loads its next step's bytes before the current step's arithmetic (double
+//! buffering), so two steps' loads are in flight per lane.
 //! The integer sums of a lane's values are scaled per lane in f32 and the warp sums the lanes
 //! (butterfly shuffle); lane 0 writes with bias and residual. Results differ from the CPU's by
 //! float reassociation only (the CPU scales each whole block's integer sum).
@@ -202,14 +204,24 @@ impl QWeight for Q8_0 {
                 }
             }
         };
+        // two halves per lane and round, the next round's loads issued before this round's
+        // arithmetic (double buffering: four vectors in flight per lane)
+        let load = |v: usize| (ld_nc_v4(qs.add(4 * v)), ld_nc_v4(qs.add(4 * (v + 32))), ld_nc_u16(ds.add(v / 2)), ld_nc_u16(ds.add((v + 32) / 2)));
         let mut v = lane;
-        // two halves per lane and round, both loads issued first
-        while v + 32 < halves {
-            let (q0, q1) = (ld_nc_v4(qs.add(4 * v)), ld_nc_v4(qs.add(4 * (v + 32))));
-            let (d0, d1) = (h2f(ld_nc_u16(ds.add(v / 2))), h2f(ld_nc_u16(ds.add((v + 32) / 2))));
-            step(v, q0, d0, acc);
-            step(v + 32, q1, d1, acc);
-            v += 64;
+        if v + 32 < halves {
+            let mut cur = load(v);
+            loop {
+                let next_v = v + 64;
+                let more = next_v + 32 < halves;
+                let next = if more { load(next_v) } else { cur };
+                step(v, cur.0, h2f(cur.2), acc);
+                step(v + 32, cur.1, h2f(cur.3), acc);
+                v = next_v;
+                if !more {
+                    break;
+                }
+                cur = next;
+            }
         }
         if v < halves {
             step(v, ld_nc_v4(qs.add(4 * v)), h2f(ld_nc_u16(ds.add(v / 2))), acc);
@@ -228,10 +240,19 @@ impl QWeight for Q4K {
         // this lane's elements: 16 of sub-block j0 (low nibbles), 16 of j0 + 1 (high nibbles)
         let (e0, e1) = (32 * j0 + 16 * h, 32 * j0 + 32 + 16 * h);
         let per_step = 32 / SUPER_LANES;
-        let mut b = first;
-        while b < s {
+        // a super-block's head and this lane's 16 value bytes; the next step's are loaded
+        // before this step's arithmetic (double buffering, as the Q8_0 rows)
+        let load = |b: usize| {
             let blk = row.add(b * Q4_K_BYTES) as *const u32;
-            let (head, q) = (ld_nc_v4(blk), ld_nc_v4(blk.add(4 + 4 * u)));
+            (ld_nc_v4(blk), ld_nc_v4(blk.add(4 + 4 * u)))
+        };
+        let mut b = first;
+        let mut cur = if b < s { load(b) } else { ([0u32; 4], [0u32; 4]) };
+        while b < s {
+            let next_b = b + per_step;
+            let next = if next_b < s { load(next_b) } else { cur };
+            let (head, q) = cur;
+            cur = next;
             let sc = q4_k_scale_bytes(head);
             let ((s0, m0), (s1, m1)) = (q4_k_scale_min(&sc, j0), q4_k_scale_min(&sc, j0 + 1));
             let (dw, dmin) = f16x2_to_f32(head[0]);
@@ -264,14 +285,24 @@ impl QWeight for Q6K {
         let (e_lo, e_hi) = (128 * hh + 32 * t + l0, 128 * hh + 32 * (t + 2) + l0);
         let (sh_lo, sh_hi) = (2 * t as u32, 2 * (t + 2) as u32);
         let per_step = 32 / SUPER_LANES;
-        let mut b = first;
-        while b < s {
+        // the step's value planes, sub-block scales and super-block scale; the next step's are
+        // loaded before this step's arithmetic (double buffering, as the Q8_0 rows)
+        let load = |b: usize| {
             let i = col * s + b;
             let ql = ld_nc_v4(base.add(128 * i + 64 * hh + o) as *const u32);
             let qh = ld_nc_v4(base.add(qh_at + 64 * i + 32 * hh + l0) as *const u32);
             let sc_lo = *(base.add(sc_at + 16 * i + e_lo / 16) as *const i8) as i32;
             let sc_hi = *(base.add(sc_at + 16 * i + e_hi / 16) as *const i8) as i32;
-            let dd = h2f(ld_nc_u16(base.add(d_at + 2 * i) as *const u16));
+            (ql, qh, sc_lo, sc_hi, ld_nc_u16(base.add(d_at + 2 * i) as *const u16))
+        };
+        let mut b = first;
+        let mut cur = if b < s { load(b) } else { ([0u32; 4], [0u32; 4], 0, 0, 0) };
+        while b < s {
+            let next_b = b + per_step;
+            let next = if next_b < s { load(next_b) } else { cur };
+            let (ql, qh, sc_lo, sc_hi, dh) = cur;
+            cur = next;
+            let dd = h2f(dh);
             let mut lo = [0u32; 4];
             let mut hi = [0u32; 4];
             for x in 0..4 {

@@ -1,8 +1,9 @@
 //! `qwen3-vl serve`'s HTTP side under unfriendly clients, on loopback: idle connections that
 //! must not shut others out, one client's connection limit, half-closed connections, a huge
 //! prompt, a full queue with images, a burst past the places for requests being read, refusals
-//! at the connection limit, HTTP/1.0 streaming, and `/health` while the model loads. Clients that must look like other hosts bind to other
-//! loopback addresses (127.0.0.2, ...). Runs on the tiny checkpoint of tests/fixtures/vision.
+//! at the connection limit, HTTP/1.0 streaming, and `/health` while the model loads. Clients
+//! that must look like other hosts bind to other loopback addresses (127.0.0.2, ...). Runs on
+//! the tiny checkpoint of tests/fixtures/vision.
 
 mod common;
 

@@ -17,8 +17,8 @@
 //!   activation row into dynamic shared memory (`k` floats) and reads it from there: the
 //!   decoder's RMSNorm costs no launch. Each warp issues its first round of weight loads
 //!   before that prologue (the weights do not wait on the activations), so the norm's two
-//!   passes and barrier run while they are in flight. One row only keeps the register count (occupancy) of
-//!   the decode path low; a few rows take `gemv_*`.
+//!   passes and barrier run while they are in flight. One row only keeps the register count
+//!   (occupancy) of the decode path low; a few rows take `gemv_*`.
 //! - `gemv_gate_up_*`: the same over two weight matrices at once (gate and up rows of one
 //!   feature), writing `silu(gate · a) · (up · a)`, with the same optional RMSNorm.
 //! - `gemv_*` (any `k`): one warp per (row, output), scalar strided loads, four partial sums.

@@ -229,6 +229,12 @@ impl Run {
         self.progress.add(if self.by_bytes { bytes } else { 1 });
     }
 
+    /// A line of `bytes` bytes the output answers already.
+    fn skip(&self, bytes: u64) {
+        self.counts.skipped.fetch_add(1, Ordering::Relaxed);
+        self.advance(bytes);
+    }
+
     fn error_line(&self, number: usize, bytes: u64, custom_id: Option<String>, message: String) {
         self.counts.errors.fetch_add(1, Ordering::Relaxed);
         self.advance(bytes);
@@ -248,8 +254,7 @@ impl Run {
                 }
             };
             if self.done.lines.contains(&number) {
-                self.counts.skipped.fetch_add(1, Ordering::Relaxed);
-                self.advance(bytes);
+                self.skip(bytes);
                 continue;
             }
             let text = match text {
@@ -266,8 +271,7 @@ impl Run {
             let line = match parse_line(&text) {
                 Ok(l) => l,
                 Err((Some(id), _)) if self.done.ids.contains(&id) => {
-                    self.counts.skipped.fetch_add(1, Ordering::Relaxed);
-                    self.advance(bytes);
+                    self.skip(bytes);
                     continue;
                 }
                 Err((id, m)) => {
@@ -276,8 +280,7 @@ impl Run {
                 }
             };
             if self.done.ids.contains(&line.custom_id) {
-                self.counts.skipped.fetch_add(1, Ordering::Relaxed);
-                self.advance(bytes);
+                self.skip(bytes);
                 continue;
             }
             if !self.lines.lock().unwrap_or_else(|p| p.into_inner()).seen.insert(line.custom_id.clone()) {

@@ -130,6 +130,11 @@ impl Sampler {
     /// on (the engine, the session) calls this once per token, drawn on the host or the device.
     pub fn accept(&mut self, token: u32) -> crate::Result<()> {
         self.flush()?;
+        self.tell(token)
+    }
+
+    /// Tells every constraint `token`.
+    fn tell(&mut self, token: u32) -> crate::Result<()> {
         for c in &mut self.constraints {
             c.accept(token)?;
         }
@@ -151,12 +156,7 @@ impl Sampler {
     /// Tells the constraints the deferred token, if any.
     fn flush(&mut self) -> crate::Result<()> {
         match self.pending.take() {
-            Some(t) => {
-                for c in &mut self.constraints {
-                    c.accept(t)?;
-                }
-                Ok(())
-            }
+            Some(t) => self.tell(t),
             None => Ok(()),
         }
     }

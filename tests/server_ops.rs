@@ -188,6 +188,9 @@ fn retry_after_follows_the_drain_rate_under_a_burst() {
     let mut n = n;
     for _ in 0..3 {
         join(burst(port, 4, n));
+        // (the gauge drops a moment after the last reply is read: a stale 4 would let the
+        // next wait pass before the new batch runs, and all nine requests race for the places)
+        wait_for(60, "the measuring burst to leave the batch", || metric(port, "qwen3vl_requests_running") == 0.0);
         let running = burst(port, 4, n);
         wait_for(60, "a full batch", || metric(port, "qwen3vl_requests_running") >= 4.0);
         let more: Vec<_> = (0..5).map(|_| std::thread::spawn(move || (chat(port, &body(n)), Instant::now()))).collect();

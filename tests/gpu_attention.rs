@@ -259,7 +259,9 @@ fn paged_decode_attention_agrees_over_rows_lengths_and_groups() {
     for g in gpus("paged attention") {
         let mut rng = Rng(0xbeef);
         for &(heads, kvh, d) in &[(16usize, 8usize, 128usize), (4, 1, 64), (8, 8, 32), (32, 4, 128), (2, 1, 256)] {
-            for &(rows, max_len) in &[(1usize, 40usize), (5, 300), (16, 1000), (64, 130)] {
+            // one long row and three (split over the keys, up to 64 chunks, some of them empty
+            // at the longest row's tail), five, a batch of 16 and of 64 (a chunk per row)
+            for &(rows, max_len) in &[(1usize, 40usize), (1, 4099), (3, 1500), (5, 300), (16, 1000), (64, 130)] {
                 let lens: Vec<usize> = (0..rows).map(|i| if i == 0 { max_len } else { 1 + rng.below(max_len) }).collect();
                 let block = [16usize, 4, 32][rows % 3];
                 let (tables, slots) = paged_tables(&mut rng, &lens, block, 2);
@@ -270,7 +272,8 @@ fn paged_decode_attention_agrees_over_rows_lengths_and_groups() {
                         let pages = qwen3_vl::Pages::new(b, block, slots, &rs)?;
                         b.attention_paged(&b.upload_f32(&[rows, heads, d], &q)?, &upload(b, &[slots, kvh, d], &kp, kv)?, &upload(b, &[slots, kvh, d], &vp, kv)?, None, &pages, 1.0 / (d as f32).sqrt())
                     };
-                    // the paged split kernel is FP32 SIMT on every module
+                    // the SIMT kernels are FP32; the tensor-core kernel (head dim 128, f16 cache,
+                    // compute_80) splits queries and probabilities into two f16 parts
                     agree(&format!("paged attention {} rows up to {} keys, heads {}/{} d {} blocks of {}, {} cache, {}", rows, max_len, heads, kvh, d, block, kv, g.describe()), &*g, &op, 1e-5, 1e-4);
                 }
             }
@@ -386,16 +389,17 @@ fn attention_past_f16s_range_gives_the_f32_answer() {
 
 #[test]
 fn batched_paged_attention_past_f16s_range_gives_the_f32_answer() {
-    // the batched tensor-core kernel (`attention_paged_mma_f16`: head dim 128, rows × KV heads
-    // at least half the multiprocessors; 40 rows × 2 KV heads here) against each row's dense
-    // f32 attention, with queries, keys or values past f16's range in an f16 cache with row
-    // scales; rows of every length from 1 key to n, blocks of 16 in reverse order
+    // the tensor-core kernel (`attention_paged_mma_f16`, head dim 128: a chunk per row for 40
+    // rows × 2 KV heads, at least half the multiprocessors; each row split over its keys for 2
+    // rows) against each row's dense f32 attention, with queries, keys or values past f16's
+    // range in an f16 cache with row scales; rows of every length from 1 key to n, blocks of 16
+    // in reverse order
     let cpu = cpu();
     for g in gpus("batched paged attention past f16's range") {
         let tol = if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 };
-        let (heads, kvh, d, n, rows, block) = (8usize, 2usize, 128usize, 200usize, 40usize, 16usize);
-        let lens: Vec<usize> = (0..rows).map(|i| if i == 0 { n } else { 1 + (i * 37) % n }).collect();
-        for case in 0..3 {
+        let (heads, kvh, d, n, block) = (8usize, 2usize, 128usize, 200usize, 16usize);
+        for (rows, case) in [40usize, 2].into_iter().flat_map(|r| (0..3).map(move |c| (r, c))) {
+            let lens: Vec<usize> = (0..rows).map(|i| if i == 0 { n } else { 1 + (i * 37) % n }).collect();
             let (q, k, v) = massive_qkv(case, rows, heads, kvh, n, d);
             let table: Vec<u32> = (0..(n + block - 1) / block).rev().map(|x| x as u32).collect();
             let slots = table.len() * block;
@@ -423,7 +427,7 @@ fn batched_paged_attention_past_f16s_range_gives_the_f32_answer() {
             let got = paged(&*g).unwrap();
             // row by row: each row's outputs against its own largest magnitude
             for (i, (gr, wr)) in got.chunks(heads * d).zip(want.chunks(heads * d)).enumerate() {
-                close_to_max(&format!("batched paged scaled f16, case {}, row {} ({} keys), {}", case, i, lens[i], g.describe()), gr, wr, tol);
+                close_to_max(&format!("paged scaled f16 on tensor cores, {} rows, case {}, row {} ({} keys), {}", rows, case, i, lens[i], g.describe()), gr, wr, tol);
             }
         }
     }

@@ -1,29 +1,42 @@
-//! # `attention_paged_mma_f16`: batched decode attention over a paged f16 KV cache on tensor
-//! cores (compute_80)
+//! # `attention_paged_mma_f16`: decode attention over a paged f16 KV cache on tensor cores,
+//! split over the keys when the rows are few (compute_80)
 //!
 //! Parameters: [`SplitAttnParams`] in paged mode, as for `attention_paged_f16`: query row `i`
 //! is a sequence of its own whose keys `0 .. lens[i]` sit in the KV blocks of its table row;
 //! `q [t, heads, d]` f32, `k`, `v` `[cap, kv_heads, d]` f16 (optional row scales `kv_scale`),
 //! `out [t, heads, d]` f32; `d` = [`D`] (128), `heads / kv_heads` at most [`MAX_GROUP`] (16).
-//! `partial`, `counters` and `splits` are not used: nothing is merged across blocks.
+//! With `splits` 1, `partial` and `counters` are not used. With more, they are those of the
+//! paged `attention_split_*` (`[t, heads, splits, d + 2]` partial states, `kv_heads · t`
+//! arrival counters, zero before the launch and left zero).
 //!
-//! Tiling: grid = `(kv_heads, t)`; block `(g, i)` takes every key of row `i` for the query heads
-//! of KV head `g` (the group: the m16 rows of the A operand, zero past the group). Its `WARPS`
-//! warps take the row's steps of `KEYS` (16) keys in turn (warp `w`: steps `w, w + WARPS, ...`),
-//! each through its own ring of `STAGES` shared-memory slots (`cp.async`, keys past the row
+//! Tiling: grid = `(kv_heads, t, splits)`; block `(g, i, c)` takes chunk `c` of row `i`'s keys
+//! for the query heads of KV head `g` (the group: the m16 rows of the A operand, zero past the
+//! group). A row of `n` keys has `min(splits, ceil(n / MIN_KEYS))` active chunks of whole steps
+//! of `KEYS` (16) keys (blocks past them exit at once; a chunk can be empty and still reports
+//! an empty state), so a recorded step keeps its launch at every context length. The block's
+//! `WARPS` warps take the chunk's steps in turn (warp `w`: steps `w, w + WARPS, ...`), each
+//! through its own ring of `STAGES` shared-memory slots (`cp.async`, keys past the row
 //! zero-filled and masked): a slot is the step's key and value rows (16-byte chunks of row `r`
 //! XOR-swizzled by `r % 8`, so `ldmatrix` reads of 8 rows hit 8 bank groups) and their row
-//! scales. A warp waits only for its own copies, so no block barrier sits in the loop. At the
-//! end the warps' softmax states merge through shared memory into the output. This fits a
-//! batch: rows × KV heads blocks (128 at batch 16: 103 KiB of shared memory and 226 registers,
-//! two blocks per SM) of 4 warps, each keeping 24 KiB of cache reads in flight. On the H100 a
-//! batch-16 step after 256 tokens (16.4 MB of cache per layer) took 23.6 µs per layer in
+//! scales. A warp waits only for its own copies, so no block barrier sits in the loop, and it
+//! looks up the cache row of the step it will issue next before it waits, so the table load's
+//! latency hides behind the step's math. At the end the warps' softmax states merge through
+//! shared memory: into the output when the row has one chunk, else into the chunk's partial
+//! state, and the last block of the row and KV head to arrive merges the chunks
+//! (`crate::attention::merge_chunks`, as the SIMT kernels do).
+//!
+//! A batch (rows × KV heads at least half the multiprocessors) takes one chunk per row: rows ×
+//! KV heads blocks (128 at batch 16: 103 KiB of shared memory and 226 registers, two blocks
+//! per SM) of 4 warps, each keeping 24 KiB of cache reads in flight. On the H100 a batch-16
+//! step after 256 tokens (16.4 MB of cache per layer) took 23.6 µs per layer in
 //! `attention_paged_f16`, which cuts each row into four chunks of ~65 keys and was bound by
 //! issuing its 7.9 M instructions (per-key shuffle sums, the chunk merges: ~120 per query head
 //! and key); here 14–17 µs with 1.8 M (ncu), and the step went from 5,530 to 6,020 tok/s. The
 //! first version took 30 µs: its fully unrolled prologue (Q loaded twice, a table lookup per
 //! key) made 3.1 M instructions, one warp per scheduler waiting on each. Eight warps per block
-//! with the Q fragments shared through shared memory measured slower (5,870–5,940).
+//! with the Q fragments shared through shared memory measured slower (5,870–5,940). A single
+//! row after 32k keys was the SIMT kernel's worst case (82.7 µs per layer, 1.68 TB/s, bound by
+//! the same per-key instructions); split into chunks it runs here (BENCHMARKS.md).
 //!
 //! Thread mapping (m16n8k16 fragments, lane `l`, `g4 = l / 4`, `t4 = l % 4`): the lane holds
 //! query heads `g4` and `g4 + 8` of the group (A fragments of `Q`, split into an f16 high part
@@ -40,17 +53,21 @@
 //! exponentials).
 //!
 //! Safety: the launcher checks shapes and sizes (`d` = 128, the group at most 16, the table
-//! holds every row's keys). The only block barriers (after the table copy, before and after
-//! the merge) are reached by every thread; each warp's loop count is uniform over the warp.
+//! holds every row's keys, `splits` at most `MAX_SPLITS`, the counters and partial states
+//! sized for the grid). Blocks past the active chunks exit before the first barrier (the
+//! chunk count is uniform over the block); every other thread reaches every barrier (after
+//! the table copy, around the warps' merge, in the arrival and the chunks' merge); each warp's
+//! loop count is uniform over the warp.
 
-use crate::attention::RowScales;
+use crate::attention::{merge_chunks, RowScales};
 use crate::attention_paged::{cp_async_8, ld_shared_f32x2, merge_parts, StagedTable};
 use crate::flash_mma::{ldmatrix_x4, ldmatrix_x4_trans, mma, pack_f16x2};
 use crate::math::f16_key_scale;
 use crate::flash::LOG2E;
-use crate::mem::{ex2, f16x2_to_f32, shared_addr, F32x2};
+use crate::mem::{ex2, f16x2_to_f32, last_to_arrive, shared_addr, F32x2};
 use crate::mma::{cp_async_16, cp_async_commit, cp_async_wait_all};
-use crate::params::attn_paged_mma_tile::{D, KEYS, MAX_GROUP, SLOT_BYTES, STAGES, TABLE_BYTES, WARPS};
+use crate::params::attn_paged_mma_tile::{D, KEYS, MAX_GROUP, MIN_KEYS, SLOT_BYTES, STAGES, TABLE_BYTES, WARPS};
+use crate::params::attn_split_tile::MAX_QV;
 use crate::params::SplitAttnParams;
 use crate::reduce::shfl_xor;
 use cuda_std::shared::dynamic_shared_mem;
@@ -79,7 +96,8 @@ fn chunk(r: usize, c: usize) -> u32 {
     (r * D * 2 + ((c ^ (r & 7)) << 4)) as u32
 }
 
-/// Batched decode attention on tensor cores. See the module docs.
+/// Decode attention on tensor cores, split over the keys when the rows are few. See the
+/// module docs.
 #[kernel]
 pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     const NS: usize = STAGES as usize;
@@ -87,7 +105,7 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     const NTD: usize = D / 8; // n tiles of the output
     let (heads, kv_heads) = (p.heads as usize, p.kv_heads as usize);
     let group = heads / kv_heads;
-    let (g, i) = (thread::block_idx_x() as usize, thread::block_idx_y() as usize);
+    let (g, i, split) = (thread::block_idx_x() as usize, thread::block_idx_y() as usize, thread::block_idx_z() as usize);
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g4, t4) = (lane / 4, lane % 4);
@@ -107,17 +125,28 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     let (k, v) = (p.k as *const u8, p.v as *const u8);
     let row_bytes = D * 2;
     let kv_row = kv_heads * row_bytes;
+    // this block's chunk: steps s0 .. s1 of the row's (uniform over the block)
     let steps = (kv_len + KEYS - 1) / KEYS;
-    let mine = if warp < steps { (steps - warp + WARPS - 1) / WARPS } else { 0 };
+    let active = ((kv_len + MIN_KEYS - 1) / MIN_KEYS).clamp(1, p.splits as usize);
+    if split >= active {
+        return; // uniform over the block, before any barrier
+    }
+    let per = (steps + active - 1) / active;
+    let s0 = (split * per).min(steps);
+    let s1 = (s0 + per).min(steps);
+    let mine = if warp < s1 - s0 { (s1 - s0 - warp + WARPS - 1) / WARPS } else { 0 };
+    // the first key of the warp's step n
+    let key0 = |n: usize| (s0 + warp + n * WARPS) * KEYS;
     thread::sync_threads(); // the staged table entries
-    // step `n` of the warp (keys (warp + n · WARPS) · KEYS ..) into slot `s`
-    // (a KV block of at least KEYS rows holds a whole step: one table lookup per step)
+    // step `n` of the warp (keys `key0(n) ..`) into slot `s`; a KV block of at least KEYS
+    // rows holds a whole step: one table lookup per step, `first` (the cache row of its first
+    // key, looked up by the caller), else a lookup per key
     let whole = (1usize << shift) >= KEYS;
+    let first_row = |n: usize| if whole { row_of(key0(n)) } else { 0 };
     let (hi16, e16) = (lane >> 4, lane & 15);
-    let issue = |n: usize, s: usize| {
+    let issue = |n: usize, s: usize, first: usize| {
         let slot = ring + (s * SLOT_BYTES as usize) as u64;
-        let j0 = (warp + n * WARPS) * KEYS;
-        let first = if whole { row_of(j0) } else { 0 };
+        let j0 = key0(n);
         for x in 0..KEYS * D / 8 / 32 {
             // chunk e16 of key row 2x + hi16
             let r = 2 * x + hi16;
@@ -139,7 +168,7 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     };
     for s in 0..NS {
         if s < mine {
-            issue(s, s);
+            issue(s, s, first_row(s));
         }
         cp_async_commit();
     }
@@ -189,6 +218,8 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     let mut o = [[0.0f32; 4]; NTD];
     for n in 0..mine {
         let s = n % NS;
+        // the cache row of the step this iteration issues at its end, loaded before the wait
+        let next = if n + NS < mine { first_row(n + NS) } else { 0 };
         cp_async_wait_slot();
         cuda_std::warp::sync_warp(0xffff_ffff); // every lane's copies of slot s have landed
         let slot = ring + (s * SLOT_BYTES as usize) as u64;
@@ -212,7 +243,7 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
             });
         });
         // 3b. scores scaled back, masked past the row; one softmax update per head
-        let j0 = (warp + n * WARPS) * KEYS;
+        let j0 = key0(n);
         let mut vsc = [[1.0f32; 2]; 2]; // [n tile][e]: the value scales of the lane's keys
         for nt in 0..2 {
             for e in 0..2 {
@@ -272,7 +303,7 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
         // 3d. every lane is done with slot s: the step NS ahead goes into it
         cuda_std::warp::sync_warp(0xffff_ffff);
         if n + NS < mine {
-            issue(n + NS, s);
+            issue(n + NS, s, next);
         }
         cp_async_commit();
     }
@@ -300,11 +331,40 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
         }
     });
     thread::sync_threads();
+    let splits = p.splits as usize;
     let mut x = tid;
     while x < group * D {
         let (r, e) = (x / D, x % D);
-        let (_, acc, sum) = merge_parts(WARPS, |w| states.add((w * MAX_GROUP + r) * 2), |w| outs.add((w * MAX_GROUP + r) * D + e), ex2);
-        *(p.out as *mut f32).add((i * heads + g * group + r) * D + e) = if sum > 0.0 { acc / sum } else { 0.0 };
+        let (mx, acc, sum) = merge_parts(WARPS, |w| states.add((w * MAX_GROUP + r) * 2), |w| outs.add((w * MAX_GROUP + r) * D + e), ex2);
+        let h = g * group + r;
+        if active == 1 {
+            // one chunk holds every key: this block's merge is the answer
+            *(p.out as *mut f32).add((i * heads + h) * D + e) = if sum > 0.0 { acc / sum } else { 0.0 };
+        } else {
+            // the chunk's state, its max in natural-log units as the SIMT kernels write it
+            let dst = (p.partial as *mut f32).add(((i * heads + h) * splits + split) * (D + 2));
+            *dst.add(e) = acc;
+            if e == 0 {
+                *dst.add(D) = mx * core::f32::consts::LN_2;
+                *dst.add(D + 1) = sum;
+            }
+        }
         x += WARPS * 32;
+    }
+    if active == 1 {
+        return;
+    }
+    // 5. the last block of this row and KV head to arrive merges every chunk's state,
+    //    MAX_QV query heads at a time
+    let counter = (p.counters as *mut u32).add(g * thread::grid_dim_y() as usize + i);
+    if last_to_arrive(counter, active) {
+        let mut v = 0;
+        while v < group {
+            if v > 0 {
+                thread::sync_threads(); // the previous heads' merge factors are read
+            }
+            merge_chunks(&p, g, i * group + v, (group - v).min(MAX_QV), active, tid);
+            v += MAX_QV;
+        }
     }
 }

@@ -730,8 +730,8 @@ pub mod attn_paged_tile {
     pub const SHARED_BYTES: u32 = STAGES * STAGE + 4 * TABLE_ENTRIES;
 }
 
-/// Launch shape of `attention_paged_mma_f16` (compute_80): batched decode attention on tensor
-/// cores (`gpu/src/attention_paged_mma.rs`), a block per query row and KV head.
+/// Launch shape of `attention_paged_mma_f16` (compute_80): decode attention on tensor cores
+/// (`gpu/src/attention_paged_mma.rs`), a block per query row, KV head and chunk of keys.
 pub mod attn_paged_mma_tile {
     pub const WARPS: usize = 4;
     pub const THREADS: u32 = WARPS as u32 * 32;
@@ -741,6 +741,9 @@ pub mod attn_paged_mma_tile {
     pub const MAX_GROUP: usize = 16;
     /// Keys per step (two n8 tiles of scores; the k16 of `P V`).
     pub const KEYS: usize = 16;
+    /// Keys a chunk gets at least when a row is split (shorter rows use fewer chunks): a step
+    /// for each warp.
+    pub const MIN_KEYS: usize = WARPS * KEYS;
     /// Slots in each warp's ring (steps in flight per warp).
     pub const STAGES: u32 = 3;
     /// One slot: the step's key rows, value rows (f16 `[KEYS][D]` each), row scales `[KEYS][2]`.

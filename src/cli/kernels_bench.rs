@@ -181,6 +181,27 @@ mod cuda_bench {
             report!(a.json, "| attention_split_f16 + combine | ctx {} ({} splits) | {:.1} MB | {:.1} | {:.0} | {:.0}% |", ctx, b.attention_splits(cap, kvh), bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": "attention_split_f16", "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
         }
+        // 3b. the engine's paged attention of one decode step (f16 cache with row scales, blocks
+        //     of 16): one row at several contexts, then batches; the kernel the backend picks
+        //     (QWEN3_VL_PAGED_MMA=0 keeps it off the tensor cores)
+        let block = 16usize;
+        for &(nrows, ctx) in &[(1usize, 64usize), (1, 512), (1, 4096), (1, 32768), (16, 512), (16, 4096), (64, 512)] {
+            let per = ctx.div_ceil(block);
+            let slots = nrows * per * block;
+            let kc = b.upload_half(&[slots, kvh, d], DType::F16, &random_bits(slots * kvh * d, 5))?;
+            let vc = b.upload_half(&[slots, kvh, d], DType::F16, &random_bits(slots * kvh * d, 6))?;
+            let sc = b.upload_f32(&[slots, kvh, 2], &vec![1.0; slots * kvh * 2])?;
+            let q = b.upload_f32(&[nrows, heads, d], &vec![0.1; nrows * heads * d])?;
+            // row r's blocks: r · per .. (r + 1) · per, in order
+            let tables: Vec<Vec<u32>> = (0..nrows).map(|r| (r * per..(r + 1) * per).map(|x| x as u32).collect()).collect();
+            let spec: Vec<(&[u32], usize)> = tables.iter().map(|t| (t.as_slice(), ctx)).collect();
+            let pages = qwen3_vl::Pages::new(b, block, slots, &spec)?;
+            let t = time(b, a.reps, 20, &mut |_| b.attention_paged(&q, &kc, &vc, Some(&sc), &pages, 0.088).map(drop))?;
+            let bytes = nrows * 2 * ctx * kvh * d * 2;
+            let gbs = bytes as f64 / t / 1e9;
+            report!(a.json, "| attention_paged (engine) | {} row(s) × ctx {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", nrows, ctx, bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            rows.push(serde_json::json!({"kernel": "attention_paged", "rows": nrows, "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
+        }
         // 4. prefill / vision matmuls (m = 64, 512, 4096) on the kernel the backend picks
         let peak = b.fp32_peak_tflops();
         report!(a.json, "| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);

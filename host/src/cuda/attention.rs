@@ -334,10 +334,14 @@ pub fn paged_mma_fits(s: &AttnShape) -> bool {
     s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.heads / s.kv_heads <= attn_paged_mma_tile::MAX_GROUP && s.d == attn_paged_mma_tile::D
 }
 
-/// Batched paged decode attention on tensor cores (`attention_paged_mma_f16`, compute_80, f16
-/// cache; `gpu/src/attention_paged_mma.rs`): a block per query row and KV head, nothing merged
-/// across blocks (the paged mode's table and key counts, no partial states).
-pub fn attention_paged_mma(l: &Launcher<'_>, b: &AttnBuffers<'_>, s: &AttnShape, scale: f32, pages: &SplitPages<'_>, scratch: &DeviceBuffer) -> Result<()> {
+/// Paged decode attention on tensor cores (`attention_paged_mma_f16`, compute_80, f16 cache;
+/// `gpu/src/attention_paged_mma.rs`): a block per query row, KV head and chunk of keys. With
+/// `splits` 1 nothing is merged across blocks; with more, the chunks' states go to `partial`
+/// (`[t, heads, splits, d + 2]` f32) and the last block of each row and KV head merges them
+/// (`counters`: zero, at least `kv_heads · t` u32, left zero), as in the paged mode of
+/// [`attention_split`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_paged_mma(l: &Launcher<'_>, b: &AttnBuffers<'_>, partial: &DeviceBuffer, counters: &DeviceBuffer, s: &AttnShape, splits: usize, scale: f32, pages: &SplitPages<'_>) -> Result<()> {
     let kernel = Kernel::AttentionPagedMmaF16;
     if !paged_mma_fits(s) {
         return Err(Error::Limit { op: kernel.name(), msg: format!("shape heads={} kv_heads={} d={} is outside the kernel's range (d {}, at most {} query heads per KV head)", s.heads, s.kv_heads, s.d, attn_paged_mma_tile::D, attn_paged_mma_tile::MAX_GROUP) });
@@ -348,11 +352,20 @@ pub fn attention_paged_mma(l: &Launcher<'_>, b: &AttnBuffers<'_>, s: &AttnShape,
     }
     need(kernel, "table", pages.table, s.t * pages.stride * 4)?;
     need(kernel, "lens", pages.lens, s.t * 4)?;
-    let params = split_params(kernel, b, s, 1, scale, 0, (scratch, scratch), Some(pages))?;
+    if splits == 0 || splits > attn_split_tile::MAX_SPLITS {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("{} KV splits, at most {}", splits, attn_split_tile::MAX_SPLITS) });
+    }
+    if splits > 1 {
+        need(kernel, "partial", partial, s.t * s.heads * splits * (s.d + 2) * 4)?;
+        if s.t * s.kv_heads > counters.len() / 4 {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("{} rows × {} KV heads need as many arrival counters, {} there", s.t, s.kv_heads, counters.len() / 4) });
+        }
+    }
+    let params = split_params(kernel, b, s, splits, scale, 0, (partial, counters), Some(pages))?;
     if s.t == 0 {
         return Ok(());
     }
-    let grid = [grid_dim(kernel, "x", s.kv_heads, MAX_GRID_X)?, grid_dim(kernel, "y", s.t, MAX_GRID_Y)?, 1];
+    let grid = [grid_dim(kernel, "x", s.kv_heads, MAX_GRID_X)?, grid_dim(kernel, "y", s.t, MAX_GRID_Y)?, splits as u32];
     l.launch_shared(kernel, grid, attn_paged_mma_tile::THREADS, attn_paged_mma_tile::SHARED_BYTES, &params)
 }
 
@@ -507,10 +520,17 @@ impl CudaBackend {
         let sp = SplitPages { table: self.buffer(OP, pages.table())?, lens: self.buffer(OP, pages.lens())?, stride: pages.stride(), shift: pages.block().trailing_zeros() };
         // f16 caches on compute_80 take the kernels that stage keys and values in shared memory
         let staged = flash_mma(&l) && k.dtype() == DType::F16;
-        // a batch (rows × KV heads at least half the multiprocessors): a block per row and KV
-        // head on tensor cores, no chunks to merge (its query loads are 8 bytes wide)
-        if staged && paged_mma_fits(&shape) && bufs.q.addr() % 8 == 0 && t * kv_heads >= self.sms as usize / 2 && paged_mma() {
-            attention_paged_mma(&l, &bufs, &shape, scale, &sp, &self.counters)?;
+        // tensor cores (its query loads are 8 bytes wide): a block per row, KV head and chunk,
+        // two per multiprocessor; a batch (rows × KV heads at least half the multiprocessors)
+        // takes one chunk per row and nothing to merge, fewer rows are split over the keys, no
+        // more chunks than the longest row the tables can hold has MIN_KEYS runs (fixed by the
+        // table's size, so a recorded step keeps it)
+        if staged && paged_mma_fits(&shape) && bufs.q.addr() % 8 == 0 && t * kv_heads <= super::ARRIVAL_COUNTERS && paged_mma() {
+            let (blocks, sms) = (t * kv_heads, self.sms as usize);
+            let fill = if blocks >= sms / 2 { 1 } else { 2 * sms / blocks.max(1) };
+            let splits = fill.min(ceil_div(pages.stride() * pages.block(), attn_paged_mma_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS);
+            let partial = if splits > 1 { self.output(t * heads * splits * (d + 2))? } else { self.output(1)? };
+            attention_paged_mma(&l, &bufs, &partial, &self.counters, &shape, splits, scale, &sp)?;
             return Ok(Self::wrap(vec![t, heads, d], DType::F32, out));
         }
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the

@@ -43,6 +43,14 @@ pub unsafe fn ld_cg(p: *const f32) -> f32 {
     f32::from_bits(v)
 }
 
+/// Two f32 from global memory at `p` (8-byte aligned) through L2 only, as [`ld_cg`].
+#[inline(always)]
+pub unsafe fn ld_cg_f32x2(p: *const f32) -> [f32; 2] {
+    let (x, y): (u32, u32);
+    core::arch::asm!("ld.global.cg.v2.u32 {{{}, {}}}, [{}];", out(reg32) x, out(reg32) y, in(reg64) p, options(pure, readonly, nostack));
+    [f32::from_bits(x), f32::from_bits(y)]
+}
+
 /// The shared-state-space address of a generic pointer into shared memory.
 #[inline(always)]
 pub unsafe fn shared_addr<T>(p: *const T) -> u64 {

@@ -64,7 +64,7 @@ use crate::attention_paged::{cp_async_8, ld_shared_f32x2, merge_parts, StagedTab
 use crate::flash_mma::{ldmatrix_x4, ldmatrix_x4_trans, mma, pack_f16x2};
 use crate::math::f16_key_scale;
 use crate::flash::LOG2E;
-use crate::mem::{ex2, f16x2_to_f32, last_to_arrive, shared_addr, F32x2};
+use crate::mem::{ex2, f16x2_to_f32, grid_dep_wait, last_to_arrive, shared_addr, F32x2};
 use crate::mma::{cp_async_16, cp_async_commit, cp_async_wait_all};
 use crate::params::attn_paged_mma_tile::{D, KEYS, MAX_GROUP, MIN_KEYS, SLOT_BYTES, STAGES, TABLE_BYTES, WARPS};
 use crate::params::attn_split_tile::MAX_QV;
@@ -110,7 +110,10 @@ pub unsafe fn attention_paged_mma_f16(p: SplitAttnParams) {
     let (warp, lane) = (tid / 32, tid % 32);
     let (g4, t4) = (lane / 4, lane % 4);
 
-    // 0. the row's leading block-table entries into shared memory, beside the key count
+    // 0. the queries and this step's keys are the kernels' before (the tables and key counts
+    //    may be too); then the row's leading block-table entries into shared memory, beside
+    //    the key count
+    grid_dep_wait();
     let base = dynamic_shared_mem::<u8>();
     let table = StagedTable::stage(&p, i, base as *mut u32, tid, WARPS * 32);
     let kv_len = *(p.lens as *const u32).add(i) as usize;

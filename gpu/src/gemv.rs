@@ -17,7 +17,9 @@
 //!   activation row into dynamic shared memory (`k` floats) and reads it from there: the
 //!   decoder's RMSNorm costs no launch. Each warp issues its first round of weight loads
 //!   before that prologue (the weights do not wait on the activations), so the norm's two
-//!   passes and barrier run while they are in flight. One row only keeps the register count
+//!   passes and barrier run while they are in flight; on a compute 9.0 device they are issued
+//!   before the kernel waits for the one before it (`grid_dep_wait`), which it overlaps. One
+//!   row only keeps the register count
 //!   (occupancy) of the decode path low; a few rows take `gemv_*`.
 //! - `gemv_gate_up_*`: the same over two weight matrices at once (gate and up rows of one
 //!   feature), writing `silu(gate · a) · (up · a)`, with the same optional RMSNorm.
@@ -28,7 +30,7 @@
 //! is past `n` exits as a whole, so every shuffle runs with all 32 lanes; no block barriers.
 
 use crate::math::{rms_scale, silu, Bf16, WeightElem, F16};
-use crate::mem::{ld_f32x4, ld_nc_v4, ld_nc_v4_now, VecElem};
+use crate::mem::{grid_dep_launch, grid_dep_wait, ld_f32x4, ld_nc_v4, ld_nc_v4_now, VecElem};
 use crate::params::gemv_tile::WARPS;
 use crate::params::gemv_vec_tile::UNROLL;
 use crate::params::{GateUpParams, LinearParams};
@@ -217,8 +219,10 @@ unsafe fn gemv_vec<W: VecElem>(p: LinearParams) {
     let (col, lane, live) = warp_feature(p.n);
     let vecs = p.k as usize / W::PER_VEC;
     let w = (p.w as *const u32).wrapping_add(col * vecs * 4);
-    // 1. the first round of weight loads, in flight during the RMSNorm prologue
+    // 1. the first round of weight loads, in flight during the RMSNorm prologue (and, on
+    //    compute 9.0, while the kernel before finishes: the activations are its output)
     let first = first_round(live, w, vecs, lane);
+    grid_dep_wait();
     // 2. the activations (normed when `norm` is set; every thread takes the barriers), then
     //    the warps past `n` leave
     let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
@@ -226,6 +230,8 @@ unsafe fn gemv_vec<W: VecElem>(p: LinearParams) {
         return;
     }
     let total = warp_sum(row_dots::<W>(w, vecs, a, lane, first));
+    // the next kernel may launch: this block's weights are read
+    grid_dep_launch();
     if lane == 0 {
         *(p.c as *mut f32).add(col) = total + epilogue(&p, 0, col);
     }
@@ -275,12 +281,14 @@ unsafe fn gemv_gate_up<W: VecElem>(p: GateUpParams) {
     let rows = [(p.gate as *const u32).wrapping_add(col * vecs * 4), (p.up as *const u32).wrapping_add(col * vecs * 4)];
     // as in `gemv_vec`: both rows' first rounds in flight during the RMSNorm prologue
     let first = [first_round(live, rows[0], vecs, lane), first_round(live, rows[1], vecs, lane)];
+    grid_dep_wait();
     let a = activations(p.a as *const f32, p.k as usize, p.norm, p.eps);
     if !live {
         return;
     }
     let (g, u) = row_dots2::<W>(rows, vecs, a, lane, first);
     let (g, u) = (warp_sum(g), warp_sum(u));
+    grid_dep_launch();
     if lane == 0 {
         *(p.c as *mut f32).add(col) = silu(g) * u;
     }

@@ -87,6 +87,30 @@ pub unsafe fn fence_device() {
     core::arch::asm!("membar.gl;");
 }
 
+/// Waits until the grids this one depends on have finished and their writes are visible
+/// (programmatic dependent launch). The compute_80 PTX carries it as a comment the host turns
+/// into `griddepcontrol.wait` when it loads the module on a compute 9.0 device, where a kernel
+/// that has it is launched to overlap the one before (`host/src/kernels.rs`, `Ptx::text_for`).
+/// Before it a kernel reads only what no kernel writes (weights); every read of another
+/// kernel's output and every write comes after it.
+#[inline(always)]
+pub unsafe fn grid_dep_wait() {
+    core::arch::asm!("// qwen3vl:griddepcontrol.wait", options(nostack));
+}
+
+/// Lets the next kernel in the stream launch once every block of this one has called it or
+/// exited (its blocks then take the multiprocessors this one leaves and run up to their
+/// [`grid_dep_wait`]; without it they launch when this kernel ends). A comment in the
+/// compute_80 PTX, made `griddepcontrol.launch_dependents` as [`grid_dep_wait`] is. The GEMVs
+/// call it after their dot products, before the epilogue: called at their start (after the
+/// wait), the next kernel's blocks took multiprocessors while this one still streamed its
+/// weights, and batch-1 decode (bf16, H200) fell from 678–681 to 631–637 tok/s; late it
+/// measured 693–709.
+#[inline(always)]
+pub unsafe fn grid_dep_launch() {
+    core::arch::asm!("// qwen3vl:griddepcontrol.launch_dependents", options(nostack));
+}
+
 /// Whether this block is the last of `blocks` blocks to arrive at `counter` (a u32 in global
 /// memory, zero before the first of them arrives). Every thread's earlier global writes are
 /// fenced first, so the last block sees them all (through L2: [`ld_cg`]). The last block puts

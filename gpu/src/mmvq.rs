@@ -39,7 +39,7 @@
 //! barriers, and a warp past `n` exits as a whole, so every shuffle runs with all 32 lanes.
 
 use crate::math::{rms_scale, silu_mul};
-use crate::mem::{dot16, f16x2_to_f32, ld_f32x4, ld_nc_u16, ld_nc_v4, round_mul};
+use crate::mem::{dot16, f16x2_to_f32, grid_dep_launch, grid_dep_wait, ld_f32x4, ld_nc_u16, ld_nc_v4, round_mul};
 use crate::params::qtile::{ROWS, SUPER_LANES, WARPS};
 use crate::params::{QLinearParams, QuantActParams};
 use crate::qmath::{act_layout, q4_k_scale_bytes, q4_k_scale_min, q6_k_center, q6_k_planes, q8_0_d_at, Q4_K_BYTES, QK8_0, QK_K};
@@ -64,6 +64,8 @@ fn h2f(h: u16) -> f32 {
 /// are butterfly reductions over those lanes.
 #[kernel]
 pub unsafe fn quantize_act_f32(p: QuantActParams) {
+    // the activations are the kernel's before (launched early on compute 9.0)
+    grid_dep_wait();
     let scratch = shared_array![f32; 32];
     let (tid, threads) = (thread::thread_idx_x() as usize, thread::block_dim_x() as usize);
     let r = thread::block_idx_y() as usize;
@@ -335,6 +337,8 @@ fn warp_task(n: u32, m: u32) -> Option<(usize, usize, usize, usize)> {
 
 #[inline(always)]
 unsafe fn mmvq<W: QWeight>(p: QLinearParams) {
+    // the quantized activations are the kernel's before (launched early on compute 9.0)
+    grid_dep_wait();
     let (col, lane, row0, rows) = match warp_task(p.n, p.m) {
         Some(t) => t,
         None => return,
@@ -343,6 +347,8 @@ unsafe fn mmvq<W: QWeight>(p: QLinearParams) {
     let a = Acts::new(p.acts, p.m as usize, k, W::ACT_BLOCK, row0);
     let mut acc = [0.0f32; ROWS];
     W::row_dots(p.w, n, k, col, lane, &a, rows, &mut acc);
+    // the next kernel may launch: this block's weights are read
+    grid_dep_launch();
     let (bias, res, c) = (p.bias as *const f32, p.residual as *const f32, p.c as *mut f32);
     for r in 0..ROWS {
         if r < rows {
@@ -359,6 +365,7 @@ unsafe fn mmvq<W: QWeight>(p: QLinearParams) {
 
 #[inline(always)]
 unsafe fn mmvq_gate_up<W: QWeight>(p: QLinearParams) {
+    grid_dep_wait();
     let (col, lane, row0, rows) = match warp_task(p.n, p.m) {
         Some(t) => t,
         None => return,
@@ -368,6 +375,7 @@ unsafe fn mmvq_gate_up<W: QWeight>(p: QLinearParams) {
     let (mut g, mut u) = ([0.0f32; ROWS], [0.0f32; ROWS]);
     W::row_dots(p.w, n, k, col, lane, &a, rows, &mut g);
     W::row_dots(p.up, n, k, col, lane, &a, rows, &mut u);
+    grid_dep_launch();
     for r in 0..ROWS {
         if r < rows {
             let (gs, us) = (warp_sum(g[r]), warp_sum(u[r]));

@@ -14,7 +14,7 @@
 //! The launcher validates sizes (`d` even). No barriers.
 
 use crate::math::{f16_key_scale, f16_value_scale, mrope_axis, rms_scale, rope_pair, F16};
-use crate::mem::KvElem;
+use crate::mem::{grid_dep_wait, KvElem};
 use crate::params::qkv_rope_tile::{CAST_PAIRS, MAX_D, WARPS};
 use crate::params::{QkvRopeParams, RopeCastParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
 use crate::reduce::{warp_max, warp_sum};
@@ -118,6 +118,8 @@ pub unsafe fn rope_cast_f16(p: RopeCastParams) {
 #[inline(always)]
 unsafe fn qkv_rope_append<C: KvElem>(p: QkvRopeParams) {
     const PER_LANE: usize = MAX_D / 32;
+    // every input is another kernel's output (the cursor too: the sampler advances it)
+    grid_dep_wait();
     let stage = shared_array![f32; MAX_D * WARPS as usize];
     let tid = thread::thread_idx_x() as usize;
     let (lane, w) = (tid % 32, tid / 32);

@@ -56,7 +56,48 @@ pub struct Ptx {
     pub text: &'static str,
 }
 
+/// The comment a kernel's PTX carries where it waits for the kernel before it (`grid_dep_wait`
+/// in `gpu/src/mem.rs`), and where it lets the next one launch (`grid_dep_launch`).
+pub const GRID_DEP_WAIT: &str = "// qwen3vl:griddepcontrol.wait";
+pub const GRID_DEP_LAUNCH: &str = "// qwen3vl:griddepcontrol.launch_dependents";
+
+/// Whether [`Ptx::text_for`] gives compute 9.0 devices the overlapping variant of the compute_80
+/// module (`QWEN3_VL_PDL=0` keeps the plain one: an A/B aid; read once).
+pub fn grid_dep_enabled() -> bool {
+    static PDL: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_PDL");
+    PDL.on()
+}
+
 impl Ptx {
+    /// The text a device of compute capability `cc` loads, and whether its kernels overlap the
+    /// ones before them. On compute 9.0 and newer the compute_80 module becomes an sm_90 module
+    /// whose `grid_dep_*` comments are the `griddepcontrol` instructions (programmatic
+    /// dependent launch: a kernel's blocks start while the kernel before it finishes, load what
+    /// does not depend on it, then wait; on every other device, or with `overlap` false, the
+    /// comments stay comments). Register caps as [`Ptx::text_with_caps`].
+    pub fn text_for(&self, cc: (u32, u32), overlap: bool) -> (String, bool) {
+        let text = self.text_with_caps();
+        if !(overlap && self.arch == Arch::Compute80 && cc >= (9, 0)) {
+            return (text, false);
+        }
+        let target = format!(".target {}", self.arch.ptx_target());
+        if !text.contains(&target) {
+            return (text, false);
+        }
+        let text = text.replacen(&target, ".target sm_90", 1).replace(&format!("{}\n", GRID_DEP_WAIT), "griddepcontrol.wait;\n").replace(&format!("{}\n", GRID_DEP_LAUNCH), "griddepcontrol.launch_dependents;\n");
+        (text, true)
+    }
+
+    /// Whether `kernel`'s entry in `text` (a module's text as loaded) waits for the kernel
+    /// before it: `griddepcontrol.wait` between its `.entry` and the next one.
+    pub fn entry_waits(text: &str, kernel: Kernel) -> bool {
+        let head = format!(".entry {}(", kernel.name());
+        let Some(at) = text.find(&head) else { return false };
+        let body = &text[at + head.len()..];
+        let end = body.find(".entry ").unwrap_or(body.len());
+        body[..end].contains("griddepcontrol.wait;")
+    }
+
     /// The module's text as it is loaded: a `.maxnreg` directive for every kernel with a
     /// register cap ([`Kernel::max_registers`]). `QWEN3_VL_REG_CAPS=0` leaves them out (an A/B
     /// aid for benchmarks; read once).
@@ -489,6 +530,25 @@ mod tests {
         // one directive: the kernel without a cap is left as it was
         assert_eq!(capped.matches(".maxnreg").count(), 1);
         assert!(capped.contains("q[8]\n)\n{"));
+    }
+
+    #[test]
+    fn compute_9_devices_get_the_grid_dependency_instructions_and_others_keep_comments() {
+        let text = ".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry gemv_vec_bf16(\n\t.param .b8 p[8]\n)\n{\n\t// qwen3vl:griddepcontrol.wait\n\t// qwen3vl:griddepcontrol.launch_dependents\n\tret;\n}\n.visible .entry rms_norm_f32(\n\t.param .b8 q[8]\n)\n{\n\tret;\n}\n";
+        let ptx = Ptx { arch: Arch::Compute80, text };
+        let (h100, overlap) = ptx.text_for((9, 0), true);
+        assert!(overlap);
+        assert!(h100.contains(".target sm_90\n") && !h100.contains("sm_80"), "{}", h100);
+        assert!(h100.contains("\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n"), "{}", h100);
+        assert!(Ptx::entry_waits(&h100, Kernel::GemvVecBf16));
+        assert!(!Ptx::entry_waits(&h100, Kernel::RmsNormF32));
+        // an Ampere device, the switch off, or the compute_61 module: comments, no overlap
+        for (p, cc, on) in [(ptx, (8, 6), true), (ptx, (9, 0), false), (Ptx { arch: Arch::Compute61, text }, (9, 0), true)] {
+            let (plain, overlap) = p.text_for(cc, on);
+            assert!(!overlap);
+            assert!(plain.contains(GRID_DEP_WAIT) && !plain.contains("griddepcontrol.wait;"));
+            assert!(!Ptx::entry_waits(&plain, Kernel::GemvVecBf16));
+        }
     }
 
     #[test]

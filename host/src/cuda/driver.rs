@@ -13,6 +13,34 @@ use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::OnceLock;
 
+/// `CUlaunchAttribute` (CUDA 12.0): an attribute id, padding, a 64-byte value union.
+#[repr(C)]
+pub struct LaunchAttribute {
+    pub id: u32,
+    pub pad: [u8; 4],
+    pub value: [u8; 64],
+}
+
+/// `CUlaunchConfig` (CUDA 12.0), what `cuLaunchKernelEx` takes; the bindings `cust` uses
+/// predate it.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_bytes: c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut LaunchAttribute,
+    pub num_attrs: c_uint,
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
+pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+
+/// Whether the opened driver has `cuLaunchKernelEx` (CUDA 12.0 and newer).
+pub fn has_launch_kernel_ex() -> bool {
+    matches!(state(), Some(Ok((t, _))) if t.cuLaunchKernelEx.is_some())
+}
+
 /// Library names tried in order; `QWEN3_VL_LIBCUDA` names the one to open instead.
 const LIBRARY_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 
@@ -38,7 +66,7 @@ macro_rules! driver_api {
                 }
                 let missing: Vec<&str> = [$( (stringify!($name), table.$name.is_none()), )*].iter().filter(|m| m.1).map(|m| m.0).collect();
                 if !missing.is_empty() {
-                    log::debug!("{} lacks {} (a driver older than the CUDA 11.4 API; those calls will fail)", path, missing.join(", "));
+                    log::debug!("{} lacks {} (a driver older than their API: CUDA 11.4, or 12.0 for cuLaunchKernelEx; those calls will fail)", path, missing.join(", "));
                 }
                 Ok(table)
             }
@@ -112,6 +140,7 @@ driver_api! {
     fn cuGraphLaunch(h_graph_exec: CUgraphExec, h_stream: CUstream);
     fn cuImportExternalMemory(ext_mem_out: *mut CUexternalMemory, mem_handle_desc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC);
     fn cuInit(flags: c_uint);
+    fn cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void);
     fn cuLaunchKernel(f: CUfunction, grid_dim_x: c_uint, grid_dim_y: c_uint, grid_dim_z: c_uint, block_dim_x: c_uint, block_dim_y: c_uint, block_dim_z: c_uint, shared_mem_bytes: c_uint, h_stream: CUstream, kernel_params: *mut *mut c_void, extra: *mut *mut c_void);
     fn cuLinkComplete(state: CUlinkState, cubin_out: *mut *mut c_void, size_out: *mut usize);
     fn cuLinkCreate_v2(num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);

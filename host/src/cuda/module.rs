@@ -4,50 +4,12 @@
 //! with programmatic stream serialization (`cuLaunchKernelEx`), so their blocks start while
 //! that kernel finishes (recorded graphs keep it as a programmatic edge).
 
+use super::driver::{cuLaunchKernelEx, has_launch_kernel_ex, LaunchAttribute, LaunchConfig, PROGRAMMATIC_STREAM_SERIALIZATION};
 use super::error::OkOrCuda;
 use crate::kernels::{grid_dep_enabled, Arch, Kernel, KernelsRequest, Ptx};
 use crate::{Error, Result};
 use cust::module::Module;
 use std::ffi::c_void;
-
-/// `CUlaunchAttribute` (CUDA 12): an attribute id, padding, a 64-byte value union.
-#[repr(C)]
-struct LaunchAttribute {
-    id: u32,
-    pad: [u8; 4],
-    value: [u8; 64],
-}
-
-/// `CUlaunchConfig` (CUDA 12).
-#[repr(C)]
-struct LaunchConfig {
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_bytes: u32,
-    stream: cust::sys::CUstream,
-    attrs: *mut LaunchAttribute,
-    num_attrs: u32,
-}
-
-/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
-const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
-
-/// `cuLaunchKernelEx` (CUDA 12), looked up in the driver at run time: the bindings this crate
-/// links predate it.
-type LaunchKernelEx = unsafe extern "C" fn(*const LaunchConfig, cust::sys::CUfunction, *mut *mut c_void, *mut *mut c_void) -> cust::sys::CUresult;
-
-/// The driver's `cuLaunchKernelEx`, or why there is none.
-fn launch_kernel_ex() -> std::result::Result<LaunchKernelEx, String> {
-    let mut f: *mut c_void = std::ptr::null_mut();
-    // SAFETY: a NUL-terminated symbol name and an out-pointer; the driver writes a function
-    // pointer of the documented CUDA 12.0 signature, or nothing
-    let r = unsafe { cust::sys::cuGetProcAddress(c"cuLaunchKernelEx".as_ptr(), &mut f, 12000, 0) };
-    if r != cust::sys::CUresult::CUDA_SUCCESS || f.is_null() {
-        return Err(format!("the driver has no cuLaunchKernelEx ({:?})", r));
-    }
-    // SAFETY: the pointer the driver gave for that symbol and version
-    Ok(unsafe { std::mem::transmute::<*mut c_void, LaunchKernelEx>(f) })
-}
 
 /// A loaded PTX module and the handle of every kernel it carries (indexed by `Kernel as usize`).
 pub struct Kernels {
@@ -55,8 +17,6 @@ pub struct Kernels {
     funcs: Vec<cust::sys::CUfunction>,
     /// Per kernel: launched to overlap the kernel before it (its code waits for it).
     overlap: Vec<bool>,
-    /// `cuLaunchKernelEx` when any kernel overlaps.
-    launch_ex: Option<LaunchKernelEx>,
     arch: Arch,
     module: Module,
 }
@@ -86,16 +46,13 @@ impl Kernels {
         };
         // compute 9.0: the module whose kernels overlap the ones before them, when the driver
         // can launch them so (else the plain module, and the log says why)
-        let mut launch_ex = None;
         let mut why = why;
         let want_overlap = chosen.arch == Arch::Compute80 && cc >= (9, 0) && grid_dep_enabled();
-        if want_overlap {
-            match launch_kernel_ex() {
-                Ok(f) => launch_ex = Some(f),
-                Err(e) => log::warn!("kernels on {} run one after another: {}", device, e),
-            }
+        let can_overlap = want_overlap && has_launch_kernel_ex();
+        if want_overlap && !can_overlap {
+            log::warn!("kernels on {} run one after another: the driver has no cuLaunchKernelEx (CUDA 12.0)", device);
         }
-        let (text, overlap) = chosen.text_for(cc, launch_ex.is_some());
+        let (text, overlap) = chosen.text_for(cc, can_overlap);
         if overlap {
             why.push_str("; launches overlap the kernel before (sm_90 grid dependencies)");
         }
@@ -116,8 +73,7 @@ impl Kernels {
                     .map_err(|e| Error::Unavailable(e.to_string()))?;
             }
         }
-        let launch_ex = if overlap { launch_ex } else { None };
-        Ok((Kernels { funcs, overlap: overlaps, launch_ex, arch: chosen.arch, module }, why))
+        Ok((Kernels { funcs, overlap: overlaps, arch: chosen.arch, module }, why))
     }
 
     /// The module's architecture.
@@ -132,14 +88,14 @@ impl Kernels {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs the {} module; {} is loaded", kernel.arch(), self.arch) });
         }
         let mut args = [params as *const P as *mut c_void];
-        if let (true, Some(launch_ex)) = (self.overlap[kernel as usize], self.launch_ex) {
+        if self.overlap[kernel as usize] {
             let mut value = [0u8; 64];
             value[..4].copy_from_slice(&1i32.to_ne_bytes());
             let mut attr = LaunchAttribute { id: PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value };
             let config = LaunchConfig { grid, block: [block, 1, 1], shared_bytes, stream, attrs: &mut attr, num_attrs: 1 };
             // SAFETY: as below; `config` and `attr` outlive the call, and the kernel waits for
             // the one before it before reading its output (`overlap` is set only for those)
-            return unsafe { launch_ex(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.ok_or_cuda(kernel.name());
+            return unsafe { cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.ok_or_cuda(kernel.name());
         }
         // SAFETY: `f` belongs to the live module; `params` is the `#[repr(C)]` struct the kernel
         // takes by value, validated by the checked launcher that built it; the driver copies it

@@ -88,14 +88,11 @@ impl Ptx {
         (text, true)
     }
 
-    /// Whether `kernel`'s entry in `text` (a module's text as loaded) waits for the kernel
-    /// before it: `griddepcontrol.wait` between its `.entry` and the next one.
-    pub fn entry_waits(text: &str, kernel: Kernel) -> bool {
-        let head = format!(".entry {}(", kernel.name());
-        let Some(at) = text.find(&head) else { return false };
-        let body = &text[at + head.len()..];
-        let end = body.find(".entry ").unwrap_or(body.len());
-        body[..end].contains("griddepcontrol.wait;")
+    /// The names of the kernels whose entry in `text` (a module's text as loaded) waits for
+    /// the kernel before it: `griddepcontrol.wait` between its `.entry` and the next one. One
+    /// pass over the text (a lookup per kernel would scan the 7 MB module a hundred times).
+    pub fn waiting_entries(text: &str) -> std::collections::HashSet<&str> {
+        text.split(".entry ").skip(1).filter(|entry| entry.contains("griddepcontrol.wait;")).filter_map(|entry| entry.split('(').next()).collect()
     }
 
     /// The module's text as it is loaded: a `.maxnreg` directive for every kernel with a
@@ -540,14 +537,16 @@ mod tests {
         assert!(overlap);
         assert!(h100.contains(".target sm_90\n") && !h100.contains("sm_80"), "{}", h100);
         assert!(h100.contains("\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n"), "{}", h100);
-        assert!(Ptx::entry_waits(&h100, Kernel::GemvVecBf16));
-        assert!(!Ptx::entry_waits(&h100, Kernel::RmsNormF32));
+        let waiting = Ptx::waiting_entries(&h100);
+        assert!(waiting.contains(Kernel::GemvVecBf16.name()));
+        assert!(!waiting.contains(Kernel::RmsNormF32.name()));
+        assert_eq!(waiting.len(), 1);
         // an Ampere device, the switch off, or the compute_61 module: comments, no overlap
         for (p, cc, on) in [(ptx, (8, 6), true), (ptx, (9, 0), false), (Ptx { arch: Arch::Compute61, text }, (9, 0), true)] {
             let (plain, overlap) = p.text_for(cc, on);
             assert!(!overlap);
             assert!(plain.contains(GRID_DEP_WAIT) && !plain.contains("griddepcontrol.wait;"));
-            assert!(!Ptx::entry_waits(&plain, Kernel::GemvVecBf16));
+            assert!(Ptx::waiting_entries(&plain).is_empty());
         }
     }
 

@@ -529,8 +529,9 @@ impl CudaBackend {
             let (blocks, sms) = (t * kv_heads, self.sms as usize);
             let fill = if blocks >= sms / 2 { 1 } else { 2 * sms / blocks.max(1) };
             let splits = fill.min(ceil_div(pages.stride() * pages.block(), attn_paged_mma_tile::MIN_KEYS)).clamp(1, attn_split_tile::MAX_SPLITS);
-            let partial = if splits > 1 { self.output(t * heads * splits * (d + 2))? } else { self.output(1)? };
-            attention_paged_mma(&l, &bufs, &partial, &self.counters, &shape, splits, scale, &sp)?;
+            // one chunk reads and writes no partial states: the counters stand in for the buffer
+            let partial = if splits > 1 { Some(self.output(t * heads * splits * (d + 2))?) } else { None };
+            attention_paged_mma(&l, &bufs, partial.as_ref().unwrap_or(&self.counters), &self.counters, &shape, splits, scale, &sp)?;
             return Ok(Self::wrap(vec![t, heads, d], DType::F32, out));
         }
         // chunks: enough blocks for four per multiprocessor over the rows, no more than the

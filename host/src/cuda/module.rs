@@ -59,8 +59,9 @@ impl Kernels {
         let module = Module::from_ptx(&text, &[]).map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
         let mut funcs = vec![std::ptr::null_mut(); Kernel::ALL.len()];
         let mut overlaps = vec![false; Kernel::ALL.len()];
+        let waiting = if overlap { Ptx::waiting_entries(&text) } else { Default::default() };
         for k in Kernel::in_module(chosen.arch) {
-            overlaps[k as usize] = overlap && Ptx::entry_waits(&text, k);
+            overlaps[k as usize] = waiting.contains(k.name());
             let f = module
                 .get_function(k.name())
                 .map_err(|e| Error::Unavailable(format!("kernel {} is missing from the {} PTX ({})", k.name(), chosen.arch, e)))?;

@@ -60,8 +60,14 @@ impl Kernels {
         let mut funcs = vec![std::ptr::null_mut(); Kernel::ALL.len()];
         let mut overlaps = vec![false; Kernel::ALL.len()];
         let waiting = if overlap { Ptx::waiting_entries(&text) } else { Default::default() };
+        // `QWEN3_VL_PDL_SKIP=prefix,...`: kernels whose names start so launch one after another
+        // (their waits are then no-ops; an A/B aid for benchmarks)
+        let skip: Vec<String> = std::env::var("QWEN3_VL_PDL_SKIP").map(|v| v.split(',').filter(|p| !p.is_empty()).map(str::to_string).collect()).unwrap_or_default();
+        if overlap && !skip.is_empty() {
+            log::info!("QWEN3_VL_PDL_SKIP: kernels named {:?}... launch one after another", skip);
+        }
         for k in Kernel::in_module(chosen.arch) {
-            overlaps[k as usize] = waiting.contains(k.name());
+            overlaps[k as usize] = waiting.contains(k.name()) && !skip.iter().any(|p| k.name().starts_with(p.as_str()));
             let f = module
                 .get_function(k.name())
                 .map_err(|e| Error::Unavailable(format!("kernel {} is missing from the {} PTX ({})", k.name(), chosen.arch, e)))?;

@@ -111,6 +111,36 @@ pub unsafe fn grid_dep_launch() {
     core::arch::asm!("// qwen3vl:griddepcontrol.launch_dependents", options(nostack));
 }
 
+/// Waits until every thread of every block of this thread-block cluster has arrived here: its
+/// earlier shared-memory writes are then visible to the cluster ([`ld_cluster_f32x4`]), and no
+/// block has left while another may still read its shared memory. sm_90 only: a comment in
+/// the compute_80 PTX, made `barrier.cluster.arrive` / `wait` (release / acquire by default) as
+/// [`grid_dep_wait`] is; a kernel that calls it launches only in clusters, on compute 9.0
+/// (`host/src/cuda/module.rs`). Every thread must call it.
+#[inline(always)]
+pub unsafe fn cluster_sync() {
+    core::arch::asm!("// qwen3vl:barrier.cluster.arrive.aligned;\n\t// qwen3vl:barrier.cluster.wait.aligned;", options(nostack));
+}
+
+/// The shared::cluster address of shared-space address `a` in the block of cluster rank
+/// `rank` (`mapa`; sm_90 only, as [`cluster_sync`]).
+#[inline(always)]
+pub unsafe fn cluster_map(a: u64, rank: u32) -> u64 {
+    let d: u64;
+    core::arch::asm!("// qwen3vl:mapa.shared::cluster.u64 {}, {}, {};", out(reg64) d, in(reg64) a, in(reg32) rank, options(pure, nomem, nostack));
+    d
+}
+
+/// Four f32 from a cluster block's shared memory at shared::cluster address `a` (16-byte
+/// aligned; [`cluster_map`]; sm_90 only, as [`cluster_sync`]). Not `pure`: it must stay after
+/// the cluster barrier.
+#[inline(always)]
+pub unsafe fn ld_cluster_f32x4(a: u64) -> [f32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    core::arch::asm!("// qwen3vl:ld.shared::cluster.v4.u32 {{{}, {}, {}, {}}}, [{}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg64) a, options(readonly, nostack));
+    [f32::from_bits(x), f32::from_bits(y), f32::from_bits(z), f32::from_bits(w)]
+}
+
 /// Whether this block is the last of `blocks` blocks to arrive at `counter` (a u32 in global
 /// memory, zero before the first of them arrives). Every thread's earlier global writes are
 /// fenced first, so the last block sees them all (through L2: [`ld_cg`]). The last block puts

@@ -15,7 +15,8 @@
 //!
 //! # Tiling
 //! A block computes a `TM × TN` tile of `c` (128 × 128, 64 × 128, 64 × 64; split-K over grid
-//! z as in `mma.rs`), walking `k` in stages of `KB` elements (`mma_pipe_tile::bk`: 32 for
+//! z as in `mma.rs`, or on sm_90 over the blocks of a thread-block cluster, which merge the
+//! slices themselves: `matmul_mma_pipe_64x64_cluster_*`), walking `k` in stages of `KB` elements (`mma_pipe_tile::bk`: 32 for
 //! 128 × 128, 64 for the others). `STAGES` (3) stages of both operands live in dynamic shared
 //! memory (`mma_pipe_tile::shared_bytes`: 72 KiB for 64 × 128, past the 48 KiB default, which
 //! the module loader raises for these kernels; 128 × 128's 48 KiB are static):
@@ -38,7 +39,7 @@
 //! out-of-range rows and columns are zero-filled on load and skipped on store.
 
 use crate::math::{Bf16, F16};
-use crate::mem::{ld_f32x4, shared_addr, F32x4};
+use crate::mem::{cluster_map, cluster_sync, ld_cluster_f32x4, ld_f32x4, shared_addr, F32x2, F32x4};
 use crate::mma::{cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
 use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
 use crate::params::{CastA16Params, GateUpParams, LayerNormParams, LinearParams, RmsNormParams};
@@ -349,6 +350,86 @@ pub unsafe fn matmul_mma_pipe_64x64_split_bf16(p: LinearParams) {
 #[kernel]
 pub unsafe fn matmul_mma_pipe_64x64_split_f16(p: LinearParams) {
     mma_pipe::<F16, 64, 64, true, 64, 8, false, 2, 2>(p)
+}
+
+/// [`mma_pipe`] split over `k` into the blocks of one thread-block cluster (sm_90; grid z =
+/// the cluster's size, at most 8): each block stages its slice's raw `TM × TN` sums in its own
+/// shared memory (over the pipeline's stages), and after a cluster barrier block `z` adds rows
+/// `z · ⌈TM / S⌉ ..` of every block's tile, in rank order (the order of
+/// `linear_split_reduce_f32`), through distributed shared memory, and applies the epilogue. No
+/// workspace and no reduce launch; the merge is spread over the cluster's blocks.
+#[inline(always)]
+unsafe fn mma_pipe_cluster<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const MT: usize, const NT: usize>(p: LinearParams) {
+    /// Row stride of the staged tile (f32; 16-byte rows, fewer bank conflicts than `TN`).
+    const PAD: usize = 4;
+    let stride = TN + PAD;
+    let (kb, ke) = crate::matmul::k_slice::<true>(&p);
+    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
+    let acc = pipe_core::<W, TM, TN, KB, C, false, MT, NT>(&x);
+    // 5. this slice's raw sums into [TM][stride] f32 of this block's shared memory, once every
+    //    warp is done reading the pipeline's stages
+    let tile = dynamic_shared_mem::<u8>() as *mut f32;
+    let tid = thread::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    thread::sync_threads();
+    unroll!(mt < TM / 32, [0, 1, 2, 3], {
+        unroll!(nt < TN / 32, [0, 1, 2, 3], {
+            let r = wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
+            let d = acc[mt % MT][nt % NT];
+            unroll!(h < 2, [0, 1], {
+                *(tile.add((r + 8 * h) * stride + col) as *mut F32x2) = F32x2([d[2 * h], d[2 * h + 1]]);
+            });
+        });
+    });
+    // 6. every slice's tile is staged: this block adds its rows over the slices, four columns
+    //    per thread and step
+    cluster_sync();
+    let slices = thread::grid_dim_z() as usize;
+    let rank = thread::block_idx_z() as usize;
+    let rows = (TM + slices - 1) / slices;
+    let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
+    let (base, row_scale, c) = (shared_addr(tile), p.row_scale as *const f32, p.c as *mut f32);
+    let mut i = tid;
+    while i < rows * (TN / 4) {
+        let (lr, lc) = (rank * rows + i / (TN / 4), 4 * (i % (TN / 4)));
+        let r = row0 + lr;
+        if lr < TM && r < m {
+            let at = base + ((lr * stride + lc) * 4) as u64;
+            let mut v = [0.0f32; 4];
+            for s in 0..slices {
+                let y = ld_cluster_f32x4(cluster_map(at, s as u32));
+                unroll!(e < 4, [0, 1, 2, 3], {
+                    v[e] += y[e];
+                });
+            }
+            let sc = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(r) } else { 1.0 };
+            unroll!(e < 4, [0, 1, 2, 3], {
+                let col = col0 + lc + e;
+                if col < n {
+                    *c.add(r * ldc + col) = crate::matmul::finish(&p, v[e] / sc, r, col);
+                }
+            });
+        }
+        i += THREADS as usize;
+    }
+    // 7. no block leaves while another may still read its tile
+    cluster_sync();
+}
+
+/// [`matmul_mma_pipe_64x64_split_bf16`] with its `k` slices the blocks of a thread-block
+/// cluster, merged in the launch (sm_90 only; see [`mma_pipe_cluster`]).
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x64_cluster_bf16(p: LinearParams) {
+    mma_pipe_cluster::<Bf16, 64, 64, 64, 8, 2, 2>(p)
+}
+
+/// [`matmul_mma_pipe_64x64_cluster_bf16`] for f16 (row-scaled activations).
+#[kernel]
+pub unsafe fn matmul_mma_pipe_64x64_cluster_f16(p: LinearParams) {
+    mma_pipe_cluster::<F16, 64, 64, 64, 8, 2, 2>(p)
 }
 
 #[inline(always)]

@@ -60,6 +60,10 @@ pub struct Ptx {
 /// in `gpu/src/mem.rs`), and where it lets the next one launch (`grid_dep_launch`).
 pub const GRID_DEP_WAIT: &str = "// qwen3vl:griddepcontrol.wait";
 pub const GRID_DEP_LAUNCH: &str = "// qwen3vl:griddepcontrol.launch_dependents";
+/// The comment before an sm_90 instruction in the compute_80 PTX (thread-block clusters:
+/// `cluster_sync`, `cluster_map`, `ld_cluster_f32x4` in `gpu/src/mem.rs`); dropped on compute 9.0
+/// devices, where the instruction then runs. Kernels with them launch only there.
+pub const SM90_MARK: &str = "// qwen3vl:";
 
 /// Whether [`Ptx::text_for`] gives compute 9.0 devices the overlapping variant of the compute_80
 /// module (`QWEN3_VL_PDL=0` keeps the plain one: an A/B aid; read once).
@@ -84,7 +88,13 @@ impl Ptx {
         if !text.contains(&target) {
             return (text, false);
         }
-        let text = text.replacen(&target, ".target sm_90", 1).replace(&format!("{}\n", GRID_DEP_WAIT), "griddepcontrol.wait;\n").replace(&format!("{}\n", GRID_DEP_LAUNCH), "griddepcontrol.launch_dependents;\n");
+        // the grid dependency comments, then every other sm_90 instruction the compute_80 text
+        // carries as a comment (`SM90_MARK` and the instruction: `gpu/src/mem.rs`, `cluster_*`)
+        let text = text
+            .replacen(&target, ".target sm_90", 1)
+            .replace(&format!("{}\n", GRID_DEP_WAIT), "griddepcontrol.wait;\n")
+            .replace(&format!("{}\n", GRID_DEP_LAUNCH), "griddepcontrol.launch_dependents;\n")
+            .replace(SM90_MARK, "");
         (text, true)
     }
 
@@ -234,6 +244,8 @@ kernel_table! {
     MatmulMmaPipe64x64Bf16 = "matmul_mma_pipe_64x64_bf16" @ Compute80,
     MatmulMmaPipe64x64SplitF16 = "matmul_mma_pipe_64x64_split_f16" @ Compute80,
     MatmulMmaPipe64x64SplitBf16 = "matmul_mma_pipe_64x64_split_bf16" @ Compute80,
+    MatmulMmaPipe64x64ClusterF16 = "matmul_mma_pipe_64x64_cluster_f16" @ Compute80,
+    MatmulMmaPipe64x64ClusterBf16 = "matmul_mma_pipe_64x64_cluster_bf16" @ Compute80,
     GateUpPipeF16 = "gate_up_pipe_f16" @ Compute80,
     GateUpPipeBf16 = "gate_up_pipe_bf16" @ Compute80,
     GateUpPipe64x128F16 = "gate_up_pipe_64x128_f16" @ Compute80,
@@ -352,6 +364,14 @@ impl Kernel {
         by_half(dtype, false, [set[0], set[1], set[0], set[1]], "matmul_mma_pipe")
     }
 
+    /// The split-K 64 × 64 pipelined matmul whose slices merge inside a thread-block cluster
+    /// (sm_90 only: the CUDA backend's loaded module says whether it can launch it) for
+    /// weights of `dtype`.
+    pub fn matmul_mma_pipe_cluster(dtype: DType) -> Result<Kernel> {
+        use Kernel::*;
+        by_half(dtype, false, [MatmulMmaPipe64x64ClusterF16, MatmulMmaPipe64x64ClusterBf16, MatmulMmaPipe64x64ClusterF16, MatmulMmaPipe64x64ClusterBf16], "matmul_mma_pipe_cluster")
+    }
+
     /// The pipelined SwiGLU gate/up product over 16-bit activations with `(rows, columns)`
     /// tiles (128 × 128 or 64 × 128, half the columns from each matrix) for weights of `dtype`.
     pub fn gate_up_pipe(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
@@ -384,6 +404,7 @@ impl Kernel {
         matches!(
             self,
             MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16
+                | MatmulMmaPipe64x64ClusterF16 | MatmulMmaPipe64x64ClusterBf16
                 | GateUpPipeF16 | GateUpPipeBf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16
                 | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
         )
@@ -398,7 +419,7 @@ impl Kernel {
         match self {
             MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipeC16Bf16 => shared_bytes(128, 128),
             MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 | MatmulMmaPipe64x128C16Bf16 | GateUpPipe64x128C16Bf16 => shared_bytes(64, 128),
-            MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 => shared_bytes(64, 64),
+            MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 | MatmulMmaPipe64x64ClusterF16 | MatmulMmaPipe64x64ClusterBf16 => shared_bytes(64, 64),
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
             AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
             _ => 0,
@@ -423,7 +444,7 @@ impl Kernel {
             self,
             MatmulMmaF16 | MatmulMma64x128F16 | MatmulMma64x64F16 | MatmulMma64x64SplitF16 | MatmulSkinnyM16F16 | MatmulSkinnyM32F16
                 | MatmulSkinnyM16A16F16 | MatmulSkinnyM32A16F16
-                | MatmulMmaPipeF16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64SplitF16 | GateUpPipeF16 | GateUpPipe64x128F16
+                | MatmulMmaPipeF16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64ClusterF16 | GateUpPipeF16 | GateUpPipe64x128F16
         )
     }
 
@@ -531,12 +552,14 @@ mod tests {
 
     #[test]
     fn compute_9_devices_get_the_grid_dependency_instructions_and_others_keep_comments() {
-        let text = ".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry gemv_vec_bf16(\n\t.param .b8 p[8]\n)\n{\n\t// qwen3vl:griddepcontrol.wait\n\t// qwen3vl:griddepcontrol.launch_dependents\n\tret;\n}\n.visible .entry rms_norm_f32(\n\t.param .b8 q[8]\n)\n{\n\tret;\n}\n";
+        let text = ".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry gemv_vec_bf16(\n\t.param .b8 p[8]\n)\n{\n\t// qwen3vl:griddepcontrol.wait\n\t// qwen3vl:griddepcontrol.launch_dependents\n\tret;\n}\n.visible .entry rms_norm_f32(\n\t.param .b8 q[8]\n)\n{\n\t// qwen3vl:barrier.cluster.arrive.aligned;\n\t// qwen3vl:mapa.shared::cluster.u64 %rd1, %rd2, %r3;\n\tret;\n}\n";
         let ptx = Ptx { arch: Arch::Compute80, text };
         let (h100, overlap) = ptx.text_for((9, 0), true);
         assert!(overlap);
         assert!(h100.contains(".target sm_90\n") && !h100.contains("sm_80"), "{}", h100);
         assert!(h100.contains("\tgriddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n"), "{}", h100);
+        // the other sm_90 instructions (thread-block clusters) run too
+        assert!(h100.contains("\tbarrier.cluster.arrive.aligned;\n\tmapa.shared::cluster.u64 %rd1, %rd2, %r3;\n") && !h100.contains(SM90_MARK), "{}", h100);
         let waiting = Ptx::waiting_entries(&h100);
         assert!(waiting.contains(Kernel::GemvVecBf16.name()));
         assert!(!waiting.contains(Kernel::RmsNormF32.name()));
@@ -546,6 +569,7 @@ mod tests {
             let (plain, overlap) = p.text_for(cc, on);
             assert!(!overlap);
             assert!(plain.contains(GRID_DEP_WAIT) && !plain.contains("griddepcontrol.wait;"));
+            assert!(plain.contains("// qwen3vl:barrier.cluster.arrive.aligned;") && !plain.contains("\tbarrier.cluster"));
             assert!(Ptx::waiting_entries(&plain).is_empty());
         }
     }

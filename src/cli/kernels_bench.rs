@@ -145,23 +145,25 @@ mod cuda_bench {
             report!(a.json, "| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
         }
-        // 2a. the same layers for 16 rows (a batch-16 decode step) on the kernel the backend
-        //     picks (the few-row tensor-core kernels with the compute_80 module)
-        report!(a.json, "| few-row kernel | 16 x k -> n | bytes read | us | GB/s | % of copy |");
-        report!(a.json, "|---|---|---|---|---|---|");
-        let rows16 = 16;
+        // 2a. the same layers for 16 and 64 rows (batched decode steps) on the kernel the
+        //     backend picks (with the compute_80 module: the few-row tensor-core kernels for 16,
+        //     the 64-row tiles, split-K, for 64)
         let few: Vec<(&str, usize, usize)> = vec![("qkv_proj (fused)", h, qd + 2 * kvd), ("o_proj", qd, h), ("gate+up (fused)", h, i), ("down_proj", i, h), ("lm_head", h, cfg.vocab_size)];
-        for (name, k, nout) in few {
-            let fused = name.starts_with("gate+up");
-            let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
-            let copies = (ROTATE_BYTES / per).max(2);
-            let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 11 + c as u32))).collect::<Result<_, _>>()?;
-            let x = b.upload_f32(&[rows16, k], &(0..rows16 * k).map(|j| 0.01 * ((j % 13) as f32 - 6.0)).collect::<Vec<_>>())?;
-            let algo = b.pick_linear(rows16, nout, k, wd);
-            let t = time(b, a.reps, copies, &mut |c| if fused { b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop) } else { b.linear_with(algo, &x, &ws[c], None, None).map(drop) })?;
-            let gbs = per as f64 / t / 1e9;
-            report!(a.json, "| {:?} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", algo, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
-            rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "rows": rows16, "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
+        for rows_n in [16usize, 64] {
+            report!(a.json, "| batched kernel | {} x k -> n | bytes read | us | GB/s | % of copy |", rows_n);
+            report!(a.json, "|---|---|---|---|---|---|");
+            for &(name, k, nout) in &few {
+                let fused = name.starts_with("gate+up");
+                let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
+                let copies = (ROTATE_BYTES / per).max(2);
+                let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 11 + c as u32))).collect::<Result<_, _>>()?;
+                let x = b.upload_f32(&[rows_n, k], &(0..rows_n * k).map(|j| 0.01 * ((j % 13) as f32 - 6.0)).collect::<Vec<_>>())?;
+                let algo = b.pick_linear(rows_n, nout, k, wd);
+                let t = time(b, a.reps, copies, &mut |c| if fused { b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop) } else { b.linear_with(algo, &x, &ws[c], None, None).map(drop) })?;
+                let gbs = per as f64 / t / 1e9;
+                report!(a.json, "| {:?} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", algo, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+                rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "rows": rows_n, "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
+            }
         }
         // 2b. the same GEMVs with block-quantized weights (activation quantization included)
         quant_rows(b, &a, &cfg, copy_gbs, &mut rows)?;

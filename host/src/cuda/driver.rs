@@ -35,6 +35,8 @@ pub struct LaunchConfig {
 
 /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
 pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION` (value: three u32, the cluster's blocks per axis).
+pub const CLUSTER_DIMENSION: u32 = 4;
 
 /// Whether the opened driver has `cuLaunchKernelEx` (CUDA 12.0 and newer).
 pub fn has_launch_kernel_ex() -> bool {

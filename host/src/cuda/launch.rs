@@ -36,6 +36,11 @@ impl Launcher<'_> {
         self.kernels.launch(self.stream, kernel, grid, block, shared_bytes, params)
     }
 
+    /// [`Launcher::launch_shared`] in thread-block clusters of `cluster` blocks per axis (sm_90).
+    pub fn launch_cluster<P: Copy>(&self, kernel: Kernel, grid: [u32; 3], block: u32, shared_bytes: u32, params: &P, cluster: [u32; 3]) -> Result<()> {
+        self.kernels.launch_cluster(self.stream, kernel, grid, block, shared_bytes, params, cluster)
+    }
+
 }
 
 /// Checks that `buf` holds at least `bytes`.

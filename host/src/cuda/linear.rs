@@ -12,7 +12,10 @@
 //! (64 × 64) below. When the tiles of `matmul_mma_*` / `matmul_big_*` give fewer blocks than
 //! multiprocessors (few rows: a 64-token prefill), `k` is split ([`SplitPolicy`]) into
 //! slices summed by separate blocks into a workspace, and `linear_split_reduce_f32` adds the
-//! slices and applies the epilogue (split-K; deterministic, no atomics). The few-row kernel
+//! slices and applies the epilogue (split-K; deterministic, no atomics); on compute 9.0 the
+//! pipelined 64 × 64 tile's slices (at most [`MAX_CLUSTER`]) are instead the blocks of one
+//! thread-block cluster and add each other's tiles through distributed shared memory, in the
+//! same order, inside the launch (`matmul_mma_pipe_64x64_cluster_*`, [`cluster_kernel`]). The few-row kernel
 //! splits `k` too when its column blocks leave multiprocessors idle ([`skinny_slices`]), and
 //! merges the slices inside the launch (the last slice of a column block to finish adds them
 //! in slice order: deterministic, one arrival counter per column block). The f16 tensor-core
@@ -166,6 +169,29 @@ pub const TILE_FILL: (usize, usize) = (15, 16);
 pub fn skinny() -> bool {
     static SKINNY: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_SKINNY");
     SKINNY.on()
+}
+
+/// Whether split-K 64 × 64 tiles may merge their slices inside a thread-block cluster on sm_90
+/// (`QWEN3_VL_CLUSTERS=0`: a workspace and `linear_split_reduce_f32` as elsewhere; an A/B aid,
+/// read once).
+pub fn clusters_enabled() -> bool {
+    static CLUSTERS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_CLUSTERS");
+    CLUSTERS.on()
+}
+
+/// Most blocks of a cluster (the portable limit): a cluster-merged split takes at most this
+/// many slices.
+pub const MAX_CLUSTER: u32 = 8;
+
+/// The cluster-merged variant of `kernel` when `algo` splits `k` over 64 × 64 pipelined tiles
+/// and the loaded module runs clusters (compute 9.0): its slices are the blocks of one cluster,
+/// added in the launch, with no workspace and no reduce.
+pub fn cluster_kernel(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel) -> Option<Kernel> {
+    match (algo, kernel) {
+        (LinearAlgo::Mma(64, 64, s), Kernel::MatmulMmaPipe64x64SplitF16) if s > 1 && l.kernels.clusters() => Some(Kernel::MatmulMmaPipe64x64ClusterF16),
+        (LinearAlgo::Mma(64, 64, s), Kernel::MatmulMmaPipe64x64SplitBf16) if s > 1 && l.kernels.clusters() => Some(Kernel::MatmulMmaPipe64x64ClusterBf16),
+        _ => None,
+    }
 }
 
 /// Split-K slices for a tiled launch of `blocks` blocks over `k` (stage depth `bk`) under
@@ -388,6 +414,16 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
     if slices > split_reduce_tile::MAX_SLICES {
         return Err(Error::Limit { op: kernel.name(), msg: format!("split-K into {} slices, at most {}", slices, split_reduce_tile::MAX_SLICES) });
     }
+    if let (Some(ck), LinearAlgo::Mma(tm, tn, s)) = (cluster_kernel(l, algo, kernel), algo) {
+        // sm_90: the slices (at most a cluster's blocks) merge through the cluster's shared memory
+        let (depth, slices) = slice_depth(k, s.min(MAX_CLUSTER), mma_pipe_tile::bk(tm, tn) as usize);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let grid = [grid_dim(ck, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(ck, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, slices];
+        let cp = LinearParams { k_split: fits_u32(ck, "k", depth)?, ..*p };
+        return l.launch_cluster(ck, grid, mma_tile::THREADS, mma_pipe_tile::shared_bytes(tm, tn), &cp, [1, 1, slices]);
+    }
     let part = match (slices > 1, ws) {
         (false, _) => None,
         (true, Some(ws)) => {
@@ -585,7 +621,10 @@ impl CudaBackend {
 
     /// The split-K workspace of `algo` for an `[m, n]` output: room for its slices' partial
     /// sums, or `None` when it does not split.
-    fn split_workspace(&self, algo: LinearAlgo, (m, n): (usize, usize)) -> Result<Option<DeviceBuffer>> {
+    fn split_workspace(&self, l: &Launcher<'_>, algo: LinearAlgo, dtype: DType, (m, n): (usize, usize)) -> Result<Option<DeviceBuffer>> {
+        if cluster_kernel(l, algo, algo.kernel(dtype, l.a16)?).is_some() {
+            return Ok(None);
+        }
         match algo {
             LinearAlgo::Big(s) | LinearAlgo::Mma(_, _, s) | LinearAlgo::Skinny(_, s) if s > 1 => Ok(Some(self.output(s as usize * m * n)?)),
             _ => Ok(None),
@@ -670,7 +709,7 @@ impl CudaBackend {
             None => None,
         };
         let out = self.output(m * n)?;
-        let ws = self.split_workspace(algo, (m, n))?;
+        let ws = self.split_workspace(&l, algo, w.dtype(), (m, n))?;
         let scales = self.row_scales_for(&l, algo, w.dtype(), ab, (m, k))?;
         let a16 = self.a16_operand(&l, algo, w.dtype(), ab, scales.as_ref(), (m, k))?;
         linear(&l, algo, w.dtype(), a16.as_ref().unwrap_or(ab), wb, bb, rb, nb, act, &out, ws.as_ref(), scales.as_ref(), (m, n, k))?;
@@ -710,7 +749,7 @@ impl CudaBackend {
                     Some(a16) => {
                         let bb = bias.map(|b| self.buffer(OP, b)).transpose()?;
                         let out = self.output(m * n)?;
-                        let ws = self.split_workspace(algo, (m, n))?;
+                        let ws = self.split_workspace(&l, algo, w.dtype(), (m, n))?;
                         linear(&l, algo, w.dtype(), &a16, self.buffer(OP, w)?, bb, None, None, ACT_NONE, &out, ws.as_ref(), None, (m, n, k))?;
                         Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out))
                     }
@@ -748,7 +787,7 @@ impl CudaBackend {
             let n = w.shape()[0];
             let act = gelu.map_or(ACT_NONE, gelu_act);
             let out = self.output(m * n)?;
-            let ws = self.split_workspace(algo, (m, n))?;
+            let ws = self.split_workspace(&l, algo, DType::BF16, (m, n))?;
             let bias = bias.map(|b| self.buffer(OP, b)).transpose()?;
             linear(&l, algo, DType::BF16, &h, self.buffer(OP, w)?, bias, None, None, act, &out, ws.as_ref(), None, (m, n, k))?;
             outs.push(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
@@ -781,7 +820,7 @@ impl CudaBackend {
         let h = self.pool.alloc(m * n * 2)?;
         gate_up_pipe(&l, DType::BF16, (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&h, true), None, (m, n, k))?;
         let out = self.output(m * n_out)?;
-        let ws = self.split_workspace(dn, (m, n_out))?;
+        let ws = self.split_workspace(&l, dn, DType::BF16, (m, n_out))?;
         linear(&l, dn, DType::BF16, &h, self.buffer(OP, down)?, None, Some(self.buffer(OP, x)?), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
         Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))
     }
@@ -818,7 +857,7 @@ impl CudaBackend {
         let b1 = fc1.1.map(|b| self.buffer(OP, b)).transpose()?;
         linear_c16(&l, tile, &a16, self.buffer(OP, fc1.0)?, b1, act, &h, (m, n, k))?;
         let out = self.output(m * n_out)?;
-        let ws = self.split_workspace(l2, (m, n_out))?;
+        let ws = self.split_workspace(&l, l2, DType::BF16, (m, n_out))?;
         let b2 = fc2.1.map(|b| self.buffer(OP, b)).transpose()?;
         linear(&l, l2, DType::BF16, &h, self.buffer(OP, fc2.0)?, b2, Some(xb), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
         Ok(Self::wrap(x.shape().to_vec(), DType::F32, out))

@@ -4,7 +4,7 @@
 //! with programmatic stream serialization (`cuLaunchKernelEx`), so their blocks start while
 //! that kernel finishes (recorded graphs keep it as a programmatic edge).
 
-use super::driver::{cuLaunchKernelEx, has_launch_kernel_ex, LaunchAttribute, LaunchConfig, PROGRAMMATIC_STREAM_SERIALIZATION};
+use super::driver::{cuLaunchKernelEx, has_launch_kernel_ex, LaunchAttribute, LaunchConfig, CLUSTER_DIMENSION, PROGRAMMATIC_STREAM_SERIALIZATION};
 use super::error::OkOrCuda;
 use crate::kernels::{grid_dep_enabled, Arch, Kernel, KernelsRequest, Ptx};
 use crate::{Error, Result};
@@ -17,6 +17,8 @@ pub struct Kernels {
     funcs: Vec<cust::sys::CUfunction>,
     /// Per kernel: launched to overlap the kernel before it (its code waits for it).
     overlap: Vec<bool>,
+    /// The module was loaded as sm_90 (`Ptx::text_for`): its thread-block cluster kernels run.
+    clusters: bool,
     arch: Arch,
     module: Module,
 }
@@ -80,12 +82,42 @@ impl Kernels {
                     .map_err(|e| Error::Unavailable(e.to_string()))?;
             }
         }
-        Ok((Kernels { funcs, overlap: overlaps, arch: chosen.arch, module }, why))
+        let clusters = overlap && super::linear::clusters_enabled();
+        Ok((Kernels { funcs, overlap: overlaps, clusters, arch: chosen.arch, module }, why))
     }
 
     /// The module's architecture.
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Whether kernels that merge through a thread-block cluster can launch (the module was
+    /// loaded as sm_90, where their cluster instructions are real; `QWEN3_VL_CLUSTERS=0`: no).
+    pub fn clusters(&self) -> bool {
+        self.clusters
+    }
+
+    /// Launches `kernel` as [`Kernels::launch`] does, in thread-block clusters of `cluster`
+    /// blocks per axis (each grid axis a multiple of it; compute 9.0, [`Kernels::clusters`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_cluster<P: Copy>(&self, stream: cust::sys::CUstream, kernel: Kernel, grid: [u32; 3], block: u32, shared_bytes: u32, params: &P, cluster: [u32; 3]) -> Result<()> {
+        let f = self.funcs[kernel as usize];
+        if f.is_null() || !self.clusters {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90 (thread-block clusters)", kernel.arch()) });
+        }
+        if (0..3).any(|i| cluster[i] == 0 || grid[i] % cluster[i] != 0) || cluster.iter().product::<u32>() > 8 {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("clusters of {:?} blocks for a grid of {:?}: each axis a multiple, at most 8 blocks", cluster, grid) });
+        }
+        let mut args = [params as *const P as *mut c_void];
+        let mut value = [0u8; 64];
+        for (i, c) in cluster.iter().enumerate() {
+            value[4 * i..4 * i + 4].copy_from_slice(&c.to_ne_bytes());
+        }
+        let mut attr = LaunchAttribute { id: CLUSTER_DIMENSION, pad: [0; 4], value };
+        let config = LaunchConfig { grid, block: [block, 1, 1], shared_bytes, stream, attrs: &mut attr, num_attrs: 1 };
+        // SAFETY: as in `launch`; `config` and `attr` outlive the call, and the grid is whole
+        // clusters of at most 8 blocks (checked above)
+        unsafe { cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.ok_or_cuda(kernel.name())
     }
 
     /// Launches `kernel` with its single parameter struct `params` on `stream`.

@@ -72,6 +72,14 @@ pub fn grid_dep_enabled() -> bool {
     PDL.on()
 }
 
+/// Whether kernels that merge through a thread-block cluster may launch where the compute_80
+/// module loads as sm_90 (the split-K 64 × 64 pipelined tiles, `host/src/cuda/linear.rs`;
+/// `QWEN3_VL_CLUSTERS=0`: a workspace and a reduce launch as elsewhere, an A/B aid; read once).
+pub fn clusters_enabled() -> bool {
+    static CLUSTERS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_CLUSTERS");
+    CLUSTERS.on()
+}
+
 impl Ptx {
     /// The text a device of compute capability `cc` loads, and whether its kernels overlap the
     /// ones before them. On compute 9.0 and newer the compute_80 module becomes an sm_90 module
@@ -362,14 +370,6 @@ impl Kernel {
             (other, false) => return Err(Error::Limit { op: "matmul_mma_pipe", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
         };
         by_half(dtype, false, [set[0], set[1], set[0], set[1]], "matmul_mma_pipe")
-    }
-
-    /// The split-K 64 × 64 pipelined matmul whose slices merge inside a thread-block cluster
-    /// (sm_90 only: the CUDA backend's loaded module says whether it can launch it) for
-    /// weights of `dtype`.
-    pub fn matmul_mma_pipe_cluster(dtype: DType) -> Result<Kernel> {
-        use Kernel::*;
-        by_half(dtype, false, [MatmulMmaPipe64x64ClusterF16, MatmulMmaPipe64x64ClusterBf16, MatmulMmaPipe64x64ClusterF16, MatmulMmaPipe64x64ClusterBf16], "matmul_mma_pipe_cluster")
     }
 
     /// The pipelined SwiGLU gate/up product over 16-bit activations with `(rows, columns)`

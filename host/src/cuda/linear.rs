@@ -171,14 +171,6 @@ pub fn skinny() -> bool {
     SKINNY.on()
 }
 
-/// Whether split-K 64 × 64 tiles may merge their slices inside a thread-block cluster on sm_90
-/// (`QWEN3_VL_CLUSTERS=0`: a workspace and `linear_split_reduce_f32` as elsewhere; an A/B aid,
-/// read once).
-pub fn clusters_enabled() -> bool {
-    static CLUSTERS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_CLUSTERS");
-    CLUSTERS.on()
-}
-
 /// Most blocks of a cluster (the portable limit): a cluster-merged split takes at most this
 /// many slices.
 pub const MAX_CLUSTER: u32 = 8;

@@ -6,7 +6,7 @@
 
 use super::driver::{cuLaunchKernelEx, has_launch_kernel_ex, LaunchAttribute, LaunchConfig, CLUSTER_DIMENSION, PROGRAMMATIC_STREAM_SERIALIZATION};
 use super::error::OkOrCuda;
-use crate::kernels::{grid_dep_enabled, Arch, Kernel, KernelsRequest, Ptx};
+use crate::kernels::{clusters_enabled, grid_dep_enabled, Arch, Kernel, KernelsRequest, Ptx};
 use crate::{Error, Result};
 use cust::module::Module;
 use std::ffi::c_void;
@@ -82,7 +82,7 @@ impl Kernels {
                     .map_err(|e| Error::Unavailable(e.to_string()))?;
             }
         }
-        let clusters = overlap && super::linear::clusters_enabled();
+        let clusters = overlap && clusters_enabled();
         Ok((Kernels { funcs, overlap: overlaps, clusters, arch: chosen.arch, module }, why))
     }
 
@@ -91,8 +91,9 @@ impl Kernels {
         self.arch
     }
 
-    /// Whether kernels that merge through a thread-block cluster can launch (the module was
-    /// loaded as sm_90, where their cluster instructions are real; `QWEN3_VL_CLUSTERS=0`: no).
+    /// Whether kernels that merge through a thread-block cluster can launch: the module was
+    /// loaded as sm_90, where their cluster instructions are real (not with `QWEN3_VL_PDL=0`,
+    /// which keeps the compute_80 text, nor `QWEN3_VL_CLUSTERS=0`).
     pub fn clusters(&self) -> bool {
         self.clusters
     }

@@ -106,19 +106,11 @@ impl Kernels {
         if f.is_null() || !self.clusters {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90 (thread-block clusters)", kernel.arch()) });
         }
-        if (0..3).any(|i| cluster[i] == 0 || grid[i] % cluster[i] != 0) || cluster.iter().product::<u32>() > 8 {
+        if (0..3).any(|i| cluster[i] == 0 || !grid[i].is_multiple_of(cluster[i])) || cluster.iter().product::<u32>() > 8 {
             return Err(Error::Limit { op: kernel.name(), msg: format!("clusters of {:?} blocks for a grid of {:?}: each axis a multiple, at most 8 blocks", cluster, grid) });
         }
-        let mut args = [params as *const P as *mut c_void];
-        let mut value = [0u8; 64];
-        for (i, c) in cluster.iter().enumerate() {
-            value[4 * i..4 * i + 4].copy_from_slice(&c.to_ne_bytes());
-        }
-        let mut attr = LaunchAttribute { id: CLUSTER_DIMENSION, pad: [0; 4], value };
-        let config = LaunchConfig { grid, block: [block, 1, 1], shared_bytes, stream, attrs: &mut attr, num_attrs: 1 };
-        // SAFETY: as in `launch`; `config` and `attr` outlive the call, and the grid is whole
-        // clusters of at most 8 blocks (checked above)
-        unsafe { cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.ok_or_cuda(kernel.name())
+        // the grid is whole clusters of at most 8 blocks (checked above)
+        launch_ex(kernel, f, (grid, block, shared_bytes, stream), params, CLUSTER_DIMENSION, &cluster)
     }
 
     /// Launches `kernel` with its single parameter struct `params` on `stream`.
@@ -127,16 +119,12 @@ impl Kernels {
         if f.is_null() {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs the {} module; {} is loaded", kernel.arch(), self.arch) });
         }
-        let mut args = [params as *const P as *mut c_void];
         if self.overlap[kernel as usize] {
-            let mut value = [0u8; 64];
-            value[..4].copy_from_slice(&1i32.to_ne_bytes());
-            let mut attr = LaunchAttribute { id: PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value };
-            let config = LaunchConfig { grid, block: [block, 1, 1], shared_bytes, stream, attrs: &mut attr, num_attrs: 1 };
-            // SAFETY: as below; `config` and `attr` outlive the call, and the kernel waits for
-            // the one before it before reading its output (`overlap` is set only for those)
-            return unsafe { cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.ok_or_cuda(kernel.name());
+            // the kernel waits for the one before it before reading its output (`overlap` is
+            // set only for those)
+            return launch_ex(kernel, f, (grid, block, shared_bytes, stream), params, PROGRAMMATIC_STREAM_SERIALIZATION, &[1]);
         }
+        let mut args = [params as *const P as *mut c_void];
         // SAFETY: `f` belongs to the live module; `params` is the `#[repr(C)]` struct the kernel
         // takes by value, validated by the checked launcher that built it; the driver copies it
         // before returning.
@@ -149,4 +137,20 @@ impl Kernels {
     pub fn module(&self) -> &Module {
         &self.module
     }
+}
+
+/// Launches `f` (the handle of `kernel`) with its single parameter struct `params` through
+/// `cuLaunchKernelEx` with one launch attribute: `id`, its value's leading 32-bit words `words`.
+fn launch_ex<P: Copy>(kernel: Kernel, f: cust::sys::CUfunction, (grid, block, shared_bytes, stream): ([u32; 3], u32, u32, cust::sys::CUstream), params: &P, id: u32, words: &[u32]) -> Result<()> {
+    let mut value = [0u8; 64];
+    for (i, w) in words.iter().enumerate() {
+        value[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    let mut attr = LaunchAttribute { id, pad: [0; 4], value };
+    let config = LaunchConfig { grid, block: [block, 1, 1], shared_bytes, stream, attrs: &mut attr, num_attrs: 1 };
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: `f` belongs to the live module and `params` is the `#[repr(C)]` struct the kernel
+    // takes by value, as in `Kernels::launch`; `config`, `attr` and `args` outlive the call,
+    // and the caller checked what the attribute needs of the launch
+    unsafe { cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }.ok_or_cuda(kernel.name())
 }

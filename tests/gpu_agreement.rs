@@ -337,8 +337,8 @@ fn few_rows_agree_around_the_skinny_variants() {
 }
 
 /// `Precision::Bf16`: the tensor-core linears' 16-bit-activation variants (the few-row
-/// `*_a16_*`, and `cast_a16_*` then `matmul_mma_pipe_*` on every tile, 128 × 128 and 64 × 128
-/// included, and split-K: on compute 9.0 merged in a thread-block cluster, 9 slices cut to 8
+/// `*_a16_*`, and `cast_a16_*` then `matmul_mma_pipe_*` on every tile, 128 × 256 (2,050 rows
+/// of 2,312 outputs on a 132-SM device), 128 × 128 and 64 × 128 included, and split-K: on compute 9.0 merged in a thread-block cluster, 9 slices cut to 8
 /// at m = 40, k = 6144) against the CPU's f32 product. Each activation is rounded
 /// once to bf16 (unit roundoff 2^-9) or, scaled per row, to f16 (2^-11), so an output may move
 /// by at most 2^-9 · Σ_k |a·w| beside f32 rounding: the bound is that sum (from the CPU, on
@@ -350,7 +350,7 @@ fn bf16_precision_linears_stay_within_one_activation_rounding() {
     let cpu = cpu();
     for g in common::gpus("bf16 precision linear") {
         let a16 = common::tensor_cores(&*g);
-        for (i, &(m, n, k)) in [(2usize, 257usize, 136usize), (16, 2048, 2048), (17, 40, 6144), (32, 264, 512), (64, 2048, 2048), (40, 2048, 6144), (200, 1024, 2048), (512, 520, 1024), (300, 4100, 72), (1030, 2312, 264)].iter().enumerate() {
+        for (i, &(m, n, k)) in [(2usize, 257usize, 136usize), (16, 2048, 2048), (17, 40, 6144), (32, 264, 512), (64, 2048, 2048), (40, 2048, 6144), (200, 1024, 2048), (512, 520, 1024), (300, 4100, 72), (1030, 2312, 264), (2050, 2312, 264)].iter().enumerate() {
             let seed = 7000 + i as u32 * 10;
             let mut a = random(m * k, seed);
             for (r, row) in a.chunks_mut(k).enumerate() {
@@ -552,8 +552,8 @@ fn bf16_precision_layer_normed_products_stay_within_one_activation_rounding() {
 fn bf16_precision_mlp_blocks_stay_within_two_activation_roundings() {
     for g in common::gpus("bf16 precision MLP blocks") {
         // the middles' tiles: gate/up 64 × 128 (fc1 64 × 64: the composite), gate/up 128 × 128
-        // and fc1 64 × 128, both 128 × 128
-        for (m, n) in [(600, 1536), (600, 3072), (1024, 2048)] {
+        // and fc1 64 × 128, both 128 × 128 (on 132 SMs: gate/up 128 × 256), both 128 × 256
+        for (m, n) in [(600, 1536), (600, 3072), (1024, 2048), (2050, 2048)] {
             check_mlp_blocks(&*g, common::tensor_cores(&*g), (m, n, 512));
         }
     }

@@ -14,12 +14,13 @@
 //! residual): the next pipelined GEMM's activations, rounded once in the epilogue.
 //!
 //! # Tiling
-//! A block computes a `TM × TN` tile of `c` (128 × 128, 64 × 128, 64 × 64; split-K over grid
-//! z as in `mma.rs`, or on sm_90 over the blocks of a thread-block cluster, which merge the
-//! slices themselves: `matmul_mma_pipe_64x64_cluster_*`), walking `k` in stages of `KB` elements (`mma_pipe_tile::bk`: 32 for
-//! 128 × 128, 64 for the others). `STAGES` (3) stages of both operands live in dynamic shared
-//! memory (`mma_pipe_tile::shared_bytes`: 72 KiB for 64 × 128, past the 48 KiB default, which
-//! the module loader raises for these kernels; 128 × 128's 48 KiB are static):
+//! A block computes a `TM × TN` tile of `c` (128 × 256, 128 × 128, 64 × 128, 64 × 64; split-K
+//! over grid z as in `mma.rs`, or on sm_90 over the blocks of a thread-block cluster, which
+//! merge the slices themselves: `matmul_mma_pipe_64x64_cluster_*`), walking `k` in stages of
+//! `KB` elements (`mma_pipe_tile::bk`: 32 for 128 × 128, 64 for the others). `STAGES` (3)
+//! stages of both operands live in dynamic shared memory (`mma_pipe_tile::shared_bytes`: 72 KiB
+//! for 64 × 128 and 144 KiB for 128 × 256, past the 48 KiB default, which the module loader
+//! raises for these kernels where the device allows; 128 × 128's 48 KiB are static):
 //! stage `s + STAGES - 1` is being copied (`cp.async`, 16 bytes per copy, zero-filled past
 //! `m`, `n` and `k`) while stage `s` is multiplied, and nothing passes through registers on the
 //! way. Rows of 64 elements are eight 16-byte chunks stored at chunk `c ^ (row & 7)`, rows of
@@ -29,7 +30,10 @@
 //! # Thread mapping
 //! 256 threads = 8 warps as 2 (m) × 4 (n), a warp owning a `TM/2 × TN/4` tile of m16n8k16
 //! mma tiles, fragments by `ldmatrix.x4`; one mma per tile and k step (the activations were
-//! rounded once). Copies: thread `t` takes the 16-byte chunks `t, t + 256, ...` of each
+//! rounded once). A warp's 64 × 64 of the 128 × 256 tile reads 128 bytes of shared memory per
+//! mma where 128 × 128's 64 × 32 reads 192: on an H100 / H200 (128 bytes a clock per SM, about
+//! 0.7 mma a clock) the smaller warp tile is bound by those reads. The 128 × 256 epilogue goes
+//! through shared memory ([`store_staged`]). Copies: thread `t` takes the 16-byte chunks `t, t + 256, ...` of each
 //! operand's stage. `cast_a16_*`: one thread per 8 activations (two 16-byte loads, one
 //! 16-byte store), grid x over `m · k / 8`.
 //!
@@ -92,7 +96,7 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
     let (depth, chunks) = (KB, C);
     // [STAGES][rows][KB elements] of 16 bits for the activations, then the weights
     let (a_buf, w_buf) = (TM * depth * 2, TN * depth * 2);
-    let (a_s, w_s) = if depth == 32 {
+    let (a_s, w_s) = if depth == 32 && TM * TN == 128 * 128 {
         // 128 × 128 (see `mma_pipe_tile::shared_bytes`): static stages, 24 KiB per operand
         (shared_array![F32x4; NSTAGES * 128 * 32 / 8] as *mut u8, shared_array![F32x4; NSTAGES * 128 * 32 / 8] as *mut u8)
     } else {
@@ -182,6 +186,13 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
     let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
     let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
     let acc = pipe_core::<W, TM, TN, KB, C, false, MT, NT>(&x);
+    if TN == 256 {
+        // (the staged tile fits in the stages' dynamic shared memory)
+        assert!(TM * (TN + 8) * 4 <= NSTAGES * (TM + TN) * KB * 2);
+        // 5. epilogue through shared memory (see `store_staged`)
+        store_staged::<W, TM, TN, C16, MT, NT>(&p, &acc);
+        return;
+    }
     // 5. epilogue (row scales undone, bias, activation, residual), one mma tile at a time
     let lane = thread::thread_idx_x() as usize % 32;
     let warp = thread::thread_idx_x() as usize / 32;
@@ -189,7 +200,7 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
     // (written out: a rolled loop would index `acc` dynamically, through local memory)
     unroll!(mt < TM / 32, [0, 1, 2, 3], {
-        unroll!(nt < TN / 32, [0, 1, 2, 3], {
+        unroll!(nt < TN / 32, [0, 1, 2, 3, 4, 5, 6, 7], {
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
             if C16 {
@@ -211,6 +222,81 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
     });
 }
 
+/// The epilogue of the 128 × 256 tiles: the block's raw sums staged in its shared memory (the
+/// pipeline's stages, free once every warp has read its last one; rows of `TN + 8` f32, so the
+/// four rows a half-warp's 8-byte stores reach fall in distinct banks), then each thread
+/// finishes four adjacent outputs per round (row scales undone, bias, activation, residual) and
+/// stores them as one 16-byte vector (8 bytes in bf16 with `C16`) where the row allows, the
+/// rows in order. Unrolled per mma tile, the 128 × 256 epilogue's stores and their
+/// bookkeeping made the kernel's code ~4× the size of its main loop and measured at half the
+/// speed of the gate/up kernel, whose epilogue is short (ncu: warps waiting on instruction fetch).
+#[inline(always)]
+unsafe fn store_staged<W: MmaElem, const TM: usize, const TN: usize, const C16: bool, const MT: usize, const NT: usize>(p: &LinearParams, acc: &[[[f32; 4]; NT]; MT]) {
+    const PAD: usize = 8;
+    let stride = TN + PAD;
+    let tile = dynamic_shared_mem::<u8>() as *mut f32;
+    let tid = thread::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    // every warp is done with the stages
+    thread::sync_threads();
+    unroll!(mt < TM / 32, [0, 1, 2, 3], {
+        unroll!(nt < TN / 32, [0, 1, 2, 3, 4, 5, 6, 7], {
+            let r = wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
+            let d = acc[mt % MT][nt % NT];
+            unroll!(h < 2, [0, 1], {
+                *(tile.add((r + 8 * h) * stride + col) as *mut F32x2) = F32x2([d[2 * h], d[2 * h + 1]]);
+            });
+        });
+    });
+    thread::sync_threads();
+    let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+    let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
+    let row_scale = p.row_scale as *const f32;
+    let mut i = tid;
+    while i < TM * (TN / 4) {
+        let (lr, lc) = (i / (TN / 4), 4 * (i % (TN / 4)));
+        let (r, col) = (row0 + lr, col0 + lc);
+        if r < m && col < n {
+            let v = ld_f32x4(tile.add(lr * stride + lc));
+            let sc = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(r) } else { 1.0 };
+            let mut o = [0.0f32; 4];
+            unroll!(e < 4, [0, 1, 2, 3], {
+                if col + e < n {
+                    o[e] = crate::matmul::finish(p, v[e] / sc, r, col + e);
+                }
+            });
+            let at = r * ldc + col;
+            if C16 {
+                // `n` even: the pairs (col, col + 1) and (col + 2, col + 3) are whole or absent
+                let c = (p.c as *mut u8).add(at * 2);
+                let (lo, hi) = (W::pack(o[0], o[1]), W::pack(o[2], o[3]));
+                if col + 3 < n && at % 4 == 0 {
+                    *(c as *mut F32x2) = F32x2([f32::from_bits(lo), f32::from_bits(hi)]);
+                } else {
+                    *(c as *mut u32) = lo;
+                    if col + 2 < n {
+                        *(c.add(4) as *mut u32) = hi;
+                    }
+                }
+            } else {
+                let c = (p.c as *mut f32).add(at);
+                if col + 3 < n && at % 4 == 0 {
+                    *(c as *mut F32x4) = F32x4(o);
+                } else {
+                    unroll!(e < 4, [0, 1, 2, 3], {
+                        if col + e < n {
+                            *c.add(e) = o[e];
+                        }
+                    });
+                }
+            }
+        }
+        i += THREADS as usize;
+    }
+}
+
 /// `c = silu(a · gateᵀ) ⊙ (a · upᵀ)` over 16-bit activations ([`GateUpParams`]: `a` from
 /// `cast_a16_*`, row stride `lda`; f16 row scales undone first): [`pipe_core`] with the two
 /// matrices' rows interleaved by eights, `TN / 2` output columns per block.
@@ -225,7 +311,7 @@ unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: u
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * (TN / 2));
     let (c, row_scale) = (p.c as *mut f32, p.row_scale as *const f32);
     unroll!(mt < TM / 32, [0, 1, 2, 3], {
-        unroll!(j < TN / 64, [0, 1], {
+        unroll!(j < TN / 64, [0, 1, 2, 3], {
             let (g, u) = (acc[mt][2 * j], acc[mt][2 * j + 1]);
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 8) + j * 8 + 2 * (lane % 4);
@@ -314,6 +400,43 @@ pub unsafe fn matmul_mma_pipe_bf16(p: LinearParams) {
 #[kernel]
 pub unsafe fn matmul_mma_pipe_f16(p: LinearParams) {
     mma_pipe::<F16, 128, 128, false, 32, 4, false, 4, 4>(p)
+}
+
+/// As [`matmul_mma_pipe_f16`], 128 × 256 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_128x256_f16(p: LinearParams) {
+    mma_pipe::<F16, 128, 256, false, 64, 8, false, 4, 8>(p)
+}
+
+/// [`matmul_mma_pipe_c16_bf16`] with 128 × 256 tiles.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_128x256_c16_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 128, 256, false, 64, 8, true, 4, 8>(p)
+}
+
+/// [`gate_up_pipe_bf16`] with 128 × 256 tiles (128 columns of each matrix).
+#[kernel]
+pub unsafe fn gate_up_pipe_128x256_bf16(p: GateUpParams) {
+    gate_up_pipe::<Bf16, 128, 256, 64, 8, false, 4, 8>(p)
+}
+
+/// [`gate_up_pipe_f16`] with 128 × 256 tiles.
+#[kernel]
+pub unsafe fn gate_up_pipe_128x256_f16(p: GateUpParams) {
+    gate_up_pipe::<F16, 128, 256, 64, 8, false, 4, 8>(p)
+}
+
+/// [`gate_up_pipe_c16_bf16`] with 128 × 256 tiles.
+#[kernel]
+pub unsafe fn gate_up_pipe_128x256_c16_bf16(p: GateUpParams) {
+    gate_up_pipe::<Bf16, 128, 256, 64, 8, true, 4, 8>(p)
+}
+
+/// As [`matmul_mma_pipe_bf16`], 128 × 256 tiles (a warp owns 64 × 64: half the shared-memory
+/// reads per mma of 128 × 128's 64 × 32), 64-deep stages.
+#[kernel]
+pub unsafe fn matmul_mma_pipe_128x256_bf16(p: LinearParams) {
+    mma_pipe::<Bf16, 128, 256, false, 64, 8, false, 4, 8>(p)
 }
 
 /// As [`matmul_mma_pipe_bf16`], 64 × 128 tiles.

@@ -517,18 +517,19 @@ pub mod mma_pipe_tile {
     pub const STAGES: u32 = 3;
 
     /// Depth of one stage of a `tm × tn` tile: 64 (four mma k-steps per barrier, 128-byte rows)
-    /// for the smaller tiles; 32 for 128 × 128, whose 64-deep stages (96 KiB) measured slower
+    /// for the others; 32 for 128 × 128, whose 64-deep stages (96 KiB) measured slower
     /// on the H100 (prefill @4096 54.9k against 57.6k tok/s), while 64 × 128 went from 54 to
     /// 43 µs on a 512-row qkv projection.
     pub const fn bk(tm: u32, tn: u32) -> u32 {
-        if tm * tn >= 128 * 128 {
+        if tm * tn == 128 * 128 {
             32
         } else {
             64
         }
     }
 
-    /// Dynamic shared memory of a `tm × tn` tile: its stages (72 KiB for 64 × 128), or 0 for
+    /// Dynamic shared memory of a `tm × tn` tile: its stages (72 KiB for 64 × 128, 144 KiB for
+    /// 128 × 256, which also holds its staged `[128][264]` f32 epilogue tile), or 0 for
     /// 128 × 128, whose 48 KiB are static (the same stages in dynamic memory measured 84 µs
     /// against 74 on a 512 × 6144 × 2048 projection).
     pub const fn shared_bytes(tm: u32, tn: u32) -> u32 {

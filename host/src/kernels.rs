@@ -262,6 +262,12 @@ kernel_table! {
     GateUpPipe64x128C16Bf16 = "gate_up_pipe_64x128_c16_bf16" @ Compute80,
     MatmulMmaPipeC16Bf16 = "matmul_mma_pipe_c16_bf16" @ Compute80,
     MatmulMmaPipe64x128C16Bf16 = "matmul_mma_pipe_64x128_c16_bf16" @ Compute80,
+    MatmulMmaPipe128x256F16 = "matmul_mma_pipe_128x256_f16" @ Compute80,
+    MatmulMmaPipe128x256Bf16 = "matmul_mma_pipe_128x256_bf16" @ Compute80,
+    MatmulMmaPipe128x256C16Bf16 = "matmul_mma_pipe_128x256_c16_bf16" @ Compute80,
+    GateUpPipe128x256F16 = "gate_up_pipe_128x256_f16" @ Compute80,
+    GateUpPipe128x256Bf16 = "gate_up_pipe_128x256_bf16" @ Compute80,
+    GateUpPipe128x256C16Bf16 = "gate_up_pipe_128x256_c16_bf16" @ Compute80,
     RmsNormA16Bf16 = "rms_norm_a16_bf16" @ Compute80,
     LayerNormA16Bf16 = "layer_norm_a16_bf16" @ Compute80,
     CastA16F16 = "cast_a16_f16" @ Compute80,
@@ -364,6 +370,7 @@ impl Kernel {
         let set = match (tile, split) {
             ((64, 64), true) => [MatmulMmaPipe64x64SplitF16, MatmulMmaPipe64x64SplitBf16],
             (_, true) => return Err(Error::Limit { op: "matmul_mma_pipe", msg: format!("split-K needs the 64x64 tile, not {}x{}", tile.0, tile.1) }),
+            ((128, 256), false) => [MatmulMmaPipe128x256F16, MatmulMmaPipe128x256Bf16],
             ((128, 128), false) => [MatmulMmaPipeF16, MatmulMmaPipeBf16],
             ((64, 128), false) => [MatmulMmaPipe64x128F16, MatmulMmaPipe64x128Bf16],
             ((64, 64), false) => [MatmulMmaPipe64x64F16, MatmulMmaPipe64x64Bf16],
@@ -377,6 +384,7 @@ impl Kernel {
     pub fn gate_up_pipe(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
         use Kernel::*;
         let set = match tile {
+            (128, 256) => [GateUpPipe128x256F16, GateUpPipe128x256Bf16],
             (128, 128) => [GateUpPipeF16, GateUpPipeBf16],
             (64, 128) => [GateUpPipe64x128F16, GateUpPipe64x128Bf16],
             other => return Err(Error::Limit { op: "gate_up_pipe", msg: format!("no {}x{} tile kernel", other.0, other.1) }),
@@ -390,8 +398,10 @@ impl Kernel {
     pub fn pipe_c16(gate_up: bool, tile: (u32, u32)) -> Option<Kernel> {
         use Kernel::*;
         match (gate_up, tile) {
+            (true, (128, 256)) => Some(GateUpPipe128x256C16Bf16),
             (true, (128, 128)) => Some(GateUpPipeC16Bf16),
             (true, (64, 128)) => Some(GateUpPipe64x128C16Bf16),
+            (false, (128, 256)) => Some(MatmulMmaPipe128x256C16Bf16),
             (false, (128, 128)) => Some(MatmulMmaPipeC16Bf16),
             (false, (64, 128)) => Some(MatmulMmaPipe64x128C16Bf16),
             _ => None,
@@ -407,6 +417,8 @@ impl Kernel {
                 | MatmulMmaPipe64x64ClusterF16 | MatmulMmaPipe64x64ClusterBf16
                 | GateUpPipeF16 | GateUpPipeBf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16
                 | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
+                | MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16
+                | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16
         )
     }
 
@@ -420,6 +432,7 @@ impl Kernel {
             MatmulMmaPipeF16 | MatmulMmaPipeBf16 | MatmulMmaPipeC16Bf16 => shared_bytes(128, 128),
             MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 | MatmulMmaPipe64x128C16Bf16 | GateUpPipe64x128C16Bf16 => shared_bytes(64, 128),
             MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 | MatmulMmaPipe64x64ClusterF16 | MatmulMmaPipe64x64ClusterBf16 => shared_bytes(64, 64),
+            MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16 => shared_bytes(128, 256),
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
             AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
             _ => 0,
@@ -445,6 +458,7 @@ impl Kernel {
             MatmulMmaF16 | MatmulMma64x128F16 | MatmulMma64x64F16 | MatmulMma64x64SplitF16 | MatmulSkinnyM16F16 | MatmulSkinnyM32F16
                 | MatmulSkinnyM16A16F16 | MatmulSkinnyM32A16F16
                 | MatmulMmaPipeF16 | MatmulMmaPipe64x128F16 | MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64ClusterF16 | GateUpPipeF16 | GateUpPipe64x128F16
+                | MatmulMmaPipe128x256F16 | GateUpPipe128x256F16
         )
     }
 

@@ -23,6 +23,10 @@ pub struct KernelsBenchArgs {
     /// Print the results as one JSON object on stdout (the tables go to stderr).
     #[clap(long)]
     json: bool,
+    /// Time only these sections (comma-separated: gemv, batched, quant, attention, matmul,
+    /// flash); all by default.
+    #[clap(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -117,6 +121,7 @@ mod cuda_bench {
         // 2. each GEMV of the decoder, m = 1
         let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
+        let section = |name: &str| a.only.is_empty() || a.only.iter().any(|s| s == name);
         // (name, k, n, with the RMSNorm prologue)
         let shapes: Vec<(&str, usize, usize, bool)> = vec![
             ("qkv_proj (fused)", h, qd + 2 * kvd, false),
@@ -129,7 +134,7 @@ mod cuda_bench {
             ("lm_head", h, cfg.vocab_size, false),
         ];
         let norm_w = b.upload_f32(&[h], &vec![1.0; h])?;
-        for (name, k, nout, normed) in shapes {
+        for (name, k, nout, normed) in shapes.into_iter().filter(|_| section("gemv")) {
             let fused = name.starts_with("gate+up");
             let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
             let copies = (ROTATE_BYTES / per).max(2);
@@ -149,7 +154,7 @@ mod cuda_bench {
         //     backend picks (with the compute_80 module: the few-row tensor-core kernels for 16,
         //     the 64-row tiles, split-K, for 64)
         let few: Vec<(&str, usize, usize)> = vec![("qkv_proj (fused)", h, qd + 2 * kvd), ("o_proj", qd, h), ("gate+up (fused)", h, i), ("down_proj", i, h), ("lm_head", h, cfg.vocab_size)];
-        for rows_n in [16usize, 64] {
+        for rows_n in [16usize, 64].into_iter().filter(|_| section("batched")) {
             report!(a.json, "| batched kernel | {} x k -> n | bytes read | us | GB/s | % of copy |", rows_n);
             report!(a.json, "|---|---|---|---|---|---|");
             for &(name, k, nout) in &few {
@@ -166,10 +171,12 @@ mod cuda_bench {
             }
         }
         // 2b. the same GEMVs with block-quantized weights (activation quantization included)
-        quant_rows(b, &a, &cfg, copy_gbs, &mut rows)?;
+        if section("quant") {
+            quant_rows(b, &a, &cfg, copy_gbs, &mut rows)?;
+        }
         // 3. split-KV attention of one decode step, f16 cache, at several contexts
         let (heads, kvh) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        for &ctx in &[64usize, 512, 4096, 16384] {
+        for &ctx in [64usize, 512, 4096, 16384].iter().filter(|_| section("attention")) {
             let cap = ctx + 128;
             let kc = b.upload_half(&[cap, kvh, d], DType::F16, &random_bits(cap * kvh * d, 3))?;
             let vc = b.upload_half(&[cap, kvh, d], DType::F16, &random_bits(cap * kvh * d, 4))?;
@@ -187,7 +194,7 @@ mod cuda_bench {
         //     of 16): one row at several contexts, then batches; the kernel the backend picks
         //     (QWEN3_VL_PAGED_MMA=0 keeps it off the tensor cores)
         let block = 16usize;
-        for &(nrows, ctx) in &[(1usize, 64usize), (1, 512), (1, 4096), (1, 32768), (16, 512), (16, 4096), (64, 512)] {
+        for &(nrows, ctx) in [(1usize, 64usize), (1, 512), (1, 4096), (1, 32768), (16, 512), (16, 4096), (64, 512)].iter().filter(|_| section("attention")) {
             let per = ctx.div_ceil(block);
             let slots = nrows * per * block;
             let kc = b.upload_half(&[slots, kvh, d], DType::F16, &random_bits(slots * kvh * d, 5))?;
@@ -210,7 +217,7 @@ mod cuda_bench {
         report!(a.json, "|---|---|---|---|");
         let (vh, vi) = (1024usize, 4096usize);
         let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
-        for &m in &[64usize, 512, 4096] {
+        for &m in [64usize, 512, 2048, 4096].iter().filter(|_| section("matmul")) {
             for &(name, k, nout) in &gemms {
                 let algo = b.pick_linear(m, nout, k, wd);
                 let w = b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))?;
@@ -220,9 +227,18 @@ mod cuda_bench {
                 report!(a.json, "| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
                 rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "shape": name, "m": m, "k": k, "n": nout, "us": t * 1e6, "tflops": tflops}));
             }
+            // the SwiGLU pair in one kernel (gate and up, 2 · i outputs)
+            let (gw, uw) = (b.upload_half(&[i, h], wd, &random_bits(i * h, 12))?, b.upload_half(&[i, h], wd, &random_bits(i * h, 13))?);
+            let x = b.upload_f32(&[m, h], &vec![0.01; m * h])?;
+            let t = time(b, a.reps.min(5), 5, &mut |_| b.gate_up_silu(&x, &gw, &uw).map(drop))?;
+            let tflops = 4.0 * (m * h * i) as f64 / t / 1e12;
+            report!(a.json, "| text gate+up pair ({:?}) | {} x {} -> 2 x {} | {:.1} | {:.0}% |", b.gate_up_tile(m, i, h, wd), m, h, i, tflops, 100.0 * tflops / peak);
+            rows.push(serde_json::json!({"kernel": format!("gate_up {:?}", b.gate_up_tile(m, i, h, wd)), "shape": "text gate+up pair", "m": m, "k": h, "n": 2 * i, "us": t * 1e6, "tflops": tflops}));
         }
         // 5. flash attention: prefill against the cache and the vision tower
-        flash_rows(b, &a, &cfg, &mut rows)?;
+        if section("flash") {
+            flash_rows(b, &a, &cfg, &mut rows)?;
+        }
         if a.json {
             println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "fp32_peak_tflops": peak, "kernels": rows}));
         }

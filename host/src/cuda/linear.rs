@@ -131,18 +131,26 @@ impl LinearAlgo {
     /// tensor-core tile is the largest that still gives nearly every multiprocessor a block
     /// ([`TILE_FILL`]).
     pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
+        Self::pick_for(m, n, k, dtype, arch, sms, false)
+    }
+
+    /// [`LinearAlgo::pick`], where `wide` also offers the 128 × 256 tile ([`PIPE_TILES`]): the
+    /// pipelined kernels over 16-bit activations, on a device whose blocks may have its
+    /// shared memory (147 KiB: not compute 8.6 / 8.9, whose blocks stop at 99 KiB).
+    pub fn pick_for(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32, wide: bool) -> LinearAlgo {
         if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
             return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16), skinny_slices(n, k, sms));
         }
         if m > GEMV_MAX_ROWS {
             if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
                 let blocks = |&(tm, tn): &(u32, u32)| ceil_div(m, tm as usize) * ceil_div(n, tn as usize);
-                let last = mma_tile::TILES[mma_tile::TILES.len() - 1];
+                let tiles: &[(u32, u32)] = if wide && wide_tiles() { &PIPE_TILES } else { &mma_tile::TILES };
+                let last = tiles[tiles.len() - 1];
                 // a tile that leaves a few multiprocessors idle still beats the next smaller one
                 let fill = sms as usize * TILE_FILL.0 / TILE_FILL.1;
                 // at most 64 rows take no 128-row tile (half its products would be of zero
                 // rows: the LM head of a batch-64 step)
-                let (tm, tn) = mma_tile::TILES.iter().copied().filter(|&(tm, _)| m > 64 || tm <= 64).find(|t| blocks(t) >= fill).unwrap_or(last);
+                let (tm, tn) = tiles.iter().copied().filter(|&(tm, _)| m > 64 || tm <= 64).find(|t| blocks(t) >= fill).unwrap_or(last);
                 // only the smallest tile splits k (a larger one was taken because it nearly fills the device)
                 let slices = if (tm, tn) == last { split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()) } else { 1 };
                 LinearAlgo::Mma(tm, tn, slices)
@@ -158,6 +166,17 @@ impl LinearAlgo {
             LinearAlgo::Gemv
         }
     }
+}
+
+/// The pipelined kernels' tiles, largest first: `mma_tile::TILES` after 128 × 256 (a block per
+/// multiprocessor, 64 × 64 per warp).
+pub const PIPE_TILES: [(u32, u32); 4] = [(128, 256), (128, 128), (64, 128), (64, 64)];
+
+/// Whether the pipelined kernels take 128 × 256 tiles where they fill the device
+/// (`QWEN3_VL_PIPE_WIDE=0`: 128 × 128 at most, an A/B aid; read once).
+pub fn wide_tiles() -> bool {
+    static WIDE: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_PIPE_WIDE");
+    WIDE.on()
 }
 
 /// The share of the multiprocessors (numerator, denominator) a tensor-core tile must give a
@@ -470,7 +489,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
     };
     // the pipelined kernels stage their operands in dynamic shared memory
     let shared = match algo {
-        LinearAlgo::Mma(tm, tn, _) if kernel.reads_a16() => mma_pipe_tile::shared_bytes(tm, tn),
+        LinearAlgo::Mma(..) if kernel.reads_a16() => kernel.large_shared_bytes(),
         _ => shared,
     };
     l.launch_shared(kernel, grid, block, shared, &main)?;
@@ -657,17 +676,18 @@ impl CudaBackend {
     /// for 33 to 64 rows (a batched decode step, a short prompt) the 64-row tile even where
     /// its blocks leave multiprocessors idle. There the split alternative is two split-K
     /// GEMMs, their reduces, the SiLU pass and a cast (H100, batch 64: ~78 µs a layer).
-    pub fn gate_up_tile(&self, m: usize, n: usize, k: usize, dtype: DType) -> Option<u32> {
+    pub fn gate_up_tile(&self, m: usize, n: usize, k: usize, dtype: DType) -> Option<(u32, u32)> {
         match (self.pick_linear(m, n, k, dtype), self.pick_linear(m, 2 * n, k, dtype)) {
-            (LinearAlgo::Mma(..), LinearAlgo::Mma(tm, 128, 1)) => Some(tm),
-            (LinearAlgo::Mma(64, 64, _), _) if m <= 64 => Some(64),
+            (LinearAlgo::Mma(..), LinearAlgo::Mma(tm, tn, 1)) if tn >= 128 => Some((tm, tn)),
+            (LinearAlgo::Mma(64, 64, _), _) if m <= 64 => Some((64, 128)),
             _ => None,
         }
     }
 
     /// The kernel [`crate::Backend::linear`] uses for these shapes on this device's module.
     pub fn pick_linear(&self, m: usize, n: usize, k: usize, dtype: DType) -> LinearAlgo {
-        LinearAlgo::pick(m, n, k, dtype, self.kernels.arch(), self.sms)
+        let wide = self.a16.load(std::sync::atomic::Ordering::Relaxed) && self.kernels.fits_shared(mma_pipe_tile::shared_bytes(128, 256));
+        LinearAlgo::pick_for(m, n, k, dtype, self.kernels.arch(), self.sms, wide)
     }
 
     /// [`CudaBackend::linear_with`] with an optional RMSNorm `(weight [k] f32, eps)` of the
@@ -800,8 +820,8 @@ impl CudaBackend {
             return composite();
         }
         let dn = self.pick_linear(m, n_out, n, down.dtype());
-        let tm = match (self.gate_up_tile(m, n, k, gate.dtype()), dn) {
-            (Some(tm), LinearAlgo::Mma(..)) => tm,
+        let tile = match (self.gate_up_tile(m, n, k, gate.dtype()), dn) {
+            (Some(tile), LinearAlgo::Mma(..)) => tile,
             _ => return composite(),
         };
         let l = self.enter()?;
@@ -810,7 +830,7 @@ impl CudaBackend {
             None => return composite(),
         };
         let h = self.pool.alloc(m * n * 2)?;
-        gate_up_pipe(&l, DType::BF16, (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&h, true), None, (m, n, k))?;
+        gate_up_pipe(&l, DType::BF16, tile, &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&h, true), None, (m, n, k))?;
         let out = self.output(m * n_out)?;
         let ws = self.split_workspace(&l, dn, DType::BF16, (m, n_out))?;
         linear(&l, dn, DType::BF16, &h, self.buffer(OP, down)?, None, Some(self.buffer(OP, x)?), None, ACT_NONE, &out, ws.as_ref(), None, (m, n_out, n))?;
@@ -892,7 +912,7 @@ impl CudaBackend {
             // 16-bit activations: both products and the gate in one pipelined kernel, its tile
             // from `gate_up_tile`; the norm writes the bf16 activations itself
             let l = self.enter()?;
-            if let (true, Some(tm)) = (l.a16, self.gate_up_tile(m, n, k, gate.dtype())) {
+            if let (true, Some(tile)) = (l.a16, self.gate_up_tile(m, n, k, gate.dtype())) {
                 let (a16, scales) = match self.normed_a16(&l, x, norm, gate.dtype(), (m, k))? {
                     Some(a16) => (a16, None),
                     None => {
@@ -905,7 +925,7 @@ impl CudaBackend {
                     }
                 };
                 let out = self.output(m * n)?;
-                gate_up_pipe(&l, gate.dtype(), (tm, 128), &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&out, false), scales.as_ref(), (m, n, k))?;
+                gate_up_pipe(&l, gate.dtype(), tile, &a16, self.buffer(OP, gate)?, self.buffer(OP, up)?, (&out, false), scales.as_ref(), (m, n, k))?;
                 return Ok(Self::wrap(ops::linear_out_shape(x, n), DType::F32, out));
             }
             let x = &self.rms_normed(x, norm)?;
@@ -969,6 +989,20 @@ mod tests {
         assert_eq!(LinearAlgo::pick(64, 151_936, 2048, DType::BF16, Arch::Compute80, 132), LinearAlgo::Mma(64, 128, 1));
         assert_eq!(LinearAlgo::pick(33, 151_936, 2048, DType::BF16, Arch::Compute80, 132), LinearAlgo::Mma(64, 128, 1));
         assert_eq!(LinearAlgo::pick(65, 151_936, 2048, DType::BF16, Arch::Compute80, 132), LinearAlgo::Mma(128, 128, 1));
+    }
+
+    #[test]
+    fn pipelined_kernels_take_128x256_tiles_where_they_fill_the_device() {
+        let pick = |m, n, a16| LinearAlgo::pick_for(m, n, 2048, DType::BF16, Arch::Compute80, 132, a16);
+        // 4,096 rows of the vision tower's fc2 (1,024 outputs): 32 × 4 = 128 tiles of 128 × 256
+        assert_eq!(pick(4096, 1024, true), LinearAlgo::Mma(128, 256, 1));
+        // the f32-precision kernels have no such tile
+        assert_eq!(pick(4096, 1024, false), LinearAlgo::Mma(128, 128, 1));
+        // 1,024 rows: 8 × 4 = 32 tiles of 128 × 256 and 8 × 8 of 128 × 128 would idle most
+        // multiprocessors; 16 × 8 of 64 × 128 fill them
+        assert_eq!(pick(1024, 1024, true), LinearAlgo::Mma(64, 128, 1));
+        // at most 64 rows: no 128-row tile
+        assert_eq!(pick(64, 151_936, true), LinearAlgo::Mma(64, 128, 1));
     }
 
     #[test]

@@ -101,7 +101,11 @@ impl CudaBackend {
         let cc = (attr(DeviceAttribute::ComputeCapabilityMajor)?, attr(DeviceAttribute::ComputeCapabilityMinor)?);
         let sms = attr(DeviceAttribute::MultiprocessorCount)?;
         let clock_khz = attr(DeviceAttribute::ClockRate)?;
-        let (kernels, kernels_reason) = Kernels::load(ptx, kernels, cc, &name)?;
+        let mut shared_limit = 0;
+        // SAFETY: an out-parameter for one attribute of a live device handle
+        unsafe { cust::sys::cuDeviceGetAttribute(&mut shared_limit, cust::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device.as_raw()) }
+            .ok_or_cuda("cuDeviceGetAttribute (shared memory a block may opt in to)")?;
+        let (kernels, kernels_reason) = Kernels::load(ptx, kernels, cc, shared_limit.max(0) as u32, &name)?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| Error::Unavailable(format!("cannot create a stream: {}", e)))?;
         let pool = Pool::new(ctx.clone());
         // zeroed on the backend's own stream: a synchronous memset runs on the legacy stream,

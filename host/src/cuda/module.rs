@@ -19,6 +19,8 @@ pub struct Kernels {
     overlap: Vec<bool>,
     /// The module was loaded as sm_90 (`Ptx::text_for`): its thread-block cluster kernels run.
     clusters: bool,
+    /// The most dynamic shared memory a block may opt in to on this device.
+    shared_limit: u32,
     arch: Arch,
     module: Module,
 }
@@ -28,7 +30,10 @@ impl Kernels {
     /// the forced one, which must be embedded and supported), loads it (the driver JIT-compiles
     /// the PTX for the device) and looks up every kernel it must carry. Returns the module and
     /// the reason it was chosen.
-    pub fn load(ptx: &[Ptx], request: KernelsRequest, cc: (u32, u32), device: &str) -> Result<(Kernels, String)> {
+    /// Kernels that always launch with more dynamic shared memory than the device's
+    /// `shared_limit` (bytes a block may opt in to) stay at the default limit: their launches
+    /// would fail, so the callers do not pick them ([`Kernels::fits_shared`]).
+    pub fn load(ptx: &[Ptx], request: KernelsRequest, cc: (u32, u32), shared_limit: u32, device: &str) -> Result<(Kernels, String)> {
         let supported = |p: &&Ptx| p.arch.capability() <= cc;
         let (chosen, why) = match request {
             KernelsRequest::Auto => {
@@ -75,7 +80,9 @@ impl Kernels {
                 .map_err(|e| Error::Unavailable(format!("kernel {} is missing from the {} PTX ({})", k.name(), chosen.arch, e)))?;
             funcs[k as usize] = f.to_raw();
             let shared = k.large_shared_bytes();
-            if shared > 0 {
+            if shared > shared_limit {
+                log::debug!("{}: {} KiB of shared memory is past the {} KiB a block may have on {}; not used", k.name(), shared / 1024, shared_limit / 1024, device);
+            } else if shared > 0 {
                 // SAFETY: a function handle of the live module; the attribute takes an int
                 unsafe { cust::sys::cuFuncSetAttribute(f.to_raw(), cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32) }
                     .ok_or_cuda(&format!("cuFuncSetAttribute ({} KiB of shared memory for {} on {})", shared / 1024, k.name(), device))
@@ -83,12 +90,18 @@ impl Kernels {
             }
         }
         let clusters = overlap && clusters_enabled();
-        Ok((Kernels { funcs, overlap: overlaps, clusters, arch: chosen.arch, module }, why))
+        Ok((Kernels { funcs, overlap: overlaps, clusters, shared_limit, arch: chosen.arch, module }, why))
     }
 
     /// The module's architecture.
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Whether a block of `bytes` of dynamic shared memory fits this device (kernels past it were
+    /// loaded at the default limit and cannot launch).
+    pub fn fits_shared(&self, bytes: u32) -> bool {
+        bytes <= self.shared_limit
     }
 
     /// Whether kernels that merge through a thread-block cluster can launch: the module was

@@ -211,13 +211,13 @@ mod cuda_bench {
             report!(a.json, "| attention_paged (engine) | {} row(s) × ctx {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", nrows, ctx, bytes as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": "attention_paged", "rows": nrows, "context": ctx, "bytes": bytes, "us": t * 1e6, "gb_per_s": gbs}));
         }
-        // 4. prefill / vision matmuls (m = 64, 512, 4096) on the kernel the backend picks
+        // 4. prefill / vision matmuls (m = 64, 512, 1,040: a loaded server's step, 2,048, 4,096) on the kernel the backend picks
         let peak = b.fp32_peak_tflops();
         report!(a.json, "| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);
         report!(a.json, "|---|---|---|---|");
         let (vh, vi) = (1024usize, 4096usize);
         let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
-        for &m in [64usize, 512, 2048, 4096].iter().filter(|_| section("matmul")) {
+        for &m in [64usize, 512, 1040, 2048, 4096].iter().filter(|_| section("matmul")) {
             for &(name, k, nout) in &gemms {
                 let algo = b.pick_linear(m, nout, k, wd);
                 let w = b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))?;

@@ -151,6 +151,11 @@ impl LinearAlgo {
                 // at most 64 rows take no 128-row tile (half its products would be of zero
                 // rows: the LM head of a batch-64 step)
                 let (tm, tn) = tiles.iter().copied().filter(|&(tm, _)| m > 64 || tm <= 64).find(|t| blocks(t) >= fill).unwrap_or(last);
+                // where 128 × 128 was taken with more blocks than multiprocessors (the busiest
+                // run two), fewer 128 × 256 blocks (each the work of two, at a better rate: one
+                // per multiprocessor here) do better; with at most one 128 × 128 block per
+                // multiprocessor they would double the busiest one's work
+                let (tm, tn) = if tiles == PIPE_TILES && (tm, tn) == (128, 128) && blocks(&(128, 128)) > sms as usize && blocks(&(128, 256)) <= sms as usize { (128, 256) } else { (tm, tn) };
                 // only the smallest tile splits k (a larger one was taken because it nearly fills the device)
                 let slices = if (tm, tn) == last { split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()) } else { 1 };
                 LinearAlgo::Mma(tm, tn, slices)
@@ -1012,6 +1017,13 @@ mod tests {
         assert_eq!(pick(1024, 1024, true), LinearAlgo::Mma(64, 128, 1));
         // at most 64 rows: no 128-row tile
         assert_eq!(pick(64, 151_936, true), LinearAlgo::Mma(64, 128, 1));
+        // 1,041 rows (a server step's prompts), 2,048 outputs: 9 × 16 = 144 blocks of 128 × 128
+        // fill the device in one wave of two per SM, and 9 × 8 = 72 of 128 × 256 finish in one
+        assert_eq!(pick(1041, 2048, true), LinearAlgo::Mma(128, 256, 1));
+        assert_eq!(pick(1041, 2048, false), LinearAlgo::Mma(128, 128, 1));
+        // 2,048 rows, 1,024 outputs: 128 blocks of 128 × 128, one per SM, stay (64 of 128 × 256
+        // would double the busiest multiprocessor's work)
+        assert_eq!(pick(2048, 1024, true), LinearAlgo::Mma(128, 128, 1));
     }
 
     #[test]

@@ -432,8 +432,9 @@ pub unsafe fn gate_up_pipe_128x256_c16_bf16(p: GateUpParams) {
     gate_up_pipe::<Bf16, 128, 256, 64, 8, true, 4, 8>(p)
 }
 
-/// As [`matmul_mma_pipe_bf16`], 128 × 256 tiles (a warp owns 64 × 64: half the shared-memory
-/// reads per mma of 128 × 128's 64 × 32), 64-deep stages.
+/// As [`matmul_mma_pipe_bf16`], 128 × 256 tiles (a warp owns 64 × 64: two thirds of the
+/// shared-memory reads per mma of 128 × 128's 64 × 32), 64-deep stages, the epilogue through
+/// shared memory ([`store_staged`]).
 #[kernel]
 pub unsafe fn matmul_mma_pipe_128x256_bf16(p: LinearParams) {
     mma_pipe::<Bf16, 128, 256, false, 64, 8, false, 4, 8>(p)

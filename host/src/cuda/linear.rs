@@ -136,7 +136,7 @@ impl LinearAlgo {
 
     /// [`LinearAlgo::pick`], where `wide` also offers the 128 × 256 tile ([`PIPE_TILES`]): the
     /// pipelined kernels over 16-bit activations, on a device whose blocks may have its
-    /// shared memory (147 KiB: not compute 8.6 / 8.9, whose blocks stop at 99 KiB).
+    /// shared memory (144 KiB: not compute 8.6 / 8.9, whose blocks stop at 99 KiB).
     pub fn pick_for(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32, wide: bool) -> LinearAlgo {
         if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
             return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16), skinny_slices(n, k, sms));

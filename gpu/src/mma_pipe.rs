@@ -33,8 +33,8 @@
 //! rounded once). A warp's 64 × 64 of the 128 × 256 tile reads 128 bytes of shared memory per
 //! mma where 128 × 128's 64 × 32 reads 192: on an H100 / H200 (128 bytes a clock per SM, about
 //! 0.7 mma a clock) the smaller warp tile is bound by those reads. The 128 × 256 epilogue goes
-//! through shared memory ([`store_staged`]). Copies: thread `t` takes the 16-byte chunks `t, t + 256, ...` of each
-//! operand's stage. `cast_a16_*`: one thread per 8 activations (two 16-byte loads, one
+//! through shared memory ([`store_staged`]). Copies: thread `t` takes the 16-byte chunks
+//! `t, t + 256, ...` of each operand's stage. `cast_a16_*`: one thread per 8 activations (two 16-byte loads, one
 //! 16-byte store), grid x over `m · k / 8`.
 //!
 //! # Safety
@@ -222,6 +222,28 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
     });
 }
 
+/// The block's raw `TM × TN` sums from every warp's accumulator into `[TM][stride]` f32 at
+/// `tile` (dynamic shared memory over the pipeline's stages), once every warp is done reading
+/// those stages; 8-byte stores, a row pair per lane and mma tile. The caller syncs (or
+/// cluster-syncs) before reading it back.
+#[inline(always)]
+unsafe fn stage_acc<const TM: usize, const TN: usize, const MT: usize, const NT: usize>(tile: *mut f32, stride: usize, acc: &[[[f32; 4]; NT]; MT]) {
+    let tid = thread::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
+    thread::sync_threads();
+    unroll!(mt < TM / 32, [0, 1, 2, 3], {
+        unroll!(nt < TN / 32, [0, 1, 2, 3, 4, 5, 6, 7], {
+            let r = wm * (TM / 2) + mt * 16 + lane / 4;
+            let col = wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
+            let d = acc[mt % MT][nt % NT];
+            unroll!(h < 2, [0, 1], {
+                *(tile.add((r + 8 * h) * stride + col) as *mut F32x2) = F32x2([d[2 * h], d[2 * h + 1]]);
+            });
+        });
+    });
+}
+
 /// The epilogue of the 128 × 256 tiles: the block's raw sums staged in its shared memory (the
 /// pipeline's stages, free once every warp has read its last one; rows of `TN + 8` f32, so the
 /// four rows a half-warp's 8-byte stores reach fall in distinct banks), then each thread
@@ -236,20 +258,7 @@ unsafe fn store_staged<W: MmaElem, const TM: usize, const TN: usize, const C16: 
     let stride = TN + PAD;
     let tile = dynamic_shared_mem::<u8>() as *mut f32;
     let tid = thread::thread_idx_x() as usize;
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
-    // every warp is done with the stages
-    thread::sync_threads();
-    unroll!(mt < TM / 32, [0, 1, 2, 3], {
-        unroll!(nt < TN / 32, [0, 1, 2, 3, 4, 5, 6, 7], {
-            let r = wm * (TM / 2) + mt * 16 + lane / 4;
-            let col = wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
-            let d = acc[mt % MT][nt % NT];
-            unroll!(h < 2, [0, 1], {
-                *(tile.add((r + 8 * h) * stride + col) as *mut F32x2) = F32x2([d[2 * h], d[2 * h + 1]]);
-            });
-        });
-    });
+    stage_acc::<TM, TN, MT, NT>(tile, stride, acc);
     thread::sync_threads();
     let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
@@ -494,19 +503,7 @@ unsafe fn mma_pipe_cluster<W: MmaElem, const TM: usize, const TN: usize, const K
     //    warp is done reading the pipeline's stages
     let tile = dynamic_shared_mem::<u8>() as *mut f32;
     let tid = thread::thread_idx_x() as usize;
-    let (warp, lane) = (tid / 32, tid % 32);
-    let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
-    thread::sync_threads();
-    unroll!(mt < TM / 32, [0, 1, 2, 3], {
-        unroll!(nt < TN / 32, [0, 1, 2, 3], {
-            let r = wm * (TM / 2) + mt * 16 + lane / 4;
-            let col = wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
-            let d = acc[mt % MT][nt % NT];
-            unroll!(h < 2, [0, 1], {
-                *(tile.add((r + 8 * h) * stride + col) as *mut F32x2) = F32x2([d[2 * h], d[2 * h + 1]]);
-            });
-        });
-    });
+    stage_acc::<TM, TN, MT, NT>(tile, stride, &acc);
     // 6. every slice's tile is staged: this block adds its rows over the slices, four columns
     //    per thread and step
     cluster_sync();

@@ -380,7 +380,8 @@ impl Kernel {
     }
 
     /// The pipelined SwiGLU gate/up product over 16-bit activations with `(rows, columns)`
-    /// tiles (128 × 128 or 64 × 128, half the columns from each matrix) for weights of `dtype`.
+    /// tiles (128 × 256, 128 × 128 or 64 × 128, half the columns from each matrix) for weights
+    /// of `dtype`.
     pub fn gate_up_pipe(dtype: DType, tile: (u32, u32)) -> Result<Kernel> {
         use Kernel::*;
         let set = match tile {
@@ -393,8 +394,8 @@ impl Kernel {
     }
 
     /// The pipelined bf16 kernels that write their output in bf16 (the next GEMM's operand):
-    /// the gate/up product (`gate_up`) or a linear layer with `(rows, columns)` tiles (128 × 128
-    /// or 64 × 128); `None` for other tiles.
+    /// the gate/up product (`gate_up`) or a linear layer with `(rows, columns)` tiles (128 × 256,
+    /// 128 × 128 or 64 × 128); `None` for other tiles.
     pub fn pipe_c16(gate_up: bool, tile: (u32, u32)) -> Option<Kernel> {
         use Kernel::*;
         match (gate_up, tile) {

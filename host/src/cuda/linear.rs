@@ -675,8 +675,8 @@ impl CudaBackend {
         self.linear_full(algo, a, None, w, bias, ACT_NONE, residual)
     }
 
-    /// The tile rows of the pipelined gate/up kernel (`gate_up_pipe_*`, 128 columns: 64 of each
-    /// matrix) for `m` rows, `n` outputs, `k` inputs, or `None` where the products take other
+    /// The tile of the pipelined gate/up kernel (`gate_up_pipe_*`, `(rows, columns)`: half the
+    /// columns from each matrix) for `m` rows, `n` outputs, `k` inputs, or `None` where the products take other
     /// kernels: the tile picked for one product of `2n` columns when it needs no split-K, and
     /// for 33 to 64 rows (a batched decode step, a short prompt) the 64-row tile even where
     /// its blocks leave multiprocessors idle. There the split alternative is two split-K

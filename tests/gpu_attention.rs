@@ -4,7 +4,8 @@
 //! one-warp-per-row kernel), positions from the host or from the device cursor; block-sparse
 //! attention with random block masks (the CPU's composite body first checked against a direct
 //! f64 masked reference); the vision tower's block-diagonal mask with the rotary embedding
-//! applied inside the op. Outputs are NaN-poisoned before every launch. Tolerances:
+//! applied inside the op; attention over keys read at shuffled cache slots (a prefill chunk of
+//! the paged engine). Outputs are NaN-poisoned before every launch. Tolerances:
 //! `common::attention_tolerance` (f32: 1e-5 + 1e-4 relative; tensor cores: f16 operands).
 //! Skipped without a GPU (failing instead with QWEN3_VL_EXPECT_GPU=1), except the CPU-only
 //! reference checks.
@@ -204,6 +205,92 @@ fn vision_attention_with_fused_rotary_agrees() {
                 b.attention_block_sparse(&t(&q)?, &t(&k)?, &t(&v)?, &mask, 1.0 / (d as f32).sqrt(), Some((&c, &s)))
             };
             agree(&format!("vision attention segments {:?} h={} d={} on {}", segments, heads, d, g.describe()), &*g, &op, abs, rel);
+        }
+    }
+}
+
+/// `n` distinct cache rows out of `cap`, shuffled (a sequence's keys scattered over a pool).
+fn shuffled_slots(rng: &mut Rng, n: usize, cap: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..cap as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    ids.truncate(n);
+    ids
+}
+
+#[test]
+fn the_composite_slot_attention_is_attention_over_the_gathered_keys() {
+    // the CPU's composite body against dense attention over the slots' rows laid out in order
+    let b = cpu();
+    let mut rng = Rng(0x51075);
+    let (heads, kvh, d, n, cap, t) = (4, 2, 16, 37, 50, 9);
+    let slots = shuffled_slots(&mut rng, n, cap);
+    let (kp, vp, q) = (random(cap * kvh * d, 21), random(cap * kvh * d, 22), random(t * heads * d, 23));
+    let sc: Vec<f32> = (0..cap * kvh * 2).map(|i| [1.0, 2.0, 0.5, 4.0][i % 4]).collect();
+    let p = AttnParams { kv_len: n, q_pos0: n - t, causal: true, scale: 0.3 };
+    let qt = b.upload_f32(&[t, heads, d], &q).unwrap();
+    let st = b.upload_u32(&[n], &slots).unwrap();
+    let sct = b.upload_f32(&[cap, kvh, 2], &sc).unwrap();
+    let got = b.download_f32(&b.attention_slots(&qt, &b.upload_f32(&[cap, kvh, d], &kp).unwrap(), &b.upload_f32(&[cap, kvh, d], &vp).unwrap(), Some(&sct), &st, p).unwrap()).unwrap();
+    let gather = |pool: &[f32], w: usize| -> Vec<f32> { slots.iter().flat_map(|&s| pool[s as usize * kvh * w..(s as usize + 1) * kvh * w].to_vec()).collect() };
+    let (k, v, g) = (b.upload_f32(&[n, kvh, d], &gather(&kp, d)).unwrap(), b.upload_f32(&[n, kvh, d], &gather(&vp, d)).unwrap(), b.upload_f32(&[n, kvh, 2], &gather(&sc, 2)).unwrap());
+    let want = b.download_f32(&b.attention_scaled(&qt, &k, &v, Some(&g), p).unwrap()).unwrap();
+    assert_eq!(got, want);
+    // slots of another length, or not u32, are refused
+    assert!(b.attention_slots(&qt, &k, &v, None, &b.upload_u32(&[n - 1], &slots[1..]).unwrap(), p).is_err());
+    assert!(b.attention_slots(&qt, &k, &v, None, &b.upload_f32(&[n], &vec![0.0; n]).unwrap(), p).is_err());
+}
+
+#[test]
+fn slot_attention_agrees_over_lengths_head_dims_and_scales() {
+    // a prefill chunk of the engine: the last `t` of `n` keys, each at a shuffled slot of a pool
+    // (f16, or f32), read in place by the paged tensor-core kernel (head dims 65 ..= 128). The
+    // scaled pools are written as the engine writes its cache (`write_kv_rows`: rows past f16's
+    // range, or tiny, stored divided by their row scales, which the writer flags)
+    for g in gpus("attention over key slots") {
+        let mut rng = Rng(0x5107);
+        for &(heads, kvh, d) in &[(16usize, 8usize, 128usize), (8, 2, 64), (4, 4, 72), (2, 1, 256)] {
+            for &n in &[1usize, 17, 64, 65, 130, 2100] {
+                let (t, cap) = (n.min(70), n + 37);
+                let slots = shuffled_slots(&mut rng, n, cap);
+                let (kp, vp, q) = (random(cap * kvh * d, 31 + n as u32), random(cap * kvh * d, 32), random(t * heads * d, 33 + d as u32));
+                // every third (row, head) value vector at 10^5, every fifth key vector at 10^-3
+                let scaled = |x: &[f32], every: usize, f: f32| -> Vec<f32> { x.chunks(d).enumerate().flat_map(|(i, r)| r.iter().map(move |e| if i % every == 0 { e * f } else { *e })).collect() };
+                let (kb, vb) = (scaled(&kp, 5, 1e-3), scaled(&vp, 3, 1e5));
+                let p = AttnParams { kv_len: n, q_pos0: n - t, causal: true, scale: 1.0 / (d as f32).sqrt() };
+                for (kv, with_scales) in [(DType::F16, true), (DType::F16, false), (DType::F32, false)] {
+                    let op = |b: &dyn Backend| -> Result<Tensor> {
+                        let shape = [cap, kvh, d];
+                        let (k, v, sc) = if with_scales {
+                            let mut sc = b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?;
+                            let (mut k, mut v) = (upload(b, &shape, &vec![0.0; cap * kvh * d], kv)?, upload(b, &shape, &vec![0.0; cap * kvh * d], kv)?);
+                            b.write_kv_rows(&mut k, Some((&mut sc, 0)), 0, &b.upload_f32(&shape, &kb)?)?;
+                            b.write_kv_rows(&mut v, Some((&mut sc, 1)), 0, &b.upload_f32(&shape, &vb)?)?;
+                            (k, v, Some(sc))
+                        } else {
+                            (upload(b, &shape, &kp, kv)?, upload(b, &shape, &vp, kv)?, None)
+                        };
+                        b.attention_slots(&b.upload_f32(&[t, heads, d], &q)?, &k, &v, sc.as_ref(), &b.upload_u32(&[n], &slots)?, p)
+                    };
+                    let (abs, rel) = attention_tolerance(&*g);
+                    let name = format!("slot attention t={} of {} keys h={}/{} d={} {} cache, row scales {} on {}", t, n, heads, kvh, d, kv, with_scales, g.describe());
+                    if !with_scales {
+                        agree(&name, &*g, &op, abs, rel);
+                        continue;
+                    }
+                    // values at 10^5: outputs that are their differences, within f16's rounding
+                    // of the largest
+                    let want = cpu().download_f32(&op(&*cpu()).unwrap()).unwrap();
+                    g.set_poison_outputs(true);
+                    let got_t = op(&*g).unwrap_or_else(|e| panic!("{}: {}", name, e));
+                    g.set_poison_outputs(false);
+                    assert_eq!(got_t.device(), qwen3_vl::DeviceKind::Cuda, "{}", name);
+                    let got = g.download_f32(&got_t).unwrap();
+                    assert!(got.iter().all(|x| x.is_finite()), "{}: an output was not written, or overflowed", name);
+                    close_to_max(&name, &got, &want, if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 });
+                }
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
-//! Row gathers and scatters: the embedding lookup (rows of a token table widened to f32), the
-//! row blend (weighted sums of table rows: the vision tower's interpolated position
+//! Row gathers and scatters: the embedding lookup (rows of a token table widened to f32), f16
+//! rows gathered as they are (the paged KV cache's), the row blend (weighted sums of table rows: the vision tower's interpolated position
 //! embeddings) and the row scatter that places image embeddings and DeepStack features into a
 //! sequence.
 //!
@@ -50,6 +50,27 @@ pub unsafe fn embedding_f16(p: EmbeddingParams) {
 #[kernel]
 pub unsafe fn embedding_bf16(p: EmbeddingParams) {
     embedding::<Bf16>(p)
+}
+
+/// `out[r, :] = table[ids[r], :]` for f16 rows kept f16 (`out [rows, hidden]` f16, `hidden` a
+/// multiple of 8): a prefill chunk's keys and values gathered from the paged KV cache for the
+/// flash kernels, as they are stored. An id `>= vocab` gives a NaN row.
+///
+/// Thread mapping: one thread per 16-byte chunk of the output (grid-stride over `rows ·
+/// hidden / 8`), so a row of 2 KiB is 128 threads' single vector load and store.
+#[kernel]
+pub unsafe fn gather_rows_f16(p: EmbeddingParams) {
+    let per_row = p.hidden as usize / 8;
+    let total = p.rows as usize * per_row;
+    let (ids, table, out) = (p.ids as *const u32, p.table as *const [u32; 4], p.out as *mut [u32; 4]);
+    let stride = (thread::grid_dim_x() * thread::block_dim_x()) as usize;
+    let mut i = (thread::block_idx_x() * thread::block_dim_x() + thread::thread_idx_x()) as usize;
+    while i < total {
+        let (r, c) = (i / per_row, i % per_row);
+        let id = *ids.add(r) as usize;
+        *out.add(i) = if id < p.vocab as usize { *table.add(id * per_row + c) } else { [0x7e00_7e00; 4] };
+        i += stride;
+    }
 }
 
 /// `out[r] = Σ_j weights[r · per_row + j] · table[ids[r · per_row + j]]` over an f32 table, the

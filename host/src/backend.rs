@@ -214,6 +214,19 @@ pub fn layer_norm_gelu_mlp_composite<B: Backend + ?Sized>(b: &B, x: &Tensor, nor
     b.linear_residual(&h, fc2.0, fc2.1, x)
 }
 
+/// The default body of [`Backend::attention_slots`]: the keys, values (and row scales) gathered
+/// by `slots` into contiguous rows, then [`Backend::attention_scaled`].
+pub fn attention_slots_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, slots: &Tensor, p: AttnParams) -> Result<Tensor> {
+    ops::attention_slots_dims(q, k_pool, v_pool, slots, &p)?;
+    ops::kv_scale_dims("attention_slots", k_pool, scales)?;
+    let gather = |c: &Tensor| -> Result<Tensor> {
+        let s = c.shape();
+        b.embedding_gather(&c.reshape(&[s[0], s[1] * s[2]])?, slots)?.reshape(&[p.kv_len, s[1], s[2]])
+    };
+    let sc = scales.map(gather).transpose()?;
+    b.attention_scaled(q, &gather(k_pool)?, &gather(v_pool)?, sc.as_ref(), p)
+}
+
 pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
     let (t, heads, _, d) = ops::paged_dims(q, k_pool, v_pool, pages)?;
     ops::kv_scale_dims("attention_paged", k_pool, scales)?;
@@ -653,6 +666,16 @@ pub trait Backend: Send + Sync {
     /// backend), rows times their `scales` ([`KV_SCALES`]) when given. Returns `[t, heads, d]`.
     fn attention_paged(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {
         attention_paged_composite(self, q, k_pool, v_pool, scales, pages, scale)
+    }
+
+    /// [`Backend::attention_scaled`] over keys where a paged cache holds them: key `j` is row
+    /// `slots[j]` of `k_pool`, `v_pool` `[cap, kv_heads, d]` (and of `scales`), `slots` a u32
+    /// `[p.kv_len]` on this backend (a prefill chunk's sequence: its earlier keys, then its own).
+    /// The default gathers them with [`Backend::embedding_gather`] (a slot past the pool is
+    /// refused on the host, a NaN row on a device), which widens f16 rows to f32; a device
+    /// gathers an f16 cache's rows as stored.
+    fn attention_slots(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, slots: &Tensor, p: AttnParams) -> Result<Tensor> {
+        attention_slots_composite(self, q, k_pool, v_pool, scales, slots, p)
     }
 
     /// Block-sparse attention (non-causal): `q [t, heads, d]` against `k`, `v`

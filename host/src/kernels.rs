@@ -200,6 +200,7 @@ kernel_table! {
     EmbeddingF32 = "embedding_f32" @ Compute61,
     EmbeddingF16 = "embedding_f16" @ Compute61,
     EmbeddingBf16 = "embedding_bf16" @ Compute61,
+    GatherRowsF16 = "gather_rows_f16" @ Compute61,
     RopeF32 = "rope_f32" @ Compute61,
     AttentionF32 = "attention_f32" @ Compute61,
     ScatterRowsF32 = "scatter_rows_f32" @ Compute61,

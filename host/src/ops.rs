@@ -334,6 +334,17 @@ pub fn attention_dims(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Res
     Ok((t, heads, kvh, d))
 }
 
+/// Checks [`crate::Backend::attention_slots`]: [`attention_dims`] of `q` against the caches
+/// `k`, `v`, and `slots` a u32 `[kv_len]`.
+pub fn attention_slots_dims(q: &Tensor, k: &Tensor, v: &Tensor, slots: &Tensor, p: &AttnParams) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "attention_slots";
+    expect_dtype(OP, slots, DType::U32)?;
+    if slots.shape() != [p.kv_len] {
+        return Err(Error::shape(OP, &[slots.shape()], format!("slots must be [kv_len] = [{}]", p.kv_len)));
+    }
+    attention_dims(q, k, v, p)
+}
+
 /// Checks the row scales of f32 or f16 keys and values `k [cap, kv_heads, d]`: `[cap, kv_heads,
 /// 2]` f32 (see [`crate::backend::KV_SCALES`]).
 pub fn kv_scale_dims(op: &'static str, k: &Tensor, scales: Option<&Tensor>) -> Result<()> {

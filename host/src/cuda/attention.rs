@@ -7,11 +7,11 @@
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
 use super::{CudaBackend, DeviceBuffer};
-use crate::backend::{attention_block_sparse_composite, attention_paged_composite, AttnParams, BlockMask, KV_SCALES};
+use crate::backend::{attention_block_sparse_composite, attention_paged_composite, attention_slots_composite, AttnParams, BlockMask, KV_SCALES};
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{attention_tile, attn_paged_mma_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
+use gpu::params::{attention_tile, attn_paged_mma_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, EmbeddingParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D, ROW_THREADS};
 use std::sync::Once;
 
 /// Sizes of an attention launch (validated against each other by `crate::ops`).
@@ -234,6 +234,33 @@ pub fn narrow_kv(be: &CudaBackend, l: &Launcher<'_>, (k, v): (&DeviceBuffer, &De
     Ok((kh, vh, sc))
 }
 
+/// Gathers `rows` f16 rows of `hidden` (a multiple of 8) from `table` (`vocab` rows) by the u32
+/// `ids` into `out`, kept f16 (`gather_rows_f16`, `gpu/src/embedding.rs`): a paged cache's keys
+/// and values in a sequence's order, for the flash kernels.
+pub fn gather_rows_f16(l: &Launcher<'_>, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
+    let kernel = Kernel::GatherRowsF16;
+    if hidden % 8 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("rows of {} elements (a multiple of 8: 16-byte vectors)", hidden) });
+    }
+    need(kernel, "table", table, vocab * hidden * 2)?;
+    need(kernel, "ids", ids, rows * 4)?;
+    need(kernel, "out", out, rows * hidden * 2)?;
+    let p = EmbeddingParams {
+        table: table.addr(),
+        ids: ids.addr(),
+        out: out.addr(),
+        rows: fits_u32(kernel, "rows", rows)?,
+        hidden: fits_u32(kernel, "hidden", hidden)?,
+        vocab: fits_u32(kernel, "vocab", vocab)?,
+        _pad: 0,
+    };
+    let vectors = rows * hidden / 8;
+    if vectors == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", vectors.div_ceil(ROW_THREADS as usize).min(65_535 * 8), MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
 /// Logs once per process that paged attention of this shape takes the composite path.
 fn log_unpaged(s: &AttnShape) {
     static ONCE: Once = Once::new();
@@ -438,6 +465,30 @@ impl CudaBackend {
             attention(&l, k.dtype(), &bufs, &shape, &p)?;
         }
         Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
+    }
+
+    /// Attention over keys at `slots` of a paged cache. An f16 cache's rows (and their scales)
+    /// are gathered as stored into contiguous rows for the flash kernels; the composite's
+    /// embedding gather would widen them to f32, which the tensor-core kernels narrow back
+    /// (three times the traffic).
+    pub(super) fn attention_slots_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, slots: &Tensor, p: AttnParams) -> Result<Tensor> {
+        const OP: &str = "attention_slots";
+        let (_, _, kv_heads, d) = ops::attention_slots_dims(q, k, v, slots, &p)?;
+        ops::kv_scale_dims(OP, k, scales)?;
+        let (cap, width, n) = (k.shape()[0], kv_heads * d, p.kv_len);
+        if k.dtype() != DType::F16 || width % 8 != 0 {
+            return attention_slots_composite(self, q, k, v, scales, slots, p);
+        }
+        let l = self.enter()?;
+        let ids = self.buffer(OP, slots)?;
+        let gather = |pool: &Tensor| -> Result<Tensor> {
+            let out = self.pool.alloc(n * width * 2)?;
+            gather_rows_f16(&l, self.buffer(OP, pool)?, cap, ids, &out, n, width)?;
+            Ok(Self::wrap(vec![n, kv_heads, d], DType::F16, out))
+        };
+        let (kk, vv) = (gather(k)?, gather(v)?);
+        let sc = scales.map(|s| self.embedding_gather_op(&s.reshape(&[cap, kv_heads * KV_SCALES])?, slots)?.reshape(&[n, kv_heads, KV_SCALES])).transpose()?;
+        self.attention_op(q, &kk, &vv, sc.as_ref(), p, None)
     }
 
     pub(super) fn attention_block_sparse_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {

@@ -505,6 +505,10 @@ impl Backend for CudaBackend {
         self.attention_paged_op(q, k_pool, v_pool, scales, pages, scale)
     }
 
+    fn attention_slots(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, slots: &Tensor, p: AttnParams) -> Result<Tensor> {
+        self.attention_slots_op(q, k_pool, v_pool, scales, slots, p)
+    }
+
     fn attention_block_sparse(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
         self.attention_block_sparse_op(q, k, v, mask, scale, rope)
     }

@@ -257,8 +257,8 @@ impl LayerKv for PagedStep<'_> {
             Some(p) => Some(b.attention_paged(&b.take_rows(&q, 0, nd)?, k, v, sc, p, scale)?),
             None => None,
         };
-        // 3. prefill chunks: the sequence's keys (and row scales) gathered, causal attention from
-        //    the chunk's offset
+        // 3. prefill chunks: causal attention from the chunk's offset over the sequence's keys
+        //    (and row scales) at their slots (a device gathers an f16 cache's rows as stored)
         let mut out = if dec.is_none() && self.rows.prefill.len() == 1 { None } else { Some(b.zeros(&[t, shape.heads, shape.head_dim])?) };
         if let (Some(o), Some(d)) = (&mut out, &dec) {
             b.write_rows(o, 0, d)?;
@@ -267,10 +267,7 @@ impl LayerKv for PagedStep<'_> {
             let qp = if *n == t { q.clone() } else { b.take_rows(&q, *r0, *n)? };
             let o = match cp {
                 Some(p) => b.attention_paged(&qp, k, v, sc, p, scale)?,
-                None => {
-                    let (kk, vv, ss) = self.gather(layer, b, idt, slots.len())?;
-                    b.attention_scaled(&qp, &kk, &vv, ss.as_ref(), AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?
-                }
+                None => b.attention_slots(&qp, k, v, sc, idt, AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?,
             };
             match &mut out {
                 Some(all) => b.write_rows(all, *r0, &o)?,

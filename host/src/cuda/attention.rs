@@ -5,13 +5,15 @@
 //! one-warp-per-(row, head) kernel (`gpu/src/attention.rs`) for head dims the flash kernels do
 //! not take.
 
+use super::embedding::gather_rows_f16;
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MAX_GRID_Y};
+use super::rope::rope_cast_f16;
 use super::{CudaBackend, DeviceBuffer};
 use crate::backend::{attention_block_sparse_composite, attention_paged_composite, attention_slots_composite, AttnParams, BlockMask, KV_SCALES};
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{attention_tile, attn_paged_mma_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, qkv_rope_tile, AttentionParams, EmbeddingParams, FlashParams, RopeCastParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D, ROW_THREADS};
+use gpu::params::{attention_tile, attn_paged_mma_tile, attn_paged_tile, attn_split_tile, block_mask, flash_mma_tile, flash_tile, AttentionParams, FlashParams, SplitAttnParams, CURSOR_FIELDS, FLASH_MAX_D};
 use std::sync::Once;
 
 /// Sizes of an attention launch (validated against each other by `crate::ops`).
@@ -171,57 +173,6 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
     }
 }
 
-/// Row scales a [`rope_cast_f16`] reads or writes: the `[rows, heads, 2]` f32 buffer and the
-/// plane (0: keys, 1: values).
-pub type ScalePlane<'a> = (&'a DeviceBuffer, usize);
-
-/// `out[row0 ..] = f16(rope(x · s_in) / s)` for `x [rows, heads, d]` f32 (no rotation without
-/// `rope`; `s_in` from `scale_in` or 1), each (row, head) vector divided by its
-/// `gpu::math::f16_key_scale` (`f16_value_scale` for plane 1), written to `scale_out` at rows
-/// `row0 ..` (without `scale_out`, narrowed as is): keys and values narrowed for the
-/// tensor-core attention, and f16 KV-cache rows with their scales.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBuffer, &DeviceBuffer)>, scale_in: Option<ScalePlane<'_>>, (out, row0): (&DeviceBuffer, usize), scale_out: Option<ScalePlane<'_>>, rows: usize, heads: usize, d: usize) -> Result<()> {
-    let kernel = Kernel::RopeCastF16;
-    if d % 2 != 0 || d > 64 * qkv_rope_tile::CAST_PAIRS {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} must be even and at most {}", d, 64 * qkv_rope_tile::CAST_PAIRS) });
-    }
-    need(kernel, "x", x, rows * heads * d * 4)?;
-    need(kernel, "out", out, (row0 + rows) * heads * d * 2)?;
-    if let Some((cos, sin)) = rope {
-        need(kernel, "cos", cos, rows * d / 2 * 4)?;
-        need(kernel, "sin", sin, rows * d / 2 * 4)?;
-    }
-    // the address of plane `which` at row `from`, after checking rows up to `from + rows`
-    let plane = |name, sc: Option<ScalePlane<'_>>, from: usize| -> Result<u64> {
-        match sc {
-            None => Ok(0),
-            Some((_, which)) if which >= KV_SCALES => Err(Error::Limit { op: kernel.name(), msg: format!("scale plane {} of {}", which, KV_SCALES) }),
-            Some((b, which)) => {
-                need(kernel, name, b, (from + rows) * heads * KV_SCALES * 4)?;
-                Ok(b.addr() + ((from * heads * KV_SCALES + which) * 4) as u64)
-            }
-        }
-    };
-    let p = RopeCastParams {
-        x: x.addr(),
-        cos: rope.map_or(0, |r| r.0.addr()),
-        sin: rope.map_or(0, |r| r.1.addr()),
-        out: out.addr() + (row0 * heads * d * 2) as u64,
-        scale_out: plane("scale_out", scale_out, row0)?,
-        scale_in: plane("scale_in", scale_in, 0)?,
-        kv_flag: l.kv_flag,
-        rows: fits_u32(kernel, "rows", rows)?,
-        heads: fits_u32(kernel, "heads", heads)?,
-        d: fits_u32(kernel, "d", d)?,
-        values: scale_out.map_or(0, |s| (s.1 == 1) as u32),
-    };
-    if rows == 0 || heads == 0 || d == 0 {
-        return Ok(());
-    }
-    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(rows * heads, qkv_rope_tile::WARPS as usize), MAX_GRID_X)?, 1, 1], qkv_rope_tile::THREADS, &p)
-}
-
 /// f32 keys and values `[rows, kv_heads, d]` (times `scales` when given) narrowed to f16 with
 /// fresh row scales, for the tensor-core flash kernels (keys rotated with `rope` when given):
 /// `(k, v, scales)`.
@@ -232,33 +183,6 @@ pub fn narrow_kv(be: &CudaBackend, l: &Launcher<'_>, (k, v): (&DeviceBuffer, &De
     rope_cast_f16(l, k, rope, scales.map(|s| (s, 0)), (&kh, 0), Some((&sc, 0)), rows, kv_heads, d)?;
     rope_cast_f16(l, v, None, scales.map(|s| (s, 1)), (&vh, 0), Some((&sc, 1)), rows, kv_heads, d)?;
     Ok((kh, vh, sc))
-}
-
-/// Gathers `rows` f16 rows of `hidden` (a multiple of 8) from `table` (`vocab` rows) by the u32
-/// `ids` into `out`, kept f16 (`gather_rows_f16`, `gpu/src/embedding.rs`): a paged cache's keys
-/// and values in a sequence's order, for the flash kernels.
-pub fn gather_rows_f16(l: &Launcher<'_>, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
-    let kernel = Kernel::GatherRowsF16;
-    if hidden % 8 != 0 {
-        return Err(Error::Limit { op: kernel.name(), msg: format!("rows of {} elements (a multiple of 8: 16-byte vectors)", hidden) });
-    }
-    need(kernel, "table", table, vocab * hidden * 2)?;
-    need(kernel, "ids", ids, rows * 4)?;
-    need(kernel, "out", out, rows * hidden * 2)?;
-    let p = EmbeddingParams {
-        table: table.addr(),
-        ids: ids.addr(),
-        out: out.addr(),
-        rows: fits_u32(kernel, "rows", rows)?,
-        hidden: fits_u32(kernel, "hidden", hidden)?,
-        vocab: fits_u32(kernel, "vocab", vocab)?,
-        _pad: 0,
-    };
-    let vectors = rows * hidden / 8;
-    if vectors == 0 {
-        return Ok(());
-    }
-    l.launch(kernel, [grid_dim(kernel, "x", vectors.div_ceil(ROW_THREADS as usize).min(65_535 * 8), MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
 }
 
 /// Logs once per process that paged attention of this shape takes the composite path.

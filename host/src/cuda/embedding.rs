@@ -1,22 +1,23 @@
 //! Row gathers, scatters and copies (`gpu/src/embedding.rs`, plus driver copies): the embedding
-//! lookup, the row blend, image rows into the prompt, and the KV-cache and row/column copies.
+//! lookup, f16 rows gathered as stored (a paged cache's), the row blend, image rows into the
+//! prompt, and the KV-cache and row/column copies.
 
-use super::attention::rope_cast_f16;
 use super::elementwise::cast_f16;
 use super::launch::{fits_u32, grid_dim, need, Launcher, OkOrCuda, MAX_GRID_X};
+use super::rope::rope_cast_f16;
 use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
 use gpu::params::{BlendRowsParams, EmbeddingParams, ScatterRowsParams, ROW_THREADS};
 
-/// Gathers `rows` rows of `hidden` from `table` (of `dtype`, `vocab` rows) by the u32 `ids`.
+/// The parameters of a row gather of `rows` rows of `hidden` from `table` (`vocab` rows, `elem`
+/// bytes an element) by the u32 `ids` into `out` (`out_elem` bytes an element), sizes checked.
 #[allow(clippy::too_many_arguments)]
-pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
-    let kernel = Kernel::embedding(dtype)?;
-    need(kernel, "table", table, vocab * hidden * dtype.size_of())?;
+fn gather_params(kernel: Kernel, (table, elem): (&DeviceBuffer, usize), vocab: usize, ids: &DeviceBuffer, (out, out_elem): (&DeviceBuffer, usize), rows: usize, hidden: usize) -> Result<EmbeddingParams> {
+    need(kernel, "table", table, vocab * hidden * elem)?;
     need(kernel, "ids", ids, rows * 4)?;
-    need(kernel, "out", out, rows * hidden * 4)?;
-    let p = EmbeddingParams {
+    need(kernel, "out", out, rows * hidden * out_elem)?;
+    Ok(EmbeddingParams {
         table: table.addr(),
         ids: ids.addr(),
         out: out.addr(),
@@ -24,11 +25,34 @@ pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: us
         hidden: fits_u32(kernel, "hidden", hidden)?,
         vocab: fits_u32(kernel, "vocab", vocab)?,
         _pad: 0,
-    };
+    })
+}
+
+/// Gathers `rows` rows of `hidden` from `table` (of `dtype`, `vocab` rows) by the u32 `ids`.
+#[allow(clippy::too_many_arguments)]
+pub fn embedding(l: &Launcher<'_>, dtype: DType, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
+    let kernel = Kernel::embedding(dtype)?;
+    let p = gather_params(kernel, (table, dtype.size_of()), vocab, ids, (out, 4), rows, hidden)?;
     if rows == 0 || hidden == 0 {
         return Ok(());
     }
     l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+}
+
+/// Gathers `rows` f16 rows of `hidden` (a multiple of 8) from `table` (`vocab` rows) by the u32
+/// `ids` into `out`, kept f16 (`gather_rows_f16`, `gpu/src/embedding.rs`): a paged cache's keys
+/// and values in a sequence's order, for the flash kernels.
+pub fn gather_rows_f16(l: &Launcher<'_>, table: &DeviceBuffer, vocab: usize, ids: &DeviceBuffer, out: &DeviceBuffer, rows: usize, hidden: usize) -> Result<()> {
+    let kernel = Kernel::GatherRowsF16;
+    if hidden % 8 != 0 {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("rows of {} elements (a multiple of 8: 16-byte vectors)", hidden) });
+    }
+    let p = gather_params(kernel, (table, 2), vocab, ids, (out, 2), rows, hidden)?;
+    let vectors = rows * hidden / 8;
+    if vectors == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", vectors.div_ceil(ROW_THREADS as usize).min(65_535 * 8), MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
 }
 
 /// `out [rows, width]` = rows of the f32 `table [vocab, width]` blended by `ids` and `weights`

@@ -1,13 +1,14 @@
 //! Rotary embeddings (`gpu/src/rope.rs`): the rotate-half `rope_f32` with host tables (the
-//! vision tower) and the decoder's fused `qkv_rope_append_*` (q/k RMSNorm, interleaved MRoPE
-//! from the device cursor, KV-cache append).
+//! vision tower), the decoder's fused `qkv_rope_append_*` (q/k RMSNorm, interleaved MRoPE
+//! from the device cursor, KV-cache append), and `rope_cast_f16` (keys and values narrowed to
+//! f16 with row scales, rotated or not: for the tensor-core attention and f16 cache writes).
 
 use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X};
 use super::{CudaBackend, DeviceBuffer};
 use crate::backend::{QkvRope, KV_SCALES};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Error, Result, Tensor};
-use gpu::params::{qkv_rope_tile, QkvRopeParams, RopeParams, CURSOR_FIELDS, ROW_THREADS};
+use gpu::params::{qkv_rope_tile, QkvRopeParams, RopeCastParams, RopeParams, CURSOR_FIELDS, ROW_THREADS};
 
 /// Rotate-half RoPE of `x [rows, heads, d]` with `cos`, `sin` `[rows, d / 2]`.
 #[allow(clippy::too_many_arguments)]
@@ -116,4 +117,55 @@ impl CudaBackend {
         qkv_rope_append(&l, k_cache.dtype(), &bufs, p, t, k_cache.shape()[0])?;
         Ok(Self::wrap(vec![t, p.heads, p.head_dim], DType::F32, q_out))
     }
+}
+
+/// Row scales a [`rope_cast_f16`] reads or writes: the `[rows, heads, 2]` f32 buffer and the
+/// plane (0: keys, 1: values).
+pub type ScalePlane<'a> = (&'a DeviceBuffer, usize);
+
+/// `out[row0 ..] = f16(rope(x · s_in) / s)` for `x [rows, heads, d]` f32 (no rotation without
+/// `rope`; `s_in` from `scale_in` or 1), each (row, head) vector divided by its
+/// `gpu::math::f16_key_scale` (`f16_value_scale` for plane 1), written to `scale_out` at rows
+/// `row0 ..` (without `scale_out`, narrowed as is): keys and values narrowed for the
+/// tensor-core attention, and f16 KV-cache rows with their scales.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBuffer, &DeviceBuffer)>, scale_in: Option<ScalePlane<'_>>, (out, row0): (&DeviceBuffer, usize), scale_out: Option<ScalePlane<'_>>, rows: usize, heads: usize, d: usize) -> Result<()> {
+    let kernel = Kernel::RopeCastF16;
+    if d % 2 != 0 || d > 64 * qkv_rope_tile::CAST_PAIRS {
+        return Err(Error::Limit { op: kernel.name(), msg: format!("head_dim {} must be even and at most {}", d, 64 * qkv_rope_tile::CAST_PAIRS) });
+    }
+    need(kernel, "x", x, rows * heads * d * 4)?;
+    need(kernel, "out", out, (row0 + rows) * heads * d * 2)?;
+    if let Some((cos, sin)) = rope {
+        need(kernel, "cos", cos, rows * d / 2 * 4)?;
+        need(kernel, "sin", sin, rows * d / 2 * 4)?;
+    }
+    // the address of plane `which` at row `from`, after checking rows up to `from + rows`
+    let plane = |name, sc: Option<ScalePlane<'_>>, from: usize| -> Result<u64> {
+        match sc {
+            None => Ok(0),
+            Some((_, which)) if which >= KV_SCALES => Err(Error::Limit { op: kernel.name(), msg: format!("scale plane {} of {}", which, KV_SCALES) }),
+            Some((b, which)) => {
+                need(kernel, name, b, (from + rows) * heads * KV_SCALES * 4)?;
+                Ok(b.addr() + ((from * heads * KV_SCALES + which) * 4) as u64)
+            }
+        }
+    };
+    let p = RopeCastParams {
+        x: x.addr(),
+        cos: rope.map_or(0, |r| r.0.addr()),
+        sin: rope.map_or(0, |r| r.1.addr()),
+        out: out.addr() + (row0 * heads * d * 2) as u64,
+        scale_out: plane("scale_out", scale_out, row0)?,
+        scale_in: plane("scale_in", scale_in, 0)?,
+        kv_flag: l.kv_flag,
+        rows: fits_u32(kernel, "rows", rows)?,
+        heads: fits_u32(kernel, "heads", heads)?,
+        d: fits_u32(kernel, "d", d)?,
+        values: scale_out.map_or(0, |s| (s.1 == 1) as u32),
+    };
+    if rows == 0 || heads == 0 || d == 0 {
+        return Ok(());
+    }
+    l.launch(kernel, [grid_dim(kernel, "x", ceil_div(rows * heads, qkv_rope_tile::WARPS as usize), MAX_GRID_X)?, 1, 1], qkv_rope_tile::THREADS, &p)
 }

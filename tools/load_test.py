@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Load generator for `qwen3-vl serve`: C concurrent clients, each sending R streamed OpenAI chat
-completions (random prompt lengths, optional images), one after another. Reports aggregate
+completions (random prompt lengths, optional images), one after another over one keep-alive
+connection (as the OpenAI clients' connection pools do). Reports aggregate
 completion tok/s over the wall time, time to first token and request latency (p50 / p90),
 images/s when requests carry images, and what failed, as one JSON object on stdout. Standard
 library only.
@@ -57,12 +58,12 @@ QUESTIONS = ("Describe this image.", "What colours are in this image?", "What is
              "Is there any text in this picture?", "Describe the texture of this image.")
 
 
-def one_request(url, body, timeout):
-    """Streams one completion; returns a Result."""
-    u = urllib.parse.urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+def one_request(conn, body):
+    """Streams one completion over `conn` (a client's keep-alive connection, as the OpenAI
+    clients keep theirs; reopened by http.client after the server closes it); returns a Result."""
     t0 = time.monotonic()
     ttft, usage, text = None, None, ""
+    ok = False
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -90,11 +91,15 @@ def one_request(url, body, timeout):
             return Result(error="the stream ended without [DONE]")
         if usage is None:
             return Result(error="no usage in the stream")
-        return Result(ttft, time.monotonic() - t0, usage["completion_tokens"], usage["prompt_tokens"], None, text, usage)
+        elapsed = time.monotonic() - t0
+        r.read()  # the end of the chunked body, so the connection can take the next request
+        ok = not r.will_close
+        return Result(ttft, elapsed, usage["completion_tokens"], usage["prompt_tokens"], None, text, usage)
     except Exception as e:  # noqa: BLE001 (a load test counts every failure)
         return Result(error=repr(e))
     finally:
-        conn.close()
+        if not ok:
+            conn.close()
 
 
 def main():
@@ -126,8 +131,11 @@ def main():
         urls = ["data:image/png;base64," + base64.b64encode(b).decode() for b in sides]
     results, lock = [], threading.Lock()
 
+    u = urllib.parse.urlparse(a.url)
+
     def client(ci):
         rng = random.Random(a.seed * 1000 + ci)
+        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=a.timeout)
         for ri in range(a.requests):
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
             content = text
@@ -143,9 +151,10 @@ def main():
                 body.update(temperature=0.8, top_p=0.95, top_k=20)
             elif a.sampling == "mixed":
                 body.update(temperature=round(rng.uniform(0.5, 1.0), 2), top_p=rng.choice((0.8, 0.9, 1.0)), top_k=rng.choice((20, 40)), seed=rng.randrange(1 << 31))
-            r = one_request(a.url, body, a.timeout)
+            r = one_request(conn, body)
             with lock:
                 results.append(r)
+        conn.close()
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]

@@ -1,7 +1,7 @@
 //! Row gathers and scatters: the embedding lookup (rows of a token table widened to f32), f16
-//! rows gathered as they are (the paged KV cache's), the row blend (weighted sums of table rows: the vision tower's interpolated position
-//! embeddings) and the row scatter that places image embeddings and DeepStack features into a
-//! sequence.
+//! rows gathered as they are (the paged KV cache's), the row blend (weighted sums of table
+//! rows: the vision tower's interpolated position embeddings) and the row scatter that places
+//! image embeddings and DeepStack features into a sequence.
 //!
 //! # Parameters ([`EmbeddingParams`], [`BlendRowsParams`])
 //! `table [vocab, hidden]` (f32/f16/bf16 by kernel), `ids [rows]` u32 (validated `< vocab` by the
@@ -58,6 +58,9 @@ pub unsafe fn embedding_bf16(p: EmbeddingParams) {
 ///
 /// Thread mapping: one thread per 16-byte chunk of the output (grid-stride over `rows ·
 /// hidden / 8`), so a row of 2 KiB is 128 threads' single vector load and store.
+///
+/// Safety: the launcher checks the sizes and that `hidden` is a multiple of 8 (rows of whole,
+/// 16-byte aligned vectors in buffers the pool aligns to 256 bytes).
 #[kernel]
 pub unsafe fn gather_rows_f16(p: EmbeddingParams) {
     let per_row = p.hidden as usize / 8;

@@ -209,7 +209,8 @@ fn vision_attention_with_fused_rotary_agrees() {
     }
 }
 
-/// `n` distinct cache rows out of `cap`, shuffled (a sequence's keys scattered over a pool).
+/// `n` distinct cache rows (or blocks) out of `cap`, shuffled (a sequence's keys scattered over a
+/// pool).
 fn shuffled_slots(rng: &mut Rng, n: usize, cap: usize) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..cap as u32).collect();
     for i in (1..ids.len()).rev() {
@@ -300,10 +301,7 @@ fn slot_attention_agrees_over_lengths_head_dims_and_scales() {
 fn paged_tables(rng: &mut Rng, lens: &[usize], block: usize, spare: usize) -> (Vec<Vec<u32>>, usize) {
     let need: usize = lens.iter().map(|l| (l + block - 1) / block).sum();
     let total = need + spare;
-    let mut ids: Vec<u32> = (0..total as u32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
+    let ids = shuffled_slots(rng, total, total);
     let mut at = 0;
     let tables = lens.iter().map(|l| {
         let n = (l + block - 1) / block;

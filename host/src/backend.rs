@@ -4,7 +4,7 @@
 //! and both backends check them before doing any work.
 
 use crate::model::rope::{mrope_tables, Pos3};
-use crate::pages::{gather_cache_rows, Pages};
+use crate::pages::{gather_cache_rows, gather_cache_rows_at, Pages};
 use crate::{ops, Blocks, DType, DeviceKind, Error, MappedBytes, Result, Tensor};
 use gpu::params::{block_mask, sample_row, CURSOR_FIELDS, CURSOR_ROW};
 pub use crate::memory::MemoryStats;
@@ -219,12 +219,8 @@ pub fn layer_norm_gelu_mlp_composite<B: Backend + ?Sized>(b: &B, x: &Tensor, nor
 pub fn attention_slots_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, slots: &Tensor, p: AttnParams) -> Result<Tensor> {
     ops::attention_slots_dims(q, k_pool, v_pool, slots, &p)?;
     ops::kv_scale_dims("attention_slots", k_pool, scales)?;
-    let gather = |c: &Tensor| -> Result<Tensor> {
-        let s = c.shape();
-        b.embedding_gather(&c.reshape(&[s[0], s[1] * s[2]])?, slots)?.reshape(&[p.kv_len, s[1], s[2]])
-    };
-    let sc = scales.map(gather).transpose()?;
-    b.attention_scaled(q, &gather(k_pool)?, &gather(v_pool)?, sc.as_ref(), p)
+    let sc = scales.map(|s| gather_cache_rows_at(b, s, slots)).transpose()?;
+    b.attention_scaled(q, &gather_cache_rows_at(b, k_pool, slots)?, &gather_cache_rows_at(b, v_pool, slots)?, sc.as_ref(), p)
 }
 
 pub fn attention_paged_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, pages: &Pages, scale: f32) -> Result<Tensor> {

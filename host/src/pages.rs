@@ -136,10 +136,23 @@ fn tables(block: usize, slots: usize, stride: usize, rows: &[(&[u32], usize)]) -
 /// Rows `slots` of a cache `[cap, kv_heads, d]` (f32 or f16) as `[slots.len(), kv_heads, d]`
 /// f32: a sequence's keys or values gathered out of a paged cache.
 pub fn gather_cache_rows<B: Backend + ?Sized>(b: &B, cache: &Tensor, slots: &[u32]) -> Result<Tensor> {
+    let (flat, row) = cache_rows(cache)?;
+    b.embedding(&flat, slots)?.reshape(&[slots.len(), row[0], row[1]])
+}
+
+/// [`gather_cache_rows`] by slots already on `b`: `ids` a u32 `[n]` tensor
+/// ([`Backend::embedding_gather`]).
+pub fn gather_cache_rows_at<B: Backend + ?Sized>(b: &B, cache: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (flat, row) = cache_rows(cache)?;
+    let n = ids.shape().first().copied().unwrap_or(0);
+    b.embedding_gather(&flat, ids)?.reshape(&[n, row[0], row[1]])
+}
+
+/// A cache `[cap, kv_heads, d]` as a table of `cap` rows, and its row shape.
+fn cache_rows(cache: &Tensor) -> Result<(Tensor, [usize; 2])> {
     let s = cache.shape();
     if s.len() != 3 {
         return Err(Error::shape("gather_cache_rows", &[s], "the cache must be [cap, kv_heads, d]"));
     }
-    let flat = cache.reshape(&[s[0], s[1] * s[2]])?;
-    b.embedding(&flat, slots)?.reshape(&[slots.len(), s[1], s[2]])
+    Ok((cache.reshape(&[s[0], s[1] * s[2]])?, [s[1], s[2]]))
 }

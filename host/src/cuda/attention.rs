@@ -10,6 +10,7 @@ use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MA
 use super::rope::rope_cast_f16;
 use super::{CudaBackend, DeviceBuffer};
 use crate::backend::{attention_block_sparse_composite, attention_paged_composite, attention_slots_composite, AttnParams, BlockMask, KV_SCALES};
+use crate::pages::gather_cache_rows_at;
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
 use crate::{ops, DType, Error, Result, Tensor};
@@ -411,7 +412,7 @@ impl CudaBackend {
             Ok(Self::wrap(vec![n, kv_heads, d], DType::F16, out))
         };
         let (kk, vv) = (gather(k)?, gather(v)?);
-        let sc = scales.map(|s| self.embedding_gather_op(&s.reshape(&[cap, kv_heads * KV_SCALES])?, slots)?.reshape(&[n, kv_heads, KV_SCALES])).transpose()?;
+        let sc = scales.map(|s| gather_cache_rows_at(self, s, slots)).transpose()?;
         self.attention_op(q, &kk, &vv, sc.as_ref(), p, None)
     }
 

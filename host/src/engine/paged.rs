@@ -7,6 +7,7 @@ use crate::backend::{transfer, AttnParams, QkvRope};
 use crate::model::config::TextConfig;
 use crate::model::kv_cache::{cache_scales, cache_zeros};
 use crate::model::text::{copy_rows_to_host, LayerKv};
+use crate::pages::gather_cache_rows_at;
 use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 use crate::{Backend, DType, Error, Pages, Result, Tensor};
 
@@ -159,11 +160,8 @@ impl PagedStep<'_> {
     /// Prefill chunk `(r0, n, slots)`'s keys, values (and row scales) of layer `layer`, gathered
     /// from the pool on `b` into `[slots.len(), kv_heads, head_dim]` tensors; `ids` on `b` holds
     /// `slots`.
-    fn gather(&self, layer: usize, b: &dyn Backend, ids: &Tensor, keys: usize) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let gather = |c: &Tensor| -> Result<Tensor> {
-            let s = c.shape();
-            b.embedding_gather(&c.reshape(&[s[0], s[1] * s[2]])?, ids)?.reshape(&[keys, s[1], s[2]])
-        };
+    fn gather(&self, layer: usize, b: &dyn Backend, ids: &Tensor) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let gather = |c: &Tensor| gather_cache_rows_at(b, c, ids);
         Ok((gather(&self.kv.k[layer])?, gather(&self.kv.v[layer])?, self.kv.s[layer].as_ref().map(gather).transpose()?))
     }
 }
@@ -197,7 +195,7 @@ impl LayerKv for PagedStep<'_> {
         for (c, (r0, n, slots)) in self.rows.prefill.iter().enumerate() {
             let (keys, past) = (slots.len(), slots.len() - n);
             // the sequence's keys so far, lent (the chunk's own rows are written over there)
-            let (kk, vv, ss) = self.gather(layer, host, &self.made[hq].2[c], keys)?;
+            let (kk, vv, ss) = self.gather(layer, host, &self.made[hq].2[c])?;
             let dtype = self.kv.dtype;
             let lend = |t: &Tensor| -> Result<Tensor> {
                 match dtype {

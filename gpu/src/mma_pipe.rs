@@ -23,9 +23,12 @@
 //! raises for these kernels where the device allows; 128 × 128's 48 KiB are static):
 //! stage `s + STAGES - 1` is being copied (`cp.async`, 16 bytes per copy, zero-filled past
 //! `m`, `n` and `k`) while stage `s` is multiplied, and nothing passes through registers on the
-//! way. Rows of 64 elements are eight 16-byte chunks stored at chunk `c ^ (row & 7)`, rows of
-//! 32 four chunks at `c ^ ((row >> 1) & 3)` (XOR swizzles: the eight rows an `ldmatrix` reads
-//! at one logical chunk fall in eight bank groups).
+//! way. Each stage's copies are issued branch-free after the first k step's fragments are read
+//! (their sources and shared offsets worked out once per thread), and each k step's fragments
+//! are read before the mmas of the step before. Rows of 64 elements are eight 16-byte chunks
+//! stored at chunk `c ^ (row & 7)`, rows of 32 four chunks at `c ^ ((row >> 1) & 3)` (XOR
+//! swizzles: the eight rows an `ldmatrix` reads at one logical chunk fall in eight bank
+//! groups).
 //!
 //! # Thread mapping
 //! 256 threads = 8 warps as 2 (m) × 4 (n), a warp owning a `TM/2 × TN/4` tile of m16n8k16
@@ -34,17 +37,19 @@
 //! mma where 128 × 128's 64 × 32 reads 192: on an H100 / H200 (128 bytes a clock per SM, about
 //! 0.7 mma a clock) the smaller warp tile is bound by those reads. The 128 × 256 epilogue goes
 //! through shared memory ([`store_staged`]). Copies: thread `t` takes the 16-byte chunks
-//! `t, t + 256, ...` of each operand's stage. `cast_a16_*`: one thread per 8 activations (two 16-byte loads, one
-//! 16-byte store), grid x over `m · k / 8`.
+//! `t, t + 256, ...` of each operand's stage. `cast_a16_*`: one thread per 8 activations (two
+//! 16-byte loads, one 16-byte store), grid x over `m · k / 8`.
 //!
 //! # Safety
 //! The launchers check sizes, `k % 8 == 0`, the 16-bit row stride and the module. Every thread
 //! reaches every barrier and commits every copy group (loop counts are uniform over the block);
-//! out-of-range rows and columns are zero-filled on load and skipped on store.
+//! out-of-range rows and columns are zero-filled on load (a copy of 0 bytes, whose source
+//! address is not read) and skipped on store; the stages past the block's `k` range are
+//! zero-fills, waited for before an epilogue reuses the stages' shared memory.
 
 use crate::math::{Bf16, F16};
 use crate::mem::{cluster_map, cluster_sync, ld_cluster_f32x4, ld_f32x4, shared_addr, F32x2, F32x4};
-use crate::mma::{cp_async_16, cp_async_commit, ldmatrix_x4, store_tile, MmaElem};
+use crate::mma::{cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4, store_tile, MmaElem};
 use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
 use crate::params::{CastA16Params, GateUpParams, LayerNormParams, LinearParams, RmsNormParams};
 use crate::reduce::block_sum;
@@ -113,71 +118,115 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
     let (a, w) = (x.a, x.w);
     let (a_sh, w_sh) = (shared_addr(a_s), shared_addr(w_s));
     let (a_chunks, w_chunks) = (TM * chunks / THREADS as usize, TN * chunks / THREADS as usize);
-    // stage `buf` of k elements [k0, k0 + KB): both operands, asynchronously
+    // Thread `t` copies 16-byte chunk `ct = t % C` of the rows `rt + R·i` (`rt = t / C`, `R =
+    // THREADS / C` rows a round) of each operand's stage. `R` is a multiple of 8 (and of 16
+    // with `PAIR`), so every one of those rows has the first one's swizzle and matrix: a copy's
+    // shared offset is the first one's plus `16 · THREADS · i`, its source the first one's
+    // plus `i` row steps, all worked out once here (worked out per copy, the 128 × 256 tile's
+    // copies were ~190 instructions between the stage barrier and the first mma on sm_90).
+    let rper = THREADS as usize / chunks;
+    let (rt, ct) = (tid / chunks, tid % chunks);
+    let kc = 8 * ct;
+    let sh0 = chunk_offset::<C>(rt, ct);
+    let sh_step = 16 * THREADS as usize;
+    let a_row = row0 + rt;
+    let a_src = a.wrapping_add((a_row * lda + kc) * 2);
+    let a_step = rper * lda * 2;
+    // with `PAIR`, staged row `rs` is row `8 · (rs / 16) + rs % 8` of `w` (`(rs / 8)` even) or `w2`
+    let (w_mat, w_row, w_rstep) = if PAIR {
+        (if (rt / 8) % 2 == 0 { w } else { x.w2 }, col0 + 8 * (rt / 16) + rt % 8, rper / 2)
+    } else {
+        (w, col0 + rt, rper)
+    };
+    let w_src = w_mat.wrapping_add((w_row * k + kc) * 2);
+    let w_step = w_rstep * k * 2;
+    // which of the thread's rows exist (bit i: row `i`), the same at every stage
+    let (mut a_ok, mut w_ok) = (0u32, 0u32);
+    for i in 0..a_chunks {
+        a_ok |= ((a_row + rper * i < m) as u32) << i;
+    }
+    for i in 0..w_chunks {
+        w_ok |= ((w_row + w_rstep * i < n) as u32) << i;
+    }
+    // stage `buf` of k elements [k0, k0 + KB): both operands, asynchronously, zero-filled past
+    // `m`, `n` and the block's `k` range (a copy of 0 bytes reads nothing: its source address
+    // is not dereferenced). Branch-free, so the first k step's mmas can be scheduled among the
+    // copies; a stage past the range is a group of zero-fills.
     let load = |buf: usize, k0: usize| {
+        let k_ok = if k0 + kc < ke { u32::MAX } else { 0 };
+        let (a_ok, w_ok) = (a_ok & k_ok, w_ok & k_ok);
         for i in 0..a_chunks {
-            let ch = tid + THREADS as usize * i;
-            let (r, kk) = (row0 + ch / chunks, k0 + 8 * (ch % chunks));
-            let ok = r < m && kk < k;
-            let src = if ok { a.add((r * lda + kk) * 2) } else { a };
-            cp_async_16(a_sh + (buf * a_buf + chunk_offset::<C>(ch / chunks, ch % chunks)) as u64, src, if ok { 16 } else { 0 });
+            let src = a_src.wrapping_add(k0 * 2 + i * a_step);
+            cp_async_16(a_sh + (buf * a_buf + sh0 + sh_step * i) as u64, src, 16 * ((a_ok >> i) & 1));
         }
         for i in 0..w_chunks {
-            let ch = tid + THREADS as usize * i;
-            let (rs, kk) = (ch / chunks, k0 + 8 * (ch % chunks));
-            let (mat, r) = if PAIR {
-                let g = rs / 8;
-                (if g % 2 == 0 { w } else { x.w2 }, col0 + 8 * (g / 2) + rs % 8)
-            } else {
-                (w, col0 + rs)
-            };
-            let ok = r < n && kk < k;
-            let src = if ok { mat.add((r * k + kk) * 2) } else { w };
-            cp_async_16(w_sh + (buf * w_buf + chunk_offset::<C>(rs, ch % chunks)) as u64, src, if ok { 16 } else { 0 });
+            let src = w_src.wrapping_add(k0 * 2 + i * w_step);
+            cp_async_16(w_sh + (buf * w_buf + sh0 + sh_step * i) as u64, src, 16 * ((w_ok >> i) & 1));
         }
+    };
+    // the warp's A and B fragments of k step `ks` of stage `cur`
+    let frags = |cur: usize, ks: usize| {
+        let mut af = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            let r = wm * (TM / 2) + mt * 16 + (lane & 15);
+            af[mt] = ldmatrix_x4(a_sh + (cur * a_buf + chunk_offset::<C>(r, ks * 2 + (lane >> 4))) as u64);
+        }
+        let mut bf = [[0u32; 2]; NT];
+        for np in 0..NT / 2 {
+            let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
+            let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset::<C>(r, ks * 2 + ((lane >> 3) & 1))) as u64);
+            bf[2 * np] = [x[0], x[1]];
+            bf[2 * np + 1] = [x[2], x[3]];
+        }
+        (af, bf)
     };
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
     let steps = (ke - kb + depth - 1) / depth;
-    // 1. the first STAGES - 1 stages in flight (a group per stage, empty past the end)
+    // 1. the first STAGES - 1 stages in flight (a group per stage, zero-fills past the end)
     for s in 0..NSTAGES - 1 {
-        if s < steps {
-            load(s, kb + s * depth);
-        }
+        load(s, kb + s * depth);
         cp_async_commit();
     }
+    // the buffers of stage `step` and of stage `step + STAGES - 1`: counted round, or as
+    // `step % STAGES` for the bf16 128 × 256 tiles. The two compile to different schedules under
+    // the driver's ptxas (CUDA 13), and each measured faster where it is taken (H200,
+    // `kernels-bench --only matmul`: 128 × 256 3-5% faster by the remainder; 64 × 128 up to 9%
+    // and 128 × 128 up to 5% faster counted round). The f16 128 × 256 pair spills with the
+    // remainder under CUDA 11.8's ptxas, so f16 counts round.
+    let next = |b: usize| if b + 1 == NSTAGES { 0 } else { b + 1 };
+    let (mut round_cur, mut round_ahead) = (0, NSTAGES - 1);
     for step in 0..steps {
         // 2. stage `step` has landed for every thread; every warp is done with stage step - 1
         cp_async_wait_stage();
         thread::sync_threads();
-        // 3. the stage STAGES - 1 ahead goes out into the buffer stage step - 1 used
-        let ahead = step + NSTAGES - 1;
-        if ahead < steps {
-            load(ahead % NSTAGES, kb + ahead * depth);
-        }
+        // 3. the first k step's fragments, then stage step + STAGES - 1 goes out into the
+        //    buffer stage step - 1 used (branch-free, so the scheduler can start the mmas while
+        //    the copies are issued)
+        let cur = if TN == 256 && !W::ROW_SCALE { step % NSTAGES } else { round_cur };
+        let mut f = frags(cur, 0);
+        let ahead = if TN == 256 && !W::ROW_SCALE { (step + NSTAGES - 1) % NSTAGES } else { round_ahead };
+        load(ahead, kb + (step + NSTAGES - 1) * depth);
         cp_async_commit();
-        // 4. KB / 16 k steps of mma over the warp's tile
-        let cur = step % NSTAGES;
-        for ks in 0..depth / 16 {
-            let mut af = [[0u32; 4]; MT];
-            for mt in 0..MT {
-                let r = wm * (TM / 2) + mt * 16 + (lane & 15);
-                af[mt] = ldmatrix_x4(a_sh + (cur * a_buf + chunk_offset::<C>(r, ks * 2 + (lane >> 4))) as u64);
-            }
-            let mut bf = [[0u32; 2]; NT];
-            for np in 0..NT / 2 {
-                let r = wn * (TN / 4) + np * 16 + (lane & 7) + 8 * (lane >> 4);
-                let x = ldmatrix_x4(w_sh + (cur * w_buf + chunk_offset::<C>(r, ks * 2 + ((lane >> 3) & 1))) as u64);
-                bf[2 * np] = [x[0], x[1]];
-                bf[2 * np + 1] = [x[2], x[3]];
+        // 4. KB / 16 k steps of mma over the warp's tile, the next step's fragments read first
+        //    (written out: 2 or 4 k steps)
+        unroll!(ks < KB / 16, [0, 1, 2, 3], {
+            let (af, bf) = f;
+            if ks + 1 < KB / 16 {
+                f = frags(cur, ks + 1);
             }
             for mt in 0..MT {
                 for nt in 0..NT {
                     W::mma(&mut acc[mt][nt], &af[mt], &bf[nt]);
                 }
             }
-        }
+        });
+        round_cur = next(round_cur);
+        round_ahead = next(round_ahead);
     }
+    // the zero-fills of the stages past the range have landed before any epilogue reuses the
+    // stages' shared memory
+    cp_async_wait_all();
     acc
 }
 

@@ -443,11 +443,13 @@ impl Kernel {
 
     /// A cap on this kernel's registers per thread (PTX `.maxnreg`), where the compiler's own
     /// choice would halve the blocks an SM holds: the 16-row SwiGLU kernels take 132 registers
-    /// on sm_90 (one block of 256 threads per SM); at 128 (no spills) two fit.
+    /// on sm_90 (one block of 256 threads per SM), the 128 × 128 pipelined GEMMs 129-150
+    /// (by ptxas version and main loop); at 128 (no spills) two fit.
     pub fn max_registers(self) -> Option<u32> {
         use Kernel::*;
         match self {
             GateUpSkinnyM16F16 | GateUpSkinnyM16Bf16 | GateUpSkinnyM16A16F16 | GateUpSkinnyM16A16Bf16 => Some(128),
+            MatmulMmaPipeBf16 | MatmulMmaPipeF16 | MatmulMmaPipeC16Bf16 => Some(128),
             _ => None,
         }
     }

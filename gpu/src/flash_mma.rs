@@ -162,21 +162,29 @@ fn swizzle<const D: usize>(r: usize, c: usize) -> u32 {
 
 /// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of the f16 rows at `src` (row stride
 /// `row` elements) into the tile at shared address `dst`, dims past `d` zero, with `cp.async`.
+/// Thread `t` copies chunk `t % (D / 8)` of rows `t / (D / 8) + R·u` (`R = THREADS / (D / 8)`
+/// rows a round, a multiple of 8): every one of its rows has the first one's swizzle, so its
+/// copies are the first one's addresses plus `u` row steps, without per-copy index arithmetic
+/// (a copy of 0 bytes zero-fills and reads nothing).
 #[inline(always)]
 unsafe fn stage<const D: usize>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
     let chunks = D / 8;
+    let per = THREADS as usize / chunks;
     const MAX_ITEMS: usize = BN * 128 / 8 / THREADS as usize;
-    let items = BN * chunks / THREADS as usize;
+    let items = BN / per;
+    let (r0, c) = (tid / chunks, tid % chunks);
+    let d_ok = 8 * c < d;
+    let (dst0, src0) = (dst + swizzle::<D>(r0, c), src.wrapping_add((k0 + r0) * row + 8 * c));
     for u in 0..MAX_ITEMS {
         if u < items {
-            let it = tid + u * THREADS as usize;
-            let (r, c) = (it / chunks, it % chunks);
-            let ok = r < nk && 8 * c < d;
-            let from = if ok { src.add((k0 + r) * row + 8 * c) } else { src };
-            cp_async16(dst + swizzle::<D>(r, c), from as *const u8, if ok { 16 } else { 0 });
+            let ok = d_ok && r0 + per * u < nk;
+            cp_async16(dst0 + (per * u * D * 2) as u32, src0.wrapping_add(per * u * row) as *const u8, 16 * ok as u32);
         }
     }
 }
+
+// a thread's staged rows share one swizzle (rows a round a multiple of 8, for d 64 and 128)
+const _: () = assert!((THREADS as usize / (128 / 8)) % 8 == 0 && (THREADS as usize / (64 / 8)) % 8 == 0);
 
 // the per-tile scale check reads two keys per lane
 const _: () = assert!(BN == 64);

@@ -73,6 +73,11 @@ pub struct PtxArgs {
     /// Which module: compute_61 or compute_80.
     #[clap(long, default_value = "compute_61")]
     arch: String,
+    /// The module's text as loaded on a device of this compute capability (MAJOR.MINOR, e.g.
+    /// 9.0: compute_80 becomes an sm_90 module with its sm_90 instructions in place) instead of
+    /// the portable text. Register caps are in either.
+    #[clap(long, value_name = "MAJOR.MINOR")]
+    loaded_on: Option<String>,
 }
 
 pub fn print_ptx(a: PtxArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -81,6 +86,32 @@ pub fn print_ptx(a: PtxArgs) -> Result<(), Box<dyn std::error::Error>> {
         qwen3_vl::kernels::KernelsRequest::Auto => Arch::Compute61,
     };
     let ptx = qwen3_vl::ptx(arch).ok_or("this build has no PTX (rebuild with --features cuda)")?;
-    print!("{}", ptx.text_with_caps());
+    let text = match a.loaded_on.as_deref() {
+        None => ptx.text_with_caps(),
+        Some(cc) => ptx.text_for(parse_compute(cc)?, true).0,
+    };
+    print!("{}", text);
     Ok(())
+}
+
+/// A compute capability written `MAJOR.MINOR` (`9.0`, `8.6`).
+fn parse_compute(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("--loaded-on {:?}: expected a compute capability MAJOR.MINOR such as 9.0", s);
+    let (major, minor) = s.split_once('.').ok_or_else(bad)?;
+    Ok((major.parse().map_err(|_| bad())?, minor.parse().map_err(|_| bad())?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_compute;
+
+    #[test]
+    fn a_compute_capability_is_major_dot_minor() {
+        assert_eq!(parse_compute("9.0"), Ok((9, 0)));
+        assert_eq!(parse_compute("8.6"), Ok((8, 6)));
+        for bad in ["9", "9.x", "", ".0", "9.0.1", "-1.0"] {
+            let e = parse_compute(bad).unwrap_err();
+            assert!(e.contains("MAJOR.MINOR"), "{}: {}", bad, e);
+        }
+    }
 }

@@ -101,7 +101,7 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
     let (depth, chunks) = (KB, C);
     // [STAGES][rows][KB elements] of 16 bits for the activations, then the weights
     let (a_buf, w_buf) = (TM * depth * 2, TN * depth * 2);
-    let (a_s, w_s) = if depth == 32 && TM * TN == 128 * 128 {
+    let (a_s, w_s) = if depth == 32 && TM == 128 && TN == 128 {
         // 128 × 128 (see `mma_pipe_tile::shared_bytes`): static stages, 24 KiB per operand
         (shared_array![F32x4; NSTAGES * 128 * 32 / 8] as *mut u8, shared_array![F32x4; NSTAGES * 128 * 32 / 8] as *mut u8)
     } else {

@@ -521,7 +521,7 @@ pub mod mma_pipe_tile {
     /// on the H100 (prefill @4096 54.9k against 57.6k tok/s), while 64 × 128 went from 54 to
     /// 43 µs on a 512-row qkv projection.
     pub const fn bk(tm: u32, tn: u32) -> u32 {
-        if tm * tn == 128 * 128 {
+        if tm == 128 && tn == 128 {
             32
         } else {
             64

@@ -141,6 +141,11 @@ fn recorded_decode_steps_give_the_plain_launches_tokens() {
                 let got = run(&mut e, vec![], None);
                 if record && case == "untied_mha" && common::kernels_arch(&*b).is_some() {
                     assert!(e.recorded_steps() > 0, "{}: no decode step was recorded", b.describe());
+                    // six sequences ending one after another run at 6, 5, ..., 1 rows, padded to
+                    // 8, 8, 4, 4, 2, 1: four recordings, not six
+                    let st = e.stats();
+                    assert!(st.decode_recordings <= 4, "{}: {} recordings for batches padded to 4 sizes", b.describe(), st.decode_recordings);
+                    assert!(st.decode_steps > st.decode_recordings);
                 }
                 if !record {
                     assert_eq!(e.recorded_steps(), 0);

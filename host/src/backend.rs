@@ -745,6 +745,11 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// Whether [`Backend::record`] makes recordings here (it may still fail and say why).
+    fn records(&self) -> bool {
+        false
+    }
+
     /// Runs a [`Recording`] made by this backend.
     fn replay(&self, _r: &Recording) -> Result<()> {
         Err(Error::Device { op: "replay", msg: "this backend records nothing to replay".into() })

@@ -318,6 +318,7 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
     let kv = a.device.kv_dtype(b);
     let vocab = model.config.text.vocab_size as u64;
     let (mut prefill, mut decode, mut steps) = (Vec::new(), Vec::new(), 0);
+    let (mut host_share, mut step_us, mut record) = (Vec::new(), Vec::new(), (0, 0.0));
     let bar = Progress::count("batched runs (a warm-up first)", a.runs as u64 + 1, "runs");
     for run in 0..=a.runs {
         bar.set(run as u64, a.runs as u64 + 1);
@@ -325,12 +326,16 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
         if run > 0 {
             prefill.push(r.prefill_tokens_per_s);
             decode.push(r.decode_tokens_per_s);
+            host_share.push(r.host_share);
+            step_us.push(r.step_us);
+            record = (r.recordings, r.record_ms);
             steps = r.steps;
         }
     }
     bar.finish("runs");
     eprintln!();
     let (p, d) = (median(prefill), median(decode));
+    let (host_share, step_us) = (median(host_share), median(step_us));
     let peak = b.memory_stats().peak;
     let c = &model.config.text;
     report!(a.json, "| backend | model (weights) | batch | prompt tokens | gen tokens | prefill tok/s | decode tok/s (all) | decode tok/s (per sequence) | steps | kv cache | runs |");
@@ -342,6 +347,7 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
     if let Some(path) = &a.json_schema {
         report!(a.json, "every sequence constrained by the JSON schema {} (masks computed on the host, applied in the sampling step)", path.display());
     }
+    report!(a.json, "decode-only steps: {:.1} µs each, {:.1}% of it host work between device waits; {} recorded (the last run), in {:.1} ms", step_us, 100.0 * host_share, record.0, record.1);
     report!(a.json, "peak device memory {}", human(peak));
     if a.json {
         let j = serde_json::json!({
@@ -349,6 +355,10 @@ fn run_batched(a: &BenchArgs, b: &dyn Backend, model: &qwen3_vl::model::Model, n
             "kernels_module": kernels_module(b),
             "precision": b.precision().name(),
             "batch": n,
+            "decode_step_us": step_us,
+            "decode_host_share": host_share,
+            "decode_recordings": record.0,
+            "decode_record_ms": record.1,
             "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens,
             "max_prefill_tokens": a.max_prefill_tokens,

@@ -20,6 +20,14 @@ pub struct BatchResult {
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
     pub steps: usize,
+    /// Of the decode-only steps' wall time, the share the host did not wait on the device
+    /// (its own work between two steps, during which the device idles; see
+    /// [`qwen3_vl::engine::EngineStats::decode_wait_ns`]), and those steps' mean wall time (µs).
+    pub host_share: f64,
+    pub step_us: f64,
+    /// Decode steps recorded in the run, and the wall time of those steps (ms).
+    pub recordings: u64,
+    pub record_ms: f64,
 }
 
 /// Runs `batch` sequences of `prompt_tokens` generating `gen_tokens` each; the prompts come
@@ -64,7 +72,11 @@ pub fn run_batch(model: &Model, b: &dyn Backend, kv: DType, batch: usize, prompt
     let t1 = t1.ok_or("the batch produced no tokens")?;
     let prefill = b.seconds_between(&t0, &t1)?;
     let decode = b.seconds_between(&t1, &t2)?;
-    Ok(BatchResult { prefill_tokens_per_s: (batch * prompt_tokens) as f64 / prefill, decode_tokens_per_s: (tokens - firsts) as f64 / decode, steps })
+    let st = e.stats();
+    let wall = st.decode_step_ns.max(1) as f64;
+    let host_share = (1.0 - st.decode_wait_ns as f64 / wall).max(0.0);
+    let step_us = wall / st.decode_steps.max(1) as f64 / 1e3;
+    Ok(BatchResult { prefill_tokens_per_s: (batch * prompt_tokens) as f64 / prefill, decode_tokens_per_s: (tokens - firsts) as f64 / decode, steps, host_share, step_us, recordings: st.decode_recordings, record_ms: st.decode_record_ns as f64 / 1e6 })
 }
 
 /// The decode steps `2 .. 2 + n` of a run bracketed in the backend's profiler start and stop

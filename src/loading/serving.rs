@@ -180,7 +180,7 @@ impl ServingOptions {
     pub fn load(&self, checked: Checked, devices: &[DeviceRequest], threads: Option<usize>, kv_tokens: usize, per_request: usize, progress: &(dyn Fn(usize, Option<(usize, usize)>) + Sync)) -> Result<(Served, PromptFormat)> {
         let mut model = self.model.clone();
         model.device.reserve = self.image_cache_bytes();
-        let l = model.load_replicas(checked, devices, threads, kv_tokens, Some(per_request.min(kv_tokens)), progress)?;
+        let l = model.load_replicas(checked, devices, threads, host::engine::EngineConfig::cache_tokens_for(kv_tokens), Some(per_request.min(kv_tokens)), progress)?;
         let defaults = self.sampling.params(&l.defaults);
         log::info!("sampling defaults: {}", describe_sampling(&defaults));
         let stop_ids = stop_ids(&l.tokenizer);

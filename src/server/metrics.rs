@@ -92,6 +92,7 @@ struct Replica {
     vision_images: AtomicU64,
     vision_cache_hits: AtomicU64,
     host_samples: AtomicU64,
+    decode_recordings: AtomicU64,
     steps: AtomicU64,
     step_us: AtomicU64,
     /// Finished generations by our finish reason (stop, length, cancelled, shutdown, error).
@@ -125,6 +126,7 @@ impl Replica {
             vision_images: AtomicU64::new(0),
             vision_cache_hits: AtomicU64::new(0),
             host_samples: AtomicU64::new(0),
+            decode_recordings: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             step_us: AtomicU64::new(0),
             finished: Mutex::new(BTreeMap::new()),
@@ -256,6 +258,7 @@ impl Metrics {
         r.vision_images.store(st.vision_images, Ordering::Relaxed);
         r.vision_cache_hits.store(st.vision_cache_hits, Ordering::Relaxed);
         r.host_samples.store(st.host_samples, Ordering::Relaxed);
+        r.decode_recordings.store(st.decode_recordings, Ordering::Relaxed);
         let busy = self.replicas.iter().any(|r| r.running.load(Ordering::Relaxed) + r.waiting.load(Ordering::Relaxed) > 0);
         lock(&self.drain).set_busy(Instant::now(), busy);
     }
@@ -351,6 +354,7 @@ impl Metrics {
         c("qwen3vl_vision_tower_images_total", "Images (and videos) through the vision tower.", sum64(|r| &r.vision_images).to_string(), "counter", &mut metric);
         c("qwen3vl_image_cache_hits_total", "Images whose embeddings came from the image-embedding cache instead of the tower.", sum64(|r| &r.vision_cache_hits).to_string(), "counter", &mut metric);
         c("qwen3vl_host_sampled_tokens_total", "Tokens drawn on the host from downloaded logits (penalties, or a top-k the device does not take); the rest are drawn inside the step.", sum64(|r| &r.host_samples).to_string(), "counter", &mut metric);
+        c("qwen3vl_decode_step_recordings_total", "Decode steps recorded as CUDA graphs (one per padded batch size, again when one least recently used was dropped); the others replayed a recording.", sum64(|r| &r.decode_recordings).to_string(), "counter", &mut metric);
         c("qwen3vl_preemptions_total", "Sequences preempted for KV blocks (re-read later).", sum64(|r| &r.preemptions).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_steps_total", "Engine steps run.", sum64(|r| &r.steps).to_string(), "counter", &mut metric);
         c("qwen3vl_engine_step_seconds_total", "Time spent in engine steps.", format!("{:.6}", sum64(|r| &r.step_us) as f64 / 1e6), "counter", &mut metric);

@@ -3,7 +3,7 @@
 //! turn): when the turn began (ms since the loop started), the time taking new jobs (waiting
 //! for one when idle included), in the engine's step, and handing out its events (text, the
 //! streams), then the step's rows, the sequences running and waiting, and the prompt rows and
-//! images the step read. A diagnostic aid: nothing is written without the variable.
+//! images the step read, and whether it recorded a decode step (a CUDA graph). A diagnostic aid: nothing is written without the variable.
 
 use host::engine::EngineStats;
 use std::io::Write;
@@ -23,7 +23,7 @@ impl StepTrace {
         match std::fs::File::create(&path) {
             Ok(f) => {
                 let mut out = std::io::BufWriter::new(f);
-                let _ = writeln!(out, "t_ms\tadmit_ms\tstep_ms\tevents_ms\trows\trunning\twaiting\tprefill_rows\timages");
+                let _ = writeln!(out, "t_ms\tadmit_ms\tstep_ms\tevents_ms\trows\trunning\twaiting\tprefill_rows\timages\trecorded");
                 log::info!("writing the step trace of replica {} to {}", replica, path);
                 Some(StepTrace { out, origin: Instant::now(), last: EngineStats::default() })
             }
@@ -40,7 +40,7 @@ impl StepTrace {
         let ms = |a: Instant, b: Instant| b.duration_since(a).as_secs_f64() * 1e3;
         let _ = writeln!(
             self.out,
-            "{:.3}\t{:.3}\t{:.3}\t{:.3}\t{}\t{}\t{}\t{}\t{}",
+            "{:.3}\t{:.3}\t{:.3}\t{:.3}\t{}\t{}\t{}\t{}\t{}\t{}",
             ms(self.origin, begin),
             ms(begin, step),
             ms(step, events),
@@ -49,7 +49,8 @@ impl StepTrace {
             st.running,
             st.waiting,
             st.prefill_rows - self.last.prefill_rows,
-            st.vision_images - self.last.vision_images
+            st.vision_images - self.last.vision_images,
+            st.decode_recordings - self.last.decode_recordings
         );
         self.last = *st;
     }

@@ -521,6 +521,10 @@ impl Backend for CudaBackend {
         self.sample_step_rows_op(logits, settings, max_k, n, mask, ids, cursor)
     }
 
+    fn records(&self) -> bool {
+        true
+    }
+
     fn record(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
         self.record_op(f)
     }

@@ -83,10 +83,16 @@ impl EngineConfig {
         (self.kv_tokens.max(1) + self.block.max(1) - 1) / self.block.max(1)
     }
 
-    /// Tokens the cache holds: [`EngineConfig::kv_blocks`] whole blocks (what a memory plan
-    /// sizes the KV cache by).
+    /// [`EngineConfig::cache_tokens`] of an engine with a cache of `kv_tokens` tokens in
+    /// [`DEFAULT_BLOCK`]-token blocks (what a server's memory plan reserves).
+    pub fn cache_tokens_for(kv_tokens: usize) -> usize {
+        EngineConfig::new(1, kv_tokens, DType::F32).cache_tokens()
+    }
+
+    /// Rows the cache takes: [`EngineConfig::kv_blocks`] whole blocks and the scratch block of
+    /// padded decode rows ([`PagedKv::scratch_block`]); what a memory plan sizes the KV cache by.
     pub fn cache_tokens(&self) -> usize {
-        self.kv_blocks() * self.block.max(1)
+        (self.kv_blocks() + 1) * self.block.max(1)
     }
 }
 
@@ -209,6 +215,16 @@ pub struct EngineStats {
     pub host_samples: u64,
     /// Prompt rows computed (prefill chunk rows; rows taken from the prefix cache are not).
     pub prefill_rows: u64,
+    /// Decode-only steps run, their wall time in [`Engine::step`] (ns), and the part of it the
+    /// host spent blocked on the step's picks or logits (the device's share; the rest is host
+    /// work during which the device idles: scheduling, inputs, launch, events).
+    pub decode_steps: u64,
+    pub decode_step_ns: u64,
+    pub decode_wait_ns: u64,
+    /// Decode steps recorded (CUDA graphs: one per new batch size, or again for a size whose
+    /// recording was dropped), and those steps' wall time (ns).
+    pub decode_recordings: u64,
+    pub decode_record_ns: u64,
 }
 
 struct Seq {
@@ -330,7 +346,8 @@ impl<'a> Engine<'a> {
             return Err(Error::Limit { op: "engine", msg: format!("max batch {} and max prefill tokens {} must be at least 1", cfg.max_batch, cfg.max_prefill_tokens) });
         }
         let blocks = cfg.kv_blocks();
-        let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks, cfg.block, cfg.kv_dtype)?;
+        // one block more than the pool hands out: the scratch block
+        let kv = PagedKv::new(&model.text.layer_backends(backend), &model.config.text, blocks + 1, cfg.block, cfg.kv_dtype)?;
         let decode_steps = DecodeSteps::new(!model.is_split());
         let vision_cache = VisionCache::new(cfg.vision_cache_bytes);
         Ok(Engine { model, backend, kv, pool: BlockPool::new(blocks)?, waiting: VecDeque::new(), running: Vec::new(), next_id: 0, stats: EngineStats::default(), cfg, decode_steps, vision_cache, device_picks: true })
@@ -360,7 +377,7 @@ impl<'a> Engine<'a> {
 
     /// Tokens the cache holds over all sequences.
     pub fn kv_tokens(&self) -> usize {
-        self.kv.blocks() * self.kv.block()
+        self.pool.total() * self.kv.block()
     }
 
     /// Checks `req` (its prompt and images agree, prompt and generation fit the model's context
@@ -663,6 +680,7 @@ impl<'a> Engine<'a> {
     /// One step: schedules, runs the forward of its rows, samples, and returns what happened to
     /// each sequence. An error fails the step (the caller may [`Engine::abort_all`]).
     pub fn step(&mut self) -> Result<Vec<Event>> {
+        let started = std::time::Instant::now();
         let parts = self.schedule();
         self.stats.last_batch = parts.iter().map(|p| p.n).sum();
         if parts.is_empty() {
@@ -706,26 +724,55 @@ impl<'a> Engine<'a> {
         // get their masks computed here while the device runs the forward
         let mut picks: Vec<(usize, Option<u32>)> = Vec::new(); // (part, token; none: its constraint failed)
         if parts.iter().all(|p| p.decode) {
-            let (pick, settings) = match self.device_sampling(&parts) {
+            let (pick, mut settings) = match self.device_sampling(&parts) {
                 None => (Pick::Host, Vec::new()),
                 Some(OnDevice::Shared(s)) => (Pick::Device(s), Vec::new()),
                 Some(OnDevice::Rows(k, w)) => (Pick::Rows { k }, w),
             };
             let masked = pick != Pick::Host && self.any_masked(&parts);
             let seqs: Vec<usize> = parts.iter().map(|p| p.seq).collect();
+            // padded to the batch size the step is recorded at (see `graph::padded_rows`):
+            // the extra rows feed token 0 into the scratch block and their picks are dropped
+            let mut draws = draws(&parts);
+            let pad = if self.decode_steps.pads(b) { graph::padded_rows(parts.len(), self.cfg.max_batch) - parts.len() } else { 0 };
+            if pad > 0 {
+                let slot = self.kv.scratch_block() * self.kv.block() as u32;
+                let per_row = settings.len() / parts.len();
+                let first: Vec<u32> = settings[..per_row].to_vec();
+                for _ in 0..pad {
+                    ids.push(0);
+                    cur.extend_from_slice(&[0, 0, 0, slot]);
+                    step_rows.decode.push((vec![self.kv.scratch_block()], 1));
+                    draws.push(0);
+                    settings.extend_from_slice(&first);
+                }
+            }
             let mut failed = vec![false; parts.len()];
             let running = &mut self.running;
+            let words = mask_words(m.sampled_vocab());
             let mut fill = |out: &mut [u32]| -> Result<()> {
-                failed = masks::fill_masks(running, &seqs, mask_words(m.sampled_vocab()), out);
+                let (real, padded) = out.split_at_mut(seqs.len() * words);
+                padded.fill(u32::MAX);
+                failed = masks::fill_masks(running, &seqs, words, real);
                 Ok(())
             };
             let fill: Option<&mut dyn FnMut(&mut [u32]) -> Result<()>> = if masked { Some(&mut fill) } else { None };
-            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws(&parts), &settings), pick, fill)? {
+            let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws, &settings), pick, fill)? {
                 Picked::Tokens(t) => t.into_iter().zip(failed).map(|(t, f)| (!f).then_some(t)).collect(),
+                Picked::Logits(l) if pad > 0 => self.sample_host(&b.take_rows(&l, 0, parts.len())?, &parts)?,
                 Picked::Logits(l) => self.sample_host(&l, &parts)?,
             };
             picks.extend(tokens.into_iter().enumerate());
-            return Ok(self.finish_step(&parts, picks));
+            let events = self.finish_step(&parts, picks);
+            let ns = started.elapsed().as_nanos() as u64;
+            self.stats.decode_steps += 1;
+            self.stats.decode_step_ns += ns;
+            self.stats.decode_wait_ns = self.decode_steps.wait_ns();
+            if self.decode_steps.recordings() > self.stats.decode_recordings {
+                self.stats.decode_recordings = self.decode_steps.recordings();
+                self.stats.decode_record_ns += ns;
+            }
+            return Ok(events);
         }
         // 4. otherwise the forward over decode rows and prefill chunks
         let x = m.text.embed(b, &ids)?; // [rows, hidden]

@@ -68,6 +68,12 @@ impl PagedKv {
         self.dtype
     }
 
+    /// The last block, which the engine keeps out of its pool: padded rows of a recorded decode
+    /// step write their keys there ([`super::graph::padded_rows`]).
+    pub fn scratch_block(&self) -> u32 {
+        (self.blocks - 1) as u32
+    }
+
     /// The cache row of token `j` of a sequence holding `blocks`.
     pub fn slot(&self, blocks: &[u32], j: usize) -> u32 {
         blocks[j / self.block] * self.block as u32 + (j % self.block) as u32

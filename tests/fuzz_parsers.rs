@@ -47,6 +47,17 @@ fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("qwen3-vl-fuzz-{}-{}", std::process::id(), name))
 }
 
+/// Removes its scratch files and folders when the test ends (passing or not).
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // the targets
 
@@ -56,6 +67,7 @@ fn fuzz_safetensors_headers() {
     let file = std::fs::read(root().join("tests/fixtures/text/tied_gqa/model.safetensors")).unwrap();
     let header_end = 8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
     let path = scratch("model.safetensors");
+    let _clean = Cleanup(vec![path.clone()]);
     let header: Value = serde_json::from_slice(&file[8..header_end]).unwrap();
     let file = Arc::new(file);
     let f2 = Arc::clone(&file);
@@ -92,6 +104,7 @@ fn fuzz_safetensors_headers() {
 fn fuzz_shard_index() {
     let src = root().join("tests/fixtures/text/untied_mha");
     let dir = scratch("shards");
+    let _clean = Cleanup(vec![dir.clone()]);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for e in std::fs::read_dir(&src).unwrap() {
@@ -426,10 +439,12 @@ fn fuzz_gguf_models() {
     // a valid Q8_0 pair of the tied_gqa fixture (written by `qwen3-vl quantize`); mutations hit
     // the text file's header, metadata and tensor infos mostly, sometimes the mmproj's
     let src = scratch("gguf-src");
+    let _clean_src = Cleanup(vec![src.clone()]);
     let _ = std::fs::remove_dir_all(&src);
     std::fs::create_dir_all(&src).unwrap();
     common::gguf::fixture_with_tokenizer("tied_gqa", &src);
     let out = scratch("gguf-out");
+    let _clean_out = Cleanup(vec![out.clone()]);
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).unwrap();
     let (text, mmproj) = common::gguf::quantize(&src, &out, "q8_0");
@@ -438,6 +453,7 @@ fn fuzz_gguf_models() {
     let heads = [head(&seeds[0]), qwen3_vl::gguf::Gguf::open(&mmproj).unwrap().tensors().iter().map(|t| t.start).min().unwrap()];
     let s2 = Arc::clone(&seeds);
     let (tp, mp) = (scratch("fuzz-text.gguf"), scratch("fuzz-mmproj.gguf"));
+    let _clean_files = Cleanup(vec![tp.clone(), mp.clone()]);
     let cpu = common::cpu();
     fuzz(
         11,

@@ -56,11 +56,28 @@ impl Raw {
     }
 }
 
+/// A file under the temporary folder, removed when dropped (the test passing or not).
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, bytes: &[u8]) -> TempFile {
+        let p = std::env::temp_dir().join(format!("qwen3-vl-hostile-{}-{}.gguf", std::process::id(), name));
+        std::fs::write(&p, bytes).unwrap();
+        TempFile(p)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Opens `bytes` as a file; returns the error text (the file must not parse).
 fn open_err(name: &str, bytes: &[u8]) -> (String, String) {
-    let p = std::env::temp_dir().join(format!("qwen3-vl-hostile-{}-{}.gguf", std::process::id(), name));
-    std::fs::write(&p, bytes).unwrap();
-    let e = match Gguf::open(&p) {
+    let f = TempFile::new(name, bytes);
+    let p = &f.0;
+    let e = match Gguf::open(p) {
         Ok(_) => panic!("{}: a hostile file parsed", name),
         Err(e) => e.to_string(),
     };
@@ -70,9 +87,8 @@ fn open_err(name: &str, bytes: &[u8]) -> (String, String) {
 
 #[test]
 fn the_valid_base_file_parses() {
-    let p = std::env::temp_dir().join(format!("qwen3-vl-hostile-{}-base.gguf", std::process::id()));
-    std::fs::write(&p, Raw::new().bytes()).unwrap();
-    let g = Gguf::open(&p).unwrap();
+    let f = TempFile::new("base", &Raw::new().bytes());
+    let g = Gguf::open(&f.0).unwrap();
     assert_eq!(g.tensor("t").unwrap().shape, vec![2, 64]);
 }
 

@@ -406,6 +406,18 @@ pub trait Backend: Send + Sync {
     /// storage (recorded work that reads it sees the new values).
     fn write_u32(&self, dst: &mut Tensor, data: &[u32]) -> Result<()>;
 
+    /// Overwrites the first `width` columns of the 2-D u32 tensor `dst` (`[rows, cols]`) in
+    /// place with `data` (`[rows, width]`), keeping the other columns (a block table's unused
+    /// tail). The default reads `dst` back, patches it and writes it whole.
+    fn write_u32_cols(&self, dst: &mut Tensor, data: &[u32], width: usize) -> Result<()> {
+        let (rows, cols) = ops::u32_cols_dims("write_u32_cols", dst, data, width)?;
+        let mut all = self.download_u32(dst)?;
+        for r in 0..rows {
+            all[r * cols..r * cols + width].copy_from_slice(&data[r * width..(r + 1) * width]);
+        }
+        self.write_u32(dst, &all)
+    }
+
     /// Linear layer: `a [m, k]` f32 times `w [n, k]` (f32/f16/bf16, or a block-quantized type
     /// where the backend has kernels for it) transposed, plus an optional `bias [n]` f32;
     /// returns `[m, n]` f32.

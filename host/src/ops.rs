@@ -114,6 +114,17 @@ pub fn expect_dtype(op: &'static str, t: &Tensor, want: DType) -> Result<()> {
     Ok(())
 }
 
+/// `(rows, cols)` of [`crate::Backend::write_u32_cols`]'s `dst`, after checking it is 2-D u32,
+/// `width ≤ cols` and `data` holds `rows · width` elements.
+pub fn u32_cols_dims(op: &'static str, dst: &Tensor, data: &[u32], width: usize) -> Result<(usize, usize)> {
+    expect_dtype(op, dst, DType::U32)?;
+    let s = dst.shape();
+    if s.len() != 2 || width > s[1] || data.len() != s[0] * width {
+        return Err(Error::shape(op, &[s], format!("{} elements for the first {} columns", data.len(), width)));
+    }
+    Ok((s[0], s[1]))
+}
+
 /// Checks a KV pair: f32 or f16 elements, the same for both.
 pub fn expect_kv(op: &'static str, k: &Tensor, v: &Tensor) -> Result<()> {
     if k.dtype() != DType::F32 && k.dtype() != DType::F16 {

@@ -11,9 +11,13 @@ pub struct Pages {
     block: usize,
     /// Cache rows the blocks lie in.
     slots: usize,
-    /// Table entries per row (the longest row's block count, at least 1).
+    /// Table entries per row on the backend (the longest row's block count, at least 1, or
+    /// the capacity [`Pages::with_capacity`] gave).
     stride: usize,
-    /// `[rows, stride]` block ids (unused entries 0).
+    /// Entries per row of the host copy: the longest row's block count, at least 1 (the
+    /// backend's entries past it are stale after [`Pages::write`]: no row reads them).
+    width: usize,
+    /// `[rows, width]` block ids (unused entries 0).
     table: Vec<u32>,
     /// `[rows]` keys each row sees.
     lens: Vec<u32>,
@@ -31,7 +35,7 @@ impl Pages {
         let (table, lens) = tables(block, slots, stride, rows)?;
         let dev_table = b.upload_u32(&[rows.len(), stride], &table)?;
         let dev_lens = b.upload_u32(&[rows.len()], &lens)?;
-        Ok(Pages { block, slots, stride, table, lens, dev_table, dev_lens })
+        Ok(Pages { block, slots, stride, width: stride, table, lens, dev_table, dev_lens })
     }
 
     /// Tables of a fixed size on `b` for `rows` query rows of at most `stride` blocks each, to be
@@ -43,7 +47,7 @@ impl Pages {
         let (table, lens) = tables(block, slots, stride, &first)?;
         let dev_table = b.upload_u32(&[rows, stride], &table)?;
         let dev_lens = b.upload_u32(&[rows], &lens)?;
-        Ok(Pages { block, slots, stride, table, lens, dev_table, dev_lens })
+        Ok(Pages { block, slots, stride, width: stride, table, lens, dev_table, dev_lens })
     }
 
     /// Rewrites the tables in place for `rows` (checked as [`Pages::new`] checks them; as many
@@ -52,10 +56,17 @@ impl Pages {
         if rows.len() != self.lens.len() {
             return Err(Error::Limit { op: "pages", msg: format!("{} rows for tables of {}", rows.len(), self.lens.len()) });
         }
-        let (table, lens) = tables(self.block, self.slots, self.stride, rows)?;
-        b.write_u32(&mut self.dev_table, &table)?;
+        // only the columns the rows use: the kernels read a row's entries up to its key count
+        // (a recorded step's table is as wide as the whole cache, ~0.4 MB for 64 rows)
+        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(1);
+        if width > self.stride {
+            return Err(Error::Limit { op: "pages", msg: format!("a row holds {} blocks, more than the table's {}", width, self.stride) });
+        }
+        let (table, lens) = tables(self.block, self.slots, width, rows)?;
+        b.write_u32_cols(&mut self.dev_table, &table, width)?;
         b.write_u32(&mut self.dev_lens, &lens)?;
         self.table = table;
+        self.width = width;
         self.lens = lens;
         Ok(())
     }
@@ -92,7 +103,7 @@ impl Pages {
 
     /// The cache rows of keys `0 .. n` of row `i`.
     pub fn slots(&self, i: usize, n: usize) -> Vec<u32> {
-        let (t, shift) = (&self.table[i * self.stride..(i + 1) * self.stride], self.block.trailing_zeros());
+        let (t, shift) = (&self.table[i * self.width..(i + 1) * self.width], self.block.trailing_zeros());
         (0..n).map(|j| (t[j >> shift] << shift) | (j as u32 & (self.block as u32 - 1))).collect()
     }
 

@@ -147,7 +147,9 @@ driver_api! {
     fn cuLinkComplete(state: CUlinkState, cubin_out: *mut *mut c_void, size_out: *mut usize);
     fn cuLinkCreate_v2(num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
     fn cuLinkDestroy(state: CUlinkState);
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize);
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize);
+    fn cuMemFreeHost(p: *mut c_void);
     fn cuMemFree_v2(dptr: CUdeviceptr);
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
     fn cuMemcpy2DAsync_v2(p_copy: *const CUDA_MEMCPY2D, h_stream: CUstream);

@@ -18,6 +18,7 @@ pub(crate) mod pool;
 mod qlinear;
 mod rope;
 mod sample;
+mod staging;
 
 pub use linear::LinearAlgo;
 pub use qlinear::{chunk_rows, device_layout};
@@ -47,6 +48,9 @@ pub struct CudaBackend {
     /// tensor-core flash kernels take their scaled path only after that (see
     /// `gpu/src/flash_mma.rs`).
     kv_flag: DeviceBuffer,
+    /// Page-locked memory small uploads go through without synchronizing (`None` when it could
+    /// not be allocated: every upload then waits for its copy).
+    staging: Option<staging::Staging>,
     pool: Arc<Pool>,
     ctx: Context,
     ordinal: usize,
@@ -62,6 +66,9 @@ pub struct CudaBackend {
     /// the 16-bit-activation variants, loaded).
     a16: AtomicBool,
 }
+
+/// Page-locked bytes of the upload staging ring (uploads up to a quarter of it are staged).
+const STAGING_BYTES: usize = 4 << 20;
 
 /// Arrival counters kept for split-KV attention (one per KV head and query block) and split-K
 /// few-row linears (one per column block).
@@ -116,7 +123,14 @@ impl CudaBackend {
         let kv_flag = pool.alloc(4)?;
         unsafe { cust::sys::cuMemsetD32Async(kv_flag.addr(), 0, 1, stream.as_inner()) }.ok_or_cuda("cuMemsetD32Async (KV scale flag)")?;
         stream.synchronize().map_err(|e| cuda_err("cuStreamSynchronize (zeroing the arrival counters)", e))?;
-        Ok(CudaBackend { stream, kernels, pool, ctx, ordinal, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false), a16: AtomicBool::new(false) })
+        let staging = match staging::Staging::new(STAGING_BYTES) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::warn!("CUDA device {}: no page-locked upload staging ({}); small uploads wait for their copies", ordinal, e);
+                None
+            }
+        };
+        Ok(CudaBackend { stream, kernels, staging, pool, ctx, ordinal, name, cc, sms, clock_khz, kernels_reason, counters, kv_flag, poison: AtomicBool::new(false), a16: AtomicBool::new(false) })
     }
 
     /// How many CUDA devices this process sees (opening the driver and initializing it first).
@@ -180,9 +194,17 @@ impl CudaBackend {
         Tensor::from_storage(shape, dtype, Storage::Cuda(Arc::new(buf)))
     }
 
-    /// Copies `bytes` bytes from host memory at `src` to `dst`, waiting until they are read.
+    /// Copies `bytes` bytes from host memory at `src` to `dst` on the stream. Small copies go
+    /// through the page-locked staging ring and return at once (`src` is copied there first);
+    /// larger ones, and any while a graph is being recorded, wait until `src` is read.
     fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         self.enter()?;
+        if let Some(st) = self.staging.as_ref().filter(|st| bytes > 0 && bytes <= st.max_bytes() && !self.pool.recording()) {
+            // SAFETY: the caller gives `bytes` readable bytes at `src`
+            let data = unsafe { std::slice::from_raw_parts(src, bytes) };
+            let stream = self.stream.as_inner();
+            return st.stage(data, stream, |staged| unsafe { cust::sys::cuMemcpyHtoDAsync_v2(dst, staged as *const _, bytes, stream) }.ok_or_cuda("cuMemcpyHtoDAsync (staged)"));
+        }
         if bytes > 0 {
             unsafe { cust::sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyHtoDAsync")?;
             // the source is pageable host memory owned by the caller: wait until it is read
@@ -320,6 +342,47 @@ impl Backend for CudaBackend {
             return Err(Error::shape("write_u32", &[dst.shape()], format!("{} elements given", data.len())));
         }
         self.copy_in(self.buffer("write_u32", dst)?.addr(), data.as_ptr() as *const u8, data.len() * 4)
+    }
+
+    fn write_u32_cols(&self, dst: &mut Tensor, data: &[u32], width: usize) -> Result<()> {
+        let (rows, cols) = ops::u32_cols_dims("write_u32_cols", dst, data, width)?;
+        let l = self.enter()?;
+        let to = self.buffer("write_u32_cols", dst)?.addr();
+        let copy = |src: *const u8| {
+            let c = cust::sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: cust::sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                srcHost: src as *const _,
+                srcDevice: 0,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: width * 4,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: cust::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: to,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: cols * 4,
+                WidthInBytes: width * 4,
+                Height: rows,
+            };
+            // SAFETY: `rows` rows of `width` u32 at `src`, into `dst`'s `[rows, cols]`
+            unsafe { cust::sys::cuMemcpy2DAsync_v2(&c, l.stream) }.ok_or_cuda("cuMemcpy2DAsync (write_u32_cols)")
+        };
+        if rows * width == 0 {
+            return Ok(());
+        }
+        // SAFETY: `data` is `rows · width` u32
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
+        match self.staging.as_ref().filter(|st| bytes.len() <= st.max_bytes() && !self.pool.recording()) {
+            Some(st) => st.stage(bytes, l.stream, copy),
+            None => {
+                // pageable source: wait until it is read
+                copy(bytes.as_ptr())?;
+                self.synchronize()
+            }
+        }
     }
 
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {

@@ -219,6 +219,11 @@ impl Pool {
         matches!(&self.lock().recording, Some((t, _)) if *t == std::thread::current().id())
     }
 
+    /// Whether any thread is recording.
+    pub fn recording(&self) -> bool {
+        self.lock().recording.is_some()
+    }
+
     /// Stops serving allocations from the recording's arena (the arena keeps its blocks).
     pub fn end_recording(&self) {
         self.lock().recording = None;

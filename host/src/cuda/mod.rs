@@ -194,12 +194,18 @@ impl CudaBackend {
         Tensor::from_storage(shape, dtype, Storage::Cuda(Arc::new(buf)))
     }
 
+    /// The staging ring for an upload of `bytes` bytes, when one goes through it: the ring is
+    /// there, the upload small enough, and no graph is being recorded (see `staging`).
+    fn stager(&self, bytes: usize) -> Option<&staging::Staging> {
+        self.staging.as_ref().filter(|st| bytes <= st.max_bytes() && !self.pool.recording())
+    }
+
     /// Copies `bytes` bytes from host memory at `src` to `dst` on the stream. Small copies go
     /// through the page-locked staging ring and return at once (`src` is copied there first);
     /// larger ones, and any while a graph is being recorded, wait until `src` is read.
     fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         self.enter()?;
-        if let Some(st) = self.staging.as_ref().filter(|st| bytes > 0 && bytes <= st.max_bytes() && !self.pool.recording()) {
+        if let Some(st) = self.stager(bytes).filter(|_| bytes > 0) {
             // SAFETY: the caller gives `bytes` readable bytes at `src`
             let data = unsafe { std::slice::from_raw_parts(src, bytes) };
             let stream = self.stream.as_inner();
@@ -375,7 +381,7 @@ impl Backend for CudaBackend {
         }
         // SAFETY: `data` is `rows · width` u32
         let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
-        match self.staging.as_ref().filter(|st| bytes.len() <= st.max_bytes() && !self.pool.recording()) {
+        match self.stager(bytes.len()) {
             Some(st) => st.stage(bytes, l.stream, copy),
             None => {
                 // pageable source: wait until it is read

@@ -13,7 +13,8 @@
 //! and replay whatever the ring holds later: the backend does not stage then (see
 //! `CudaBackend::copy_in`).
 
-use crate::{Error, Result};
+use super::launch::OkOrCuda;
+use crate::Result;
 use cust::sys::{CUevent, CUstream};
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -42,20 +43,12 @@ struct Ring {
 unsafe impl Send for Staging {}
 unsafe impl Sync for Staging {}
 
-fn check(r: cust::sys::CUresult, what: &'static str) -> Result<()> {
-    if r == cust::sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Device { op: what, msg: format!("{:?}", r) })
-    }
-}
-
 impl Staging {
     /// A ring of `cap` bytes of page-locked memory in the current context, or why not.
     pub(super) fn new(cap: usize) -> Result<Staging> {
         let mut base: *mut std::os::raw::c_void = std::ptr::null_mut();
         // SAFETY: an out-parameter for a new host allocation of `cap` bytes
-        check(unsafe { cust::sys::cuMemAllocHost_v2(&mut base, cap) }, "cuMemAllocHost (upload staging)")?;
+        unsafe { cust::sys::cuMemAllocHost_v2(&mut base, cap) }.ok_or_cuda("cuMemAllocHost (upload staging)")?;
         Ok(Staging { ring: Mutex::new(Ring { base: base as *mut u8, cap, head: 0, inflight: VecDeque::new(), spare: Vec::new() }) })
     }
 
@@ -80,7 +73,7 @@ impl Staging {
         while r.inflight.iter().any(|&(s, e, _)| s < start + len && start < e) {
             let (_, _, ev) = r.inflight.pop_front().expect("an overlapping copy is queued");
             // SAFETY: `ev` is a live event recorded on the stream
-            let waited = check(unsafe { cust::sys::cuEventSynchronize(ev) }, "cuEventSynchronize (upload staging)");
+            let waited = unsafe { cust::sys::cuEventSynchronize(ev) }.ok_or_cuda("cuEventSynchronize (upload staging)");
             r.spare.push(ev);
             waited?;
         }
@@ -92,15 +85,15 @@ impl Staging {
             None => {
                 let mut ev: CUevent = std::ptr::null_mut();
                 // SAFETY: an out-parameter for a new event
-                check(unsafe { cust::sys::cuEventCreate(&mut ev, EVENT_NO_TIMING) }, "cuEventCreate (upload staging)")?;
+                unsafe { cust::sys::cuEventCreate(&mut ev, EVENT_NO_TIMING) }.ok_or_cuda("cuEventCreate (upload staging)")?;
                 ev
             }
         };
         // SAFETY: a live event and the backend's live stream
-        if let Err(e) = check(unsafe { cust::sys::cuEventRecord(ev, stream) }, "cuEventRecord (upload staging)") {
+        if let Err(e) = unsafe { cust::sys::cuEventRecord(ev, stream) }.ok_or_cuda("cuEventRecord (upload staging)") {
             r.spare.push(ev);
             // without an event the region cannot be tracked: wait for the copy itself
-            check(unsafe { cust::sys::cuStreamSynchronize(stream) }, "cuStreamSynchronize (upload staging)")?;
+            unsafe { cust::sys::cuStreamSynchronize(stream) }.ok_or_cuda("cuStreamSynchronize (upload staging)")?;
             return Err(e);
         }
         r.inflight.push_back((start, start + len, ev));

@@ -527,7 +527,7 @@ impl<'a> Engine<'a> {
     }
 
     pub fn stats(&self) -> EngineStats {
-        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), blocks_cached: self.pool.cached_idle(), vision_cache_bytes: self.vision_cache.bytes(), ..self.stats }
+        EngineStats { running: self.running.len(), waiting: self.waiting.len(), blocks_used: self.pool.used(), blocks_free: self.pool.free(), blocks_cached: self.pool.cached_idle(), vision_cache_bytes: self.vision_cache.bytes(), decode_wait_ns: self.decode_steps.wait_ns(), decode_recordings: self.decode_steps.recordings(), ..self.stats }
     }
 
     /// Frees sequence `i` of `running`'s blocks and queues it again at the front.
@@ -757,6 +757,7 @@ impl<'a> Engine<'a> {
                 Ok(())
             };
             let fill: Option<&mut dyn FnMut(&mut [u32]) -> Result<()>> = if masked { Some(&mut fill) } else { None };
+            let recorded_before = self.decode_steps.recordings();
             let tokens = match self.decode_steps.run(m, b, &mut self.kv, &step_rows, &ids, &cur, (&draws, &settings), pick, fill)? {
                 Picked::Tokens(t) => t.into_iter().zip(failed).map(|(t, f)| (!f).then_some(t)).collect(),
                 Picked::Logits(l) if pad > 0 => self.sample_host(&b.take_rows(&l, 0, parts.len())?, &parts)?,
@@ -767,9 +768,7 @@ impl<'a> Engine<'a> {
             let ns = started.elapsed().as_nanos() as u64;
             self.stats.decode_steps += 1;
             self.stats.decode_step_ns += ns;
-            self.stats.decode_wait_ns = self.decode_steps.wait_ns();
-            if self.decode_steps.recordings() > self.stats.decode_recordings {
-                self.stats.decode_recordings = self.decode_steps.recordings();
+            if self.decode_steps.recordings() > recorded_before {
                 self.stats.decode_record_ns += ns;
             }
             return Ok(events);

@@ -138,6 +138,35 @@ fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
     }
 }
 
+/// Decode rows at the model's depths and beyond the other cases': a 6,144-deep down
+/// projection, three rows of one row group, four and one rows 10,240 deep (the activation
+/// quantizer's grid spans several blocks), and, for `Q8_0`, rows of 96 values (whole blocks of
+/// 32, not of 256: lanes past a row's end in the quantizer).
+#[test]
+fn quantized_gemvs_at_decode_depths_agree_with_the_cpu() {
+    let gs = gpus("quantized GEMV depths");
+    let cpu = cpu();
+    for g in &gs {
+        g.set_poison_outputs(true);
+        let module = common::kernels_arch(&**g).unwrap();
+        for (ti, &dt) in TYPES.iter().enumerate() {
+            for (i, &(m, n, k)) in [(1usize, 64usize, 6144usize), (3, 40, 2048), (4, 37, 10240), (1, 37, 10240), (2, 33, 96)].iter().enumerate() {
+                if k % dt.block_size() != 0 {
+                    continue;
+                }
+                let (w, _) = weights(n, k, 90 + i as u32 + 100 * ti as u32, dt);
+                let (up, _) = weights(n, k, 95 + i as u32 + 100 * ti as u32, dt);
+                let x = random(m * k, 97 + i as u32);
+                let extra = random((m * n).max(k).max(n), 99 + i as u32);
+                for op in [Op::Linear { bias: true }, Op::Residual, Op::NormLinear, Op::NormGateUp] {
+                    let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
+                    agrees_with_cpu(&what, &**g, &*cpu, op, dt, (m, n, k), (&x, &w, &up, &extra), DECODE_TOL);
+                }
+            }
+        }
+    }
+}
+
 /// Batched-decode sizes whose dequantized product splits `k` (the few-row kernel on compute_80
 /// when its column blocks leave multiprocessors idle; the SIMT tiles on compute_61): 16 and 32
 /// rows of a narrow, deep layer, as a batch-16 step's down projection is.

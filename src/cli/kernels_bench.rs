@@ -246,14 +246,24 @@ mod cuda_bench {
     }
 
     /// The decoder's GEMVs (m = 1) with `Q8_0`, `Q4_K` and `Q6_K` weights: weight-read GB/s of
-    /// `linear` / `gate_up_silu` (the 8-bit activation quantizer's launch included). Weight
-    /// rows are 64 quantized random rows repeated (rows are independent blocks).
+    /// `linear` / `gate_up_silu` (the 8-bit activation quantizer's launch included), and the
+    /// decoder's `rms_norm_linear` / `rms_norm_gate_up_silu` (the norm fused in that launch).
+    /// Weight rows are 64 quantized random rows repeated (rows are independent blocks).
     fn quant_rows(b: &CudaBackend, a: &KernelsBenchArgs, cfg: &qwen3_vl::model::TextConfig, copy_gbs: f64, rows: &mut Vec<serde_json::Value>) -> CliResult<()> {
         let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (qd, kvd) = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d);
-        let shapes: Vec<(&str, usize, usize, bool)> = vec![("q_proj / o_proj", h, qd, false), ("k_proj / v_proj", h, kvd, false), ("gate+up (fused)", h, i, true), ("down_proj", i, h, false), ("lm_head", h, cfg.vocab_size, false)];
+        // (name, k, n, gate and up, with the RMSNorm)
+        let shapes: Vec<(&str, usize, usize, bool, bool)> = vec![
+            ("q_proj / o_proj", h, qd, false, false),
+            ("k_proj / v_proj", h, kvd, false, false),
+            ("qkv_proj + rms_norm", h, qd + 2 * kvd, false, true),
+            ("gate+up (fused)", h, i, true, false),
+            ("gate+up + rms_norm", h, i, true, true),
+            ("down_proj", i, h, false, false),
+            ("lm_head", h, cfg.vocab_size, false, false),
+        ];
         for dt in [DType::Q8_0, DType::Q4K, DType::Q6K] {
-            for &(name, k, nout, fused) in &shapes {
+            for &(name, k, nout, fused, normed) in &shapes {
                 let rb = dt.row_bytes(k).ok_or("rows are not whole blocks")?;
                 let seed: Vec<f32> = (0..64 * k).map(|e| ((e * 7919 % 2001) as f32 / 1000.0 - 1.0) * 0.05).collect();
                 let q = qwen3_vl::quant::quantize_vec(dt, &seed).ok_or("quantize")?;
@@ -262,7 +272,13 @@ mod cuda_bench {
                 let copies = (ROTATE_BYTES / per).max(2);
                 let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|_| b.upload_blocks(&[nout, k], dt, qwen3_vl::Blocks::Owned(bytes.clone()))).collect::<Result<_, _>>()?;
                 let x = b.upload_f32(&[1, k], &vec![0.01; k])?;
-                let t = time(b, a.reps, copies, &mut |c| if fused { b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop) } else { b.linear(&x, &ws[c], None).map(drop) })?;
+                let g = b.upload_f32(&[k], &vec![1.0; k])?;
+                let t = time(b, a.reps, copies, &mut |c| match (fused, normed) {
+                    (true, true) => b.rms_norm_gate_up_silu(&x, &g, 1e-6, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+                    (true, false) => b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+                    (false, true) => b.rms_norm_linear(&x, &g, 1e-6, &ws[c], None).map(drop),
+                    (false, false) => b.linear(&x, &ws[c], None).map(drop),
+                })?;
                 let gbs = per as f64 / t / 1e9;
                 report!(a.json, "| mmvq{}_{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "" }, dt, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
                 rows.push(serde_json::json!({"kernel": format!("mmvq_{}", dt), "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));

@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::Scratch;
 use qwen3_vl::generate::Session;
 use qwen3_vl::model::Model;
 use qwen3_vl::{select_device, Backend, DeviceRequest, Error};
@@ -13,34 +14,14 @@ fn fixture() -> PathBuf {
     common::repo_root().join("tests/fixtures/text/tied_gqa")
 }
 
-/// A folder under the temp dir, removed when the test ends (pass or fail).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("qwen3-vl-bad-input-{}-{}", name, std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// An empty folder under the temp dir, removed when the test ends (pass or fail).
+fn empty_scratch(name: &str) -> Scratch {
+    Scratch::dir(&format!("qwen3-vl-bad-input-{}-{}", name, std::process::id()))
 }
 
 /// A scratch copy of the tied_gqa fixture (config.json + model.safetensors).
 fn scratch(name: &str) -> Scratch {
-    let dir = Scratch::new(name);
+    let dir = empty_scratch(name);
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
     }
@@ -171,7 +152,7 @@ fn json_field(json: &str, key: &str) -> String {
 
 #[test]
 fn missing_shard_is_named() {
-    let dir = Scratch::new("shard");
+    let dir = empty_scratch("shard");
     let src = common::repo_root().join("tests/fixtures/text/untied_mha");
     for f in std::fs::read_dir(&src).unwrap() {
         let f = f.unwrap().path();

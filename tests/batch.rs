@@ -6,17 +6,16 @@
 mod common;
 
 use common::server::{cli, image, post, Server};
+use common::Scratch;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qwen3-vl-batch-{}-{}", name, std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh scratch folder, removed when dropped.
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::dir(&format!("qwen3-vl-batch-{}-{}", name, std::process::id()))
 }
 
 /// The request bodies of the test, by custom_id, with their URLs.
@@ -127,7 +126,6 @@ fn batch_answers_as_serve_does_and_resumes() {
     let again = read_results(&output);
     assert_eq!(again.len(), 9);
     assert_eq!(again.iter().filter(|r| r["custom_id"] == "completion").count(), 1);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -172,5 +170,4 @@ fn batch_reads_a_named_pipe_once() {
     for id in ["a", "b", "c"] {
         assert_eq!(ids[id]["response"]["status_code"], 200, "{}: {:?}", id, ids.get(id));
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -166,12 +166,10 @@ fn vision_ids_and_media_in_several_messages_expand_in_order() {
 
 #[test]
 fn a_template_error_names_the_template_and_the_message() {
-    let dir = std::env::temp_dir().join(format!("tpl-raise-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::Scratch::dir(&format!("tpl-raise-{}", std::process::id()));
     std::fs::write(dir.join("chat_template.jinja"), "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user message') }}{% endif %}ok").unwrap();
     let f = files::in_dir(&dir).unwrap().unwrap();
     let turns = [Turn::text("assistant", "hi")];
     let e = f.render(&Conversation::new(&turns)).unwrap_err().to_string();
     assert!(e.contains("chat_template.jinja") && e.contains("must start with a user message"), "{}", e);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

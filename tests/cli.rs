@@ -6,8 +6,9 @@
 mod common;
 
 use common::server::{bin, cli, generate_greedy, image, tiny_model, tokenizer};
+use common::Scratch;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,11 +32,9 @@ fn fails_early(o: &Output, words: &[&str]) {
     assert!(!e.contains("panicked"), "{}", e);
 }
 
-/// A scratch copy of the tiny model directory.
-fn scratch_model(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-cli-{}-{}", name, std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// A scratch copy of the tiny model directory, removed when dropped.
+fn scratch_model(name: &str) -> Scratch {
+    let dir = Scratch::dir(&format!("qwen3-vl-cli-{}-{}", name, std::process::id()));
     for f in ["config.json", "model.safetensors", "preprocessor_config.json"] {
         std::fs::copy(tiny_model().join(f), dir.join(f)).unwrap();
     }
@@ -93,7 +92,7 @@ fn out_of_range_options_name_the_option_and_the_range() {
 
 #[test]
 fn inputs_are_checked_before_the_weights_load() {
-    let bad_image = std::env::temp_dir().join(format!("qwen3-vl-cli-bad-{}.png", std::process::id()));
+    let bad_image = Scratch::path(&format!("qwen3-vl-cli-bad-{}.png", std::process::id()));
     std::fs::write(&bad_image, b"\x89PNG\r\n\x1a\nnot really").unwrap();
     fails_early(&run(cli("generate", &["-v", "-p", "hi", "-i", "/nonexistent/cat.png"])), &["/nonexistent/cat.png", "cannot read"]);
     fails_early(&run(cli("generate", &["-v", "-p", "hi", "-i", bad_image.to_str().unwrap()])), &[bad_image.to_str().unwrap(), "cannot decode"]);
@@ -125,7 +124,7 @@ fn prompts_come_from_stdin_or_a_file() {
     child.stdin.take().unwrap().write_all(b"Hello!\n").unwrap();
     let o = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim_end_matches('\n'), want, "{}", stderr(&o));
-    let f = std::env::temp_dir().join(format!("qwen3-vl-cli-prompt-{}.txt", std::process::id()));
+    let f = Scratch::path(&format!("qwen3-vl-cli-prompt-{}.txt", std::process::id()));
     std::fs::write(&f, "Hello!\n").unwrap();
     let o = run(cli("generate", &["-q", "--greedy", "--max-tokens", "6", "--prompt-file", f.to_str().unwrap()]));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim_end_matches('\n'), want, "{}", stderr(&o));
@@ -136,7 +135,7 @@ fn logits_go_to_stdout_with_dash() {
     let o = run(cli("logits", &["-q", "-p", "Hello", "-o", "-"]));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(o.stdout.len(), 151_936 * 4);
-    let f = std::env::temp_dir().join(format!("qwen3-vl-cli-logits-{}.f32", std::process::id()));
+    let f = Scratch::path(&format!("qwen3-vl-cli-logits-{}.f32", std::process::id()));
     let o2 = run(cli("logits", &["-q", "-p", "Hello", "-o", f.to_str().unwrap()]));
     assert!(o2.status.success(), "{}", stderr(&o2));
     assert!(o2.stdout.is_empty(), "stdout holds only the logits, here none: {:?}", String::from_utf8_lossy(&o2.stdout));
@@ -322,17 +321,14 @@ fn a_folder_that_is_not_a_model_says_what_was_looked_for_and_what_is_there() {
     std::fs::remove_file(dir.join("config.json")).unwrap();
     let o = run(on(&dir, "generate", &["-p", "hi"]));
     fails_early(&o, &["is not a model directory", "looked for config.json with *.safetensors", "GGUF", "model.safetensors", "tokenizer.json"]);
-    let empty = std::env::temp_dir().join(format!("qwen3-vl-cli-empty-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&empty);
-    std::fs::create_dir_all(&empty).unwrap();
+    let empty = Scratch::dir(&format!("qwen3-vl-cli-empty-{}", std::process::id()));
     fails_early(&run(on(&empty, "bench", &[])), &["looked for config.json", "it holds nothing"]);
 }
 
 #[test]
 fn quantize_and_quant_report_the_mix_and_warn_about_rows_that_cannot_take_it() {
     // the tiny model's rows (16, 32, 64 values) are not whole 256-value K-quant blocks
-    let out = std::env::temp_dir().join(format!("qwen3-vl-cli-quant-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let out = Scratch::path(&format!("qwen3-vl-cli-quant-{}", std::process::id()));
     let dir = scratch_model("quant");
     let o = run({
         let mut c = Command::new(bin());

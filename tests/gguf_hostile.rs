@@ -7,6 +7,7 @@
 mod common;
 
 use common::gguf::{fixture_with_tokenizer, quantize, scratch};
+use common::Scratch;
 use qwen3_vl::gguf::{Gguf, Value, Writer};
 use qwen3_vl::model::{Model, ModelFiles};
 use std::path::{Path, PathBuf};
@@ -56,28 +57,17 @@ impl Raw {
     }
 }
 
-/// A file under the temporary folder, removed when dropped (the test passing or not).
-struct TempFile(std::path::PathBuf);
-
-impl TempFile {
-    fn new(name: &str, bytes: &[u8]) -> TempFile {
-        let p = std::env::temp_dir().join(format!("qwen3-vl-hostile-{}-{}.gguf", std::process::id(), name));
-        std::fs::write(&p, bytes).unwrap();
-        TempFile(p)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A file under the temporary folder holding `bytes`, removed when dropped (the test passing or not).
+fn temp_file(name: &str, bytes: &[u8]) -> Scratch {
+    let p = Scratch::path(&format!("qwen3-vl-hostile-{}-{}.gguf", std::process::id(), name));
+    std::fs::write(&p, bytes).unwrap();
+    p
 }
 
 /// Opens `bytes` as a file; returns the error text (the file must not parse).
 fn open_err(name: &str, bytes: &[u8]) -> (String, String) {
-    let f = TempFile::new(name, bytes);
-    let p = &f.0;
-    let e = match Gguf::open(p) {
+    let p = temp_file(name, bytes);
+    let e = match Gguf::open(&p) {
         Ok(_) => panic!("{}: a hostile file parsed", name),
         Err(e) => e.to_string(),
     };
@@ -87,8 +77,8 @@ fn open_err(name: &str, bytes: &[u8]) -> (String, String) {
 
 #[test]
 fn the_valid_base_file_parses() {
-    let f = TempFile::new("base", &Raw::new().bytes());
-    let g = Gguf::open(&f.0).unwrap();
+    let f = temp_file("base", &Raw::new().bytes());
+    let g = Gguf::open(&f).unwrap();
     assert_eq!(g.tensor("t").unwrap().shape, vec![2, 64]);
 }
 
@@ -142,11 +132,14 @@ fn hostile_headers_are_refused_clearly() {
     assert!(e.contains("not a GGUF file"), "{}", e);
 }
 
-/// A valid Q8_0 pair of the tied_gqa fixture, by `qwen3-vl quantize`.
-fn valid_pair(tag: &str) -> (PathBuf, PathBuf) {
+/// A valid Q8_0 pair of the tied_gqa fixture, by `qwen3-vl quantize`, and the scratch folders
+/// holding it (the pair is removed with them).
+fn valid_pair(tag: &str) -> (PathBuf, PathBuf, [Scratch; 2]) {
     let src = scratch(&format!("{}-src", tag));
     fixture_with_tokenizer("tied_gqa", &src);
-    quantize(&src, &scratch(&format!("{}-out", tag)), "q8_0")
+    let out = scratch(&format!("{}-out", tag));
+    let (text, mmproj) = quantize(&src, &out, "q8_0");
+    (text, mmproj, [src, out])
 }
 
 /// `src` rewritten: metadata changed by `kv`, tensors kept when `keep` says so.
@@ -175,7 +168,7 @@ fn load_err(text: &Path, mmproj: &Path) -> String {
 
 #[test]
 fn missing_tensors_and_wrong_metadata_are_named() {
-    let (text, mmproj) = valid_pair("model");
+    let (text, mmproj, _dirs) = valid_pair("model");
     let dir = scratch("model-bad");
     let bad = dir.join("bad.gguf");
     // a missing weight

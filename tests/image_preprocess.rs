@@ -297,8 +297,7 @@ fn preprocess_speed() {
     }
 }
 
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-image-test-{}-{}", tag, std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch folder, removed when dropped.
+fn scratch(tag: &str) -> common::Scratch {
+    common::Scratch::dir(&format!("qwen3-vl-image-test-{}-{}", tag, std::process::id()))
 }

@@ -87,8 +87,7 @@ fn openai_python_with(test: &str, modules: &str) -> Option<Command> {
 #[test]
 fn the_rest_of_what_clients_send() {
     let Some(mut py) = openai_python("the_rest_of_what_clients_send") else { return };
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-openai-api-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::Scratch::dir(&format!("qwen3-vl-openai-api-{}", std::process::id()));
     // 1. the logits command's output for the prompts the script asks about
     let (chat_prompt, raw_prompt) = ("Name three colors.", "The quick brown fox");
     let logits = |args: &[&str], name: &str| {
@@ -121,7 +120,6 @@ fn the_rest_of_what_clients_send() {
         .env("QWEN3_VL_FACTS", facts.to_string())
         .output()
         .expect("run the openai api script");
-    let _ = std::fs::remove_dir_all(&dir);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("{}", stdout);
     assert!(out.status.success(), "openai api checks failed:\n{}\n{}\nserver log:\n{}", stdout, stderr, s.log());

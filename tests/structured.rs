@@ -122,8 +122,7 @@ fn constrained_and_free_sequences_share_a_batch() {
 /// sampled or greedy; a bad regex and two flags at once are refused naming the flag.
 #[test]
 fn generate_takes_a_schema_a_regex_or_a_grammar() {
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-structured-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::Scratch::dir(&format!("qwen3-vl-structured-{}", std::process::id()));
     let schema_file = dir.join("person.json");
     std::fs::write(&schema_file, schema().to_string()).unwrap();
     let lark_file = dir.join("sql.lark");
@@ -150,5 +149,4 @@ fn generate_takes_a_schema_a_regex_or_a_grammar() {
     assert!(!ok && err.contains("--regex") && err.contains("unclosed"), "{}", err);
     let (ok, _, err) = run(&["--regex", "a", "--json-schema", schema_arg]);
     assert!(!ok && err.contains("cannot be used with"), "{}", err);
-    let _ = std::fs::remove_dir_all(&dir);
 }

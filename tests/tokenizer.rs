@@ -190,10 +190,9 @@ fn malformed_files_are_named_in_the_error() {
         ("merge", no_merge_token, "is not in the vocabulary"),
     ];
     for (name, json, expected) in cases.iter() {
-        let path = std::env::temp_dir().join(format!("qwen3-vl-tokenizer-{}-{}.json", std::process::id(), name));
+        let path = common::Scratch::path(&format!("qwen3-vl-tokenizer-{}-{}.json", std::process::id(), name));
         std::fs::write(&path, json).unwrap();
         let result = Tokenizer::from_file(&path);
-        std::fs::remove_file(&path).unwrap();
         match result {
             Err(Error::Tokenizer { msg }) => {
                 assert!(msg.contains(&path.display().to_string()), "{}: {}", name, msg);

@@ -180,8 +180,7 @@ fn the_tower_in_slices_of_frames_gives_the_whole_pass() {
 fn bad_videos_are_clear_errors() {
     let cfg = config();
     let lim = VideoLimits::default();
-    let tmp = std::env::temp_dir().join(format!("qwen3-vl-video-test-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = common::Scratch::dir(&format!("qwen3-vl-video-test-{}", std::process::id()));
     let gif = std::fs::read(dir().join("gif_exact_12x64x96.gif")).unwrap();
     let expect = |path: &std::path::Path, needle: &str| match load_video(path, &cfg, &lim) {
         Err(Error::Video { file, msg }) => assert!(file.contains(path.file_name().unwrap().to_str().unwrap()) && msg.contains(needle), "{}: {}", file, msg),
@@ -252,7 +251,6 @@ fn bad_videos_are_clear_errors() {
             Err(e) => assert!(matches!(e, Error::Video { .. }), "{}", e),
         }
     }
-    std::fs::remove_dir_all(&tmp).ok();
 }
 
 fn expect_with(path: &std::path::Path, cfg: &VideoConfig, lim: &VideoLimits, needle: &str) {

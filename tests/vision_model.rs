@@ -254,7 +254,7 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
     // the tower quantized to Q8_0 while loading (what a 2 GiB budget does to an F16 mmproj), on
     // the CPU and the GPUs alike: within the quantized bound of tests/gpu_quant.rs (0.15 of the
     // std), the CPU's activations being 8-bit where the GPU's are not
-    let files = qwen3_vl::model::ModelFiles::Safetensors(model_dir.clone()).open().unwrap();
+    let files = qwen3_vl::model::ModelFiles::Safetensors(model_dir.to_path_buf()).open().unwrap();
     let q8 = qwen3_vl::model::LoadQuant { mix: None, vision_q8: true };
     let want_q8_model = Model::load_placed(&files, q8, &*cpu, None, &mut |_, _| {}).unwrap();
     let want_q8 = tower(&want_q8_model, &*cpu);
@@ -273,5 +273,4 @@ fn massive_vision_mlp_activations_give_the_f32_answer() {
             common::assert_close_to_std(&format!("massive Q8_0 tower output {} on {}", k, b.describe()), got, want, 0.15);
         }
     }
-    let _ = std::fs::remove_dir_all(&model_dir);
 }

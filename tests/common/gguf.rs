@@ -1,17 +1,14 @@
 //! GGUF test files: small pairs written by the engine's `quantize` command, and the Python
 //! `gguf` package (tests/gguf/make_gguf.py) when it is installed.
 
-use super::repo_root;
+use super::{repo_root, Scratch};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A fresh scratch directory for this process and `name`.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qwen3-vl-gguf-{}-{}", std::process::id(), name));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh scratch directory for this process and `name`, removed when dropped.
+pub fn scratch(name: &str) -> Scratch {
+    Scratch::dir(&format!("qwen3-vl-gguf-{}-{}", std::process::id(), name))
 }
 
 /// Qwen's tokenizer.json cut to the 256 byte tokens and its added tokens shifted down by
@@ -108,13 +105,25 @@ pub fn make_gguf(mut py: Command, args: &[&std::ffi::OsStr]) {
 
 static FIXTURES: std::sync::Once = std::sync::Once::new();
 
-/// The Python-written fixture GGUFs (made once per test binary), or `None` without the package.
+fn python_fixtures_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("qwen3-vl-gguf-{}-python-fixtures", std::process::id()))
+}
+
+/// Removes [`python_fixtures_dir`] as the process exits: the test harness ends through `exit()`
+/// whether its tests passed or not.
+extern "C" fn remove_python_fixtures() {
+    let _ = std::fs::remove_dir_all(python_fixtures_dir());
+}
+
+/// The Python-written fixture GGUFs (made once per test binary and shared by its tests, so
+/// removed when the process exits, not when a test ends), or `None` without the package.
 pub fn python_fixtures(test: &str) -> Option<PathBuf> {
     let py = python(test)?;
-    let d = std::env::temp_dir().join(format!("qwen3-vl-gguf-{}-python-fixtures", std::process::id()));
+    let d = python_fixtures_dir();
     FIXTURES.call_once(|| {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
+        unsafe { libc::atexit(remove_python_fixtures) };
         make_gguf(py, &["fixtures".as_ref(), d.as_os_str()]);
     });
     assert!(d.join("k256").exists(), "the Python fixtures were not made (see the first failure)");

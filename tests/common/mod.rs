@@ -305,6 +305,63 @@ pub fn download_any(b: &dyn Backend, t: &Tensor) -> Result<Vec<f32>> {
 pub mod gguf;
 pub mod server;
 
+/// A scratch file or folder under the temporary folder, removed when dropped (the test passing
+/// or failing): bind it to a named variable (`let dir = ...`, `let _dir = ...`, never
+/// `let _ = ...`) that lives as long as anything (a server, a child process) reads the path.
+/// `name` is the entry's name in `temp_dir()`, with the process id in it so that test binaries
+/// running at once do not collide.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// A fresh, empty folder `name`.
+    pub fn dir(name: &str) -> Scratch {
+        let s = Scratch::path(name);
+        std::fs::create_dir_all(&s.0).unwrap();
+        s
+    }
+
+    /// The path of `name` with nothing there (what was is removed): for a file the test writes,
+    /// or a folder a command creates.
+    pub fn path(name: &str) -> Scratch {
+        let s = Scratch(std::env::temp_dir().join(name));
+        s.remove();
+        s
+    }
+
+    fn remove(&self) {
+        let _ = match std::fs::symlink_metadata(&self.0) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&self.0),
+            Ok(_) => std::fs::remove_file(&self.0),
+            Err(_) => Ok(()),
+        };
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
 /// A prompt's greedy continuation of `steps` tokens through a session of its own on `b` (KV cache
 /// of `kv`), and how many of its first tokens are decided by a clear margin: the steps before
 /// the first whose top two logits are within 1e-2 of the logits' std. Another path (another
@@ -337,19 +394,17 @@ pub fn top_two_within(logits: &[f32], rel: f32) -> bool {
     sorted[0] - sorted[1] < rel * std
 }
 
-/// A copy of the model in `src` in a scratch directory named after `tag`: `model.safetensors`
+/// A copy of the model in `src` in a scratch directory named after `tag` (removed when dropped): `model.safetensors`
 /// with every tensor (f32 or bf16) converted to f16 after `edit(name, values as f32)`, and the
 /// config files beside it (`config.json`, `preprocessor_config.json` where present).
-pub fn f16_copy(src: &std::path::Path, tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
+pub fn f16_copy(src: &std::path::Path, tag: &str, edit: &dyn Fn(&str, &mut [f32])) -> Scratch {
     half_copy(src, tag, safetensors::Dtype::F16, edit)
 }
 
 /// [`f16_copy`] into `dtype` (f16 or bf16).
-pub fn half_copy(src: &std::path::Path, tag: &str, dtype: safetensors::Dtype, edit: &dyn Fn(&str, &mut [f32])) -> PathBuf {
+pub fn half_copy(src: &std::path::Path, tag: &str, dtype: safetensors::Dtype, edit: &dyn Fn(&str, &mut [f32])) -> Scratch {
     use safetensors::tensor::{Dtype, TensorView};
-    let dir = std::env::temp_dir().join(format!("qwen3-vl-{}-{}", tag, std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::dir(&format!("qwen3-vl-{}-{}", tag, std::process::id()));
     for f in ["config.json", "preprocessor_config.json"] {
         if src.join(f).exists() {
             std::fs::copy(src.join(f), dir.join(f)).unwrap();

@@ -410,11 +410,9 @@ pub trait Backend: Send + Sync {
     /// place with `data` (`[rows, width]`), keeping the other columns (a block table's unused
     /// tail). The default reads `dst` back, patches it and writes it whole.
     fn write_u32_cols(&self, dst: &mut Tensor, data: &[u32], width: usize) -> Result<()> {
-        let (rows, cols) = ops::u32_cols_dims("write_u32_cols", dst, data, width)?;
+        let (_, cols) = ops::u32_cols_dims("write_u32_cols", dst, data, width)?;
         let mut all = self.download_u32(dst)?;
-        for r in 0..rows {
-            all[r * cols..r * cols + width].copy_from_slice(&data[r * width..(r + 1) * width]);
-        }
+        ops::write_cols(&mut all, cols, data, width);
         self.write_u32(dst, &all)
     }
 

@@ -125,6 +125,14 @@ pub fn u32_cols_dims(op: &'static str, dst: &Tensor, data: &[u32], width: usize)
     Ok((s[0], s[1]))
 }
 
+/// Copies `data` (`[rows, width]`) over the first `width` columns of `dst` (`[rows, cols]`),
+/// the other columns kept: [`crate::Backend::write_u32_cols`] on host memory.
+pub fn write_cols(dst: &mut [u32], cols: usize, data: &[u32], width: usize) {
+    for (r, row) in data.chunks_exact(width.max(1)).enumerate() {
+        dst[r * cols..r * cols + width].copy_from_slice(row);
+    }
+}
+
 /// Checks a KV pair: f32 or f16 elements, the same for both.
 pub fn expect_kv(op: &'static str, k: &Tensor, v: &Tensor) -> Result<()> {
     if k.dtype() != DType::F32 && k.dtype() != DType::F16 {

@@ -158,11 +158,8 @@ impl Backend for CpuBackend {
     }
 
     fn write_u32_cols(&self, dst: &mut Tensor, data: &[u32], width: usize) -> Result<()> {
-        let (rows, cols) = ops::u32_cols_dims("write_u32_cols", dst, data, width)?;
-        let d = dst.as_cpu_u32_mut("write_u32_cols")?;
-        for r in 0..rows {
-            d[r * cols..r * cols + width].copy_from_slice(&data[r * width..(r + 1) * width]);
-        }
+        let (_, cols) = ops::u32_cols_dims("write_u32_cols", dst, data, width)?;
+        ops::write_cols(dst.as_cpu_u32_mut("write_u32_cols")?, cols, data, width);
         Ok(())
     }
 

@@ -205,18 +205,27 @@ impl CudaBackend {
     /// larger ones, and any while a graph is being recorded, wait until `src` is read.
     fn copy_in(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         self.enter()?;
-        if let Some(st) = self.stager(bytes).filter(|_| bytes > 0) {
-            // SAFETY: the caller gives `bytes` readable bytes at `src`
-            let data = unsafe { std::slice::from_raw_parts(src, bytes) };
-            let stream = self.stream.as_inner();
-            return st.stage(data, stream, |staged| unsafe { cust::sys::cuMemcpyHtoDAsync_v2(dst, staged as *const _, bytes, stream) }.ok_or_cuda("cuMemcpyHtoDAsync (staged)"));
+        if bytes == 0 {
+            return Ok(());
         }
-        if bytes > 0 {
-            unsafe { cust::sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, bytes, self.stream.as_inner()) }.ok_or_cuda("cuMemcpyHtoDAsync")?;
-            // the source is pageable host memory owned by the caller: wait until it is read
-            self.synchronize()?;
+        // SAFETY: the caller gives `bytes` readable bytes at `src`
+        let data = unsafe { std::slice::from_raw_parts(src, bytes) };
+        let stream = self.stream.as_inner();
+        self.upload_with(data, |from| unsafe { cust::sys::cuMemcpyHtoDAsync_v2(dst, from as *const _, bytes, stream) }.ok_or_cuda("cuMemcpyHtoDAsync"))
+    }
+
+    /// Queues `copy(from)`, a host-to-device copy on the stream reading `data.len()` bytes at
+    /// `from`: `from` in the staging ring when [`CudaBackend::stager`] takes the upload (the
+    /// call returns at once), else `data` itself (pageable memory the caller owns: the call
+    /// waits until it is read).
+    fn upload_with(&self, data: &[u8], copy: impl FnOnce(*const u8) -> Result<()>) -> Result<()> {
+        match self.stager(data.len()) {
+            Some(st) => st.stage(data, self.stream.as_inner(), copy),
+            None => {
+                copy(data.as_ptr())?;
+                self.synchronize()
+            }
         }
-        Ok(())
     }
 
     /// Copies `bytes` bytes from host memory at `src` into a new pool buffer.
@@ -381,14 +390,7 @@ impl Backend for CudaBackend {
         }
         // SAFETY: `data` is `rows · width` u32
         let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
-        match self.stager(bytes.len()) {
-            Some(st) => st.stage(bytes, l.stream, copy),
-            None => {
-                // pageable source: wait until it is read
-                copy(bytes.as_ptr())?;
-                self.synchronize()
-            }
-        }
+        self.upload_with(bytes, copy)
     }
 
     fn linear(&self, a: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {

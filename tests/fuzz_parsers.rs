@@ -18,6 +18,7 @@
 
 mod common;
 
+use common::Scratch;
 use qwen3_vl::generation_config::GenerationDefaults;
 use qwen3_vl::image::{decode_image_limited, preprocess, PreprocessConfig};
 use qwen3_vl::model::{Checkpoint, Config};
@@ -42,20 +43,10 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-/// A scratch file path for this process and `name`.
-fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("qwen3-vl-fuzz-{}-{}", std::process::id(), name))
-}
-
-/// Removes its scratch files and folders when the test ends (passing or not).
-struct Cleanup(Vec<PathBuf>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for p in &self.0 {
-            let _ = if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
-        }
-    }
+/// The scratch name for this process and `name` (under the temporary folder, see
+/// [`Scratch`]).
+fn scratch(name: &str) -> String {
+    format!("qwen3-vl-fuzz-{}-{}", std::process::id(), name)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -66,8 +57,8 @@ fn fuzz_safetensors_headers() {
     // the tied_gqa checkpoint; mutations mostly hit its header (8-byte length + JSON)
     let file = std::fs::read(root().join("tests/fixtures/text/tied_gqa/model.safetensors")).unwrap();
     let header_end = 8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
-    let path = scratch("model.safetensors");
-    let _clean = Cleanup(vec![path.clone()]);
+    let scratch_file = Scratch::path(&scratch("model.safetensors"));
+    let path = scratch_file.to_path_buf();
     let header: Value = serde_json::from_slice(&file[8..header_end]).unwrap();
     let file = Arc::new(file);
     let f2 = Arc::clone(&file);
@@ -103,10 +94,8 @@ fn fuzz_safetensors_headers() {
 #[test]
 fn fuzz_shard_index() {
     let src = root().join("tests/fixtures/text/untied_mha");
-    let dir = scratch("shards");
-    let _clean = Cleanup(vec![dir.clone()]);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch_dir = Scratch::dir(&scratch("shards"));
+    let dir = scratch_dir.to_path_buf();
     for e in std::fs::read_dir(&src).unwrap() {
         let p = e.unwrap().path();
         if p.extension().map_or(false, |x| x == "safetensors") {
@@ -438,22 +427,16 @@ fn fuzz_stop_strings() {
 fn fuzz_gguf_models() {
     // a valid Q8_0 pair of the tied_gqa fixture (written by `qwen3-vl quantize`); mutations hit
     // the text file's header, metadata and tensor infos mostly, sometimes the mmproj's
-    let src = scratch("gguf-src");
-    let _clean_src = Cleanup(vec![src.clone()]);
-    let _ = std::fs::remove_dir_all(&src);
-    std::fs::create_dir_all(&src).unwrap();
+    let src = Scratch::dir(&scratch("gguf-src"));
     common::gguf::fixture_with_tokenizer("tied_gqa", &src);
-    let out = scratch("gguf-out");
-    let _clean_out = Cleanup(vec![out.clone()]);
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
+    let out = Scratch::dir(&scratch("gguf-out"));
     let (text, mmproj) = common::gguf::quantize(&src, &out, "q8_0");
     let seeds = Arc::new([std::fs::read(&text).unwrap(), std::fs::read(&mmproj).unwrap()]);
     let head = |b: &[u8]| qwen3_vl::gguf::Gguf::open(&text).map(|g| g.tensors().iter().map(|t| t.start).min().unwrap_or(b.len())).unwrap_or(b.len());
     let heads = [head(&seeds[0]), qwen3_vl::gguf::Gguf::open(&mmproj).unwrap().tensors().iter().map(|t| t.start).min().unwrap()];
     let s2 = Arc::clone(&seeds);
-    let (tp, mp) = (scratch("fuzz-text.gguf"), scratch("fuzz-mmproj.gguf"));
-    let _clean_files = Cleanup(vec![tp.clone(), mp.clone()]);
+    let scratch_files = [Scratch::path(&scratch("fuzz-text.gguf")), Scratch::path(&scratch("fuzz-mmproj.gguf"))];
+    let (tp, mp) = (scratch_files[0].to_path_buf(), scratch_files[1].to_path_buf());
     let cpu = common::cpu();
     fuzz(
         11,

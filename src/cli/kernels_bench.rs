@@ -215,7 +215,8 @@ mod cuda_bench {
         let peak = b.fp32_peak_tflops();
         report!(a.json, "| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);
         report!(a.json, "|---|---|---|---|");
-        let (vh, vi) = (1024usize, 4096usize);
+        let vc = Config::from_dir(&a.model)?.vision;
+        let (vh, vi) = (vc.hidden_size, vc.intermediate_size);
         let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
         for &m in [64usize, 512, 1040, 2048, 4096].iter().filter(|_| section("matmul")) {
             for &(name, k, nout) in &gemms {
@@ -227,6 +228,17 @@ mod cuda_bench {
                 report!(a.json, "| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
                 rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "shape": name, "m": m, "k": k, "n": nout, "us": t * 1e6, "tflops": tflops}));
             }
+            // the vision MLP as the tower runs it: LayerNorm, fc1 with GELU (bf16 out), fc2 with
+            // the residual (its shapes from config.json)
+            let (mh, mi) = (vh, vi);
+            let (w1, w2) = (b.upload_half(&[mi, mh], wd, &random_bits(mi * mh, 14))?, b.upload_half(&[mh, mi], wd, &random_bits(mh * mi, 15))?);
+            let (b1, b2) = (b.upload_f32(&[mi], &vec![0.01; mi])?, b.upload_f32(&[mh], &vec![0.01; mh])?);
+            let (nw, nb) = (b.upload_f32(&[mh], &vec![1.0; mh])?, b.upload_f32(&[mh], &vec![0.0; mh])?);
+            let x = b.upload_f32(&[m, mh], &(0..m * mh).map(|j| 0.01 * ((j % 29) as f32 - 14.0)).collect::<Vec<_>>())?;
+            let t = time(b, a.reps.min(5), 5, &mut |_| b.layer_norm_gelu_mlp(&x, (&nw, &nb, 1e-6), (&w1, Some(&b1)), qwen3_vl::Gelu::Tanh, (&w2, Some(&b2))).map(drop))?;
+            let tflops = 4.0 * (m * mh * mi) as f64 / t / 1e12;
+            report!(a.json, "| vision MLP (norm, fc1 + GELU, fc2) | {} x {} -> {} -> {} | {:.1} | {:.0}% |", m, mh, mi, mh, tflops, 100.0 * tflops / peak);
+            rows.push(serde_json::json!({"kernel": "layer_norm_gelu_mlp", "shape": "vision MLP", "m": m, "k": mh, "n": mi, "us": t * 1e6, "tflops": tflops}));
             // the SwiGLU pair in one kernel (gate and up, 2 · i outputs)
             let (gw, uw) = (b.upload_half(&[i, h], wd, &random_bits(i * h, 12))?, b.upload_half(&[i, h], wd, &random_bits(i * h, 13))?);
             let x = b.upload_f32(&[m, h], &vec![0.01; m * h])?;

@@ -14,10 +14,10 @@
 //! The launcher validates sizes (`d` even). No barriers.
 
 use crate::math::{f16_key_scale, f16_value_scale, mrope_axis, rms_scale, rope_pair, F16};
-use crate::mem::{grid_dep_wait, KvElem};
+use crate::mem::{f32_to_f16, grid_dep_wait, ld_f32x4, KvElem};
 use crate::params::qkv_rope_tile::{CAST_PAIRS, MAX_D, WARPS};
 use crate::params::{QkvRopeParams, RopeCastParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
-use crate::reduce::{warp_max, warp_sum};
+use crate::reduce::{shfl_xor, warp_max, warp_sum};
 use cuda_std::{kernel, shared_array, thread, warp, GpuFloat};
 
 /// Rotates every head of one row per block. See the module docs.
@@ -95,6 +95,80 @@ pub unsafe fn rope_cast_f16(p: RopeCastParams) {
         }
     }
 }
+
+/// # `rope_cast_x4_f16` ([`RopeCastParams`])
+/// [`rope_cast_f16`] with four rotary pairs per lane, for head dims `d` that are a multiple of 8
+/// with `d / 8` dividing 32 (8 to 256; the launcher picks it there when `x`, `cos` and `sin` are
+/// 16-byte and `out` 8-byte aligned). `d / 8` lanes per (row, head) vector, `32 / (d / 8)`
+/// vectors per warp (4 at 64, 2 at 128), `WARPS` warps per block (grid = `ceil(rows · heads /
+/// (WARPS · 32 / (d / 8)))`). Lane `s` of a vector's group loads elements `4s ..
+/// 4s + 4` of both halves and of the rotary tables as 16-byte vectors, rotates the four pairs,
+/// reduces the vector's largest magnitude over its group (shuffles with masks below the group
+/// size stay inside it), and stores 8-byte vectors. The one-warp-per-vector kernel read 8
+/// bytes per lane before its reduction: 1.3 TB/s on the tower's 4,096 × 16 × 64 (H200).
+/// Lanes of vectors past the last still take part in the shuffles and store nothing; no
+/// barriers.
+#[kernel]
+pub unsafe fn rope_cast_x4_f16(p: RopeCastParams) {
+    let tid = thread::thread_idx_x() as usize;
+    let lane = tid % 32;
+    let (heads, d) = (p.heads as usize, p.d as usize);
+    let (lpv, half) = (d / 8, d / 2);
+    let item = (thread::block_idx_x() as usize * WARPS as usize + tid / 32) * (32 / lpv) + lane / lpv;
+    let j = 4 * (lane % lpv);
+    let ok = item < p.rows as usize * heads;
+    let r = item / heads;
+    let (mut a, mut b) = ([0.0f32; 4], [0.0f32; 4]);
+    if ok {
+        let x = (p.x as *const f32).add(item * d + j);
+        let f = if p.scale_in != 0 { *(p.scale_in as *const f32).add(2 * item) } else { 1.0 };
+        let (x1, x2) = (ld_f32x4(x), ld_f32x4(x.add(half)));
+        if p.cos != 0 {
+            let (c, sn) = (ld_f32x4((p.cos as *const f32).add(r * half + j)), ld_f32x4((p.sin as *const f32).add(r * half + j)));
+            unroll!(e < 4, [0, 1, 2, 3], {
+                let (y1, y2) = rope_pair(x1[e] * f, x2[e] * f, c[e], sn[e]);
+                a[e] = y1;
+                b[e] = y2;
+            });
+        } else {
+            unroll!(e < 4, [0, 1, 2, 3], {
+                a[e] = x1[e] * f;
+                b[e] = x2[e] * f;
+            });
+        }
+    }
+    let mut s = 1.0f32;
+    if p.scale_out != 0 {
+        let mut m = 0.0f32;
+        unroll!(e < 4, [0, 1, 2, 3], {
+            m = m.max(a[e].abs()).max(b[e].abs());
+        });
+        let mut k = 1;
+        while k < lpv {
+            m = m.max(shfl_xor(m, k as u32));
+            k <<= 1;
+        }
+        s = if p.values != 0 { f16_value_scale(m) } else { f16_key_scale(m) };
+        if ok && j == 0 {
+            *(p.scale_out as *mut f32).add(2 * item) = s;
+            if s != 1.0 && p.kv_flag != 0 {
+                *(p.kv_flag as *mut u32) = 1;
+            }
+        }
+    }
+    if ok {
+        let inv = 1.0 / s; // exact: a power of two
+        let h = |v: f32| f32_to_f16(v * inv) as u32;
+        let out = (p.out as *mut u8).add((item * d + j) * 2);
+        *(out as *mut U32x2) = U32x2([h(a[0]) | (h(a[1]) << 16), h(a[2]) | (h(a[3]) << 16)]);
+        *(out.add(half * 2) as *mut U32x2) = U32x2([h(b[0]) | (h(b[1]) << 16), h(b[2]) | (h(b[3]) << 16)]);
+    }
+}
+
+/// 8 bytes of packed 16-bit values, stored as one vector.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct U32x2([u32; 2]);
 
 /// # `qkv_rope_append_*` ([`QkvRopeParams`])
 /// The decoder's step between the fused QKV projection and attention, for `t` rows:

@@ -287,6 +287,7 @@ kernel_table! {
     FlashAttentionD128F32 = "flash_attention_d128_f32" @ Compute61,
     FlashAttentionD128F16 = "flash_attention_d128_f16" @ Compute61,
     RopeCastF16 = "rope_cast_f16" @ Compute61,
+    RopeCastX4F16 = "rope_cast_x4_f16" @ Compute61,
     FlashAttentionMmaD64F16 = "flash_attention_mma_d64_f16" @ Compute80,
     FlashAttentionMmaD128F16 = "flash_attention_mma_d128_f16" @ Compute80,
     AttentionPagedF16 = "attention_paged_f16" @ Compute80,

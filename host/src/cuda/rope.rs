@@ -167,5 +167,11 @@ pub fn rope_cast_f16(l: &Launcher<'_>, x: &DeviceBuffer, rope: Option<(&DeviceBu
     if rows == 0 || heads == 0 || d == 0 {
         return Ok(());
     }
+    // four pairs a lane where the head dim and the alignments allow (16-byte loads)
+    let aligned = (p.x | p.cos | p.sin) % 16 == 0 && p.out % 8 == 0;
+    if d % 8 == 0 && 32 % (d / 8) == 0 && aligned {
+        let per_block = qkv_rope_tile::WARPS as usize * (32 / (d / 8));
+        return l.launch(Kernel::RopeCastX4F16, [grid_dim(Kernel::RopeCastX4F16, "x", ceil_div(rows * heads, per_block), MAX_GRID_X)?, 1, 1], qkv_rope_tile::THREADS, &p);
+    }
     l.launch(kernel, [grid_dim(kernel, "x", ceil_div(rows * heads, qkv_rope_tile::WARPS as usize), MAX_GRID_X)?, 1, 1], qkv_rope_tile::THREADS, &p)
 }

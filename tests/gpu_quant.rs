@@ -93,49 +93,76 @@ fn run(b: &dyn Backend, op: Op, dt: DType, (m, n, k): (usize, usize, usize), x: 
     b.download_f32(&out)
 }
 
-/// Runs `op` on the GPU `g` and on `cpu` and asserts the largest difference is within `tol`
-/// of the CPU result's std.
-#[allow(clippy::too_many_arguments)]
-fn agrees_with_cpu(what: &str, g: &dyn Backend, cpu: &dyn Backend, op: Op, dt: DType, shape: (usize, usize, usize), (x, w, up, extra): (&[f32], &[u8], &[u8], &[f32]), tol: f64) {
-    let want: Vec<f64> = run(cpu, op, dt, shape, x, w, up, extra).unwrap().iter().map(|&v| v as f64).collect();
-    let got = run(g, op, dt, shape, x, w, up, extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
-    let r = diff_over_std(what, &got, &want);
-    report(what, r, tol);
-    assert!(r <= tol, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, tol);
+/// One case's inputs: quantized weights (and their dequantized values), the SwiGLU up
+/// weights, activations `[m, k]` and the extra inputs (bias, residual, norm weights), from
+/// seeds `seed`, `seed + 1`, ... (distinct per case and type).
+struct Case {
+    w: Vec<u8>,
+    wd: Vec<f32>,
+    up: Vec<u8>,
+    x: Vec<f32>,
+    extra: Vec<f32>,
+}
+
+impl Case {
+    fn new(dt: DType, (m, n, k): (usize, usize, usize), seed: u32) -> Case {
+        let (w, wd) = weights(n, k, seed, dt);
+        let (up, _) = weights(n, k, seed + 1, dt);
+        Case { w, wd, up, x: random(m * k, seed + 2), extra: random((m * n).max(k).max(n), seed + 3) }
+    }
+
+    /// Runs `op` on the GPU `g` and on `cpu` and asserts the largest difference is within
+    /// `tol` of the CPU result's std.
+    fn agrees(&self, what: &str, g: &dyn Backend, cpu: &dyn Backend, op: Op, dt: DType, shape: (usize, usize, usize), tol: f64) {
+        let want: Vec<f64> = run(cpu, op, dt, shape, &self.x, &self.w, &self.up, &self.extra).unwrap().iter().map(|&v| v as f64).collect();
+        let got = run(g, op, dt, shape, &self.x, &self.w, &self.up, &self.extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
+        let r = diff_over_std(what, &got, &want);
+        report(what, r, tol);
+        assert!(r <= tol, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, tol);
+    }
+}
+
+/// Every GPU module, every quantized type and every `(m, n, k)` of `shapes` whose `k` the type's
+/// blocks divide: `check(module, g, dt, shape, case)` with the case's inputs drawn from `seed`
+/// (outputs NaN-poisoned).
+fn sweep(name: &str, shapes: &[(usize, usize, usize)], seed: u32, check: impl Fn(&str, &dyn Backend, DType, (usize, usize, usize), &Case)) {
+    for g in &gpus(name) {
+        g.set_poison_outputs(true);
+        let module = common::kernels_arch(&**g).unwrap().to_string();
+        for (ti, &dt) in TYPES.iter().enumerate() {
+            for (i, &shape) in shapes.iter().enumerate() {
+                if shape.2 % dt.block_size() != 0 {
+                    continue;
+                }
+                let case = Case::new(dt, shape, seed + 4 * i as u32 + 100 * ti as u32);
+                check(&module, &**g, dt, shape, &case);
+            }
+        }
+    }
 }
 
 #[test]
 fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
-    let gs = gpus("quantized linear");
     let cpu = cpu();
-    for g in &gs {
-        g.set_poison_outputs(true);
-        let module = common::kernels_arch(&**g).unwrap();
-        for (ti, &dt) in TYPES.iter().enumerate() {
-            for (i, &m) in ROWS.iter().enumerate() {
-                let (n, k) = if i % 2 == 0 { (301, 512) } else { (37, 256 * (1 + i % 3)) };
-                let (w, wd) = weights(n, k, 10 + i as u32 + 100 * ti as u32, dt);
-                let (up, _) = weights(n, k, 20 + i as u32 + 100 * ti as u32, dt);
-                let x = random(m * k, 30 + i as u32);
-                let extra = random((m * n).max(k).max(n), 40 + i as u32);
-                let ops = [Op::Linear { bias: i % 2 == 0 }, Op::Residual, Op::NormLinear, Op::GateUp, Op::NormGateUp];
-                for op in ops {
-                    let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
-                    let tol = if m <= 8 { DECODE_TOL } else { PREFILL_TOL };
-                    agrees_with_cpu(&what, &**g, &*cpu, op, dt, (m, n, k), (&x, &w, &up, &extra), tol);
-                }
-                if m > 8 {
-                    // the prefill path against the exact product of the dequantized weights
-                    let what = format!("{} f64 reference {} m={} n={} k={}", module, dt, m, n, k);
-                    let want: Vec<f64> = (0..m * n).map(|e| (0..k).map(|i| x[(e / n) * k + i] as f64 * wd[(e % n) * k + i] as f64).sum()).collect();
-                    let got = run(&**g, Op::Linear { bias: false }, dt, (m, n, k), &x, &w, &up, &extra).unwrap();
-                    let r = diff_over_std(&what, &got, &want);
-                    report(&what, r, F16_TOL);
-                    assert!(r <= F16_TOL, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, F16_TOL);
-                }
-            }
+    // rows from a decode step to past a 128-row tile; odd indices narrow and deeper
+    let shapes: Vec<(usize, usize, usize)> = ROWS.iter().enumerate().map(|(i, &m)| if i % 2 == 0 { (m, 301, 512) } else { (m, 37, 256 * (1 + i % 3)) }).collect();
+    sweep("quantized linear", &shapes, 10, |module, g, dt, (m, n, k), case| {
+        let ops = [Op::Linear { bias: n == 301 }, Op::Residual, Op::NormLinear, Op::GateUp, Op::NormGateUp];
+        for op in ops {
+            let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
+            case.agrees(&what, g, &*cpu, op, dt, (m, n, k), if m <= 8 { DECODE_TOL } else { PREFILL_TOL });
         }
-    }
+        if m > 8 {
+            // the prefill path against the exact product of the dequantized weights
+            let what = format!("{} f64 reference {} m={} n={} k={}", module, dt, m, n, k);
+            let (x, wd) = (&case.x, &case.wd);
+            let want: Vec<f64> = (0..m * n).map(|e| (0..k).map(|i| x[(e / n) * k + i] as f64 * wd[(e % n) * k + i] as f64).sum()).collect();
+            let got = run(g, Op::Linear { bias: false }, dt, (m, n, k), &case.x, &case.w, &case.up, &case.extra).unwrap();
+            let r = diff_over_std(&what, &got, &want);
+            report(&what, r, F16_TOL);
+            assert!(r <= F16_TOL, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, F16_TOL);
+        }
+    });
 }
 
 /// Decode rows at the model's depths and beyond the other cases': a 6,144-deep down
@@ -144,27 +171,14 @@ fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
 /// 32, not of 256: lanes past a row's end in the quantizer).
 #[test]
 fn quantized_gemvs_at_decode_depths_agree_with_the_cpu() {
-    let gs = gpus("quantized GEMV depths");
     let cpu = cpu();
-    for g in &gs {
-        g.set_poison_outputs(true);
-        let module = common::kernels_arch(&**g).unwrap();
-        for (ti, &dt) in TYPES.iter().enumerate() {
-            for (i, &(m, n, k)) in [(1usize, 64usize, 6144usize), (3, 40, 2048), (4, 37, 10240), (1, 37, 10240), (2, 33, 96)].iter().enumerate() {
-                if k % dt.block_size() != 0 {
-                    continue;
-                }
-                let (w, _) = weights(n, k, 90 + i as u32 + 100 * ti as u32, dt);
-                let (up, _) = weights(n, k, 95 + i as u32 + 100 * ti as u32, dt);
-                let x = random(m * k, 97 + i as u32);
-                let extra = random((m * n).max(k).max(n), 99 + i as u32);
-                for op in [Op::Linear { bias: true }, Op::Residual, Op::NormLinear, Op::NormGateUp] {
-                    let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
-                    agrees_with_cpu(&what, &**g, &*cpu, op, dt, (m, n, k), (&x, &w, &up, &extra), DECODE_TOL);
-                }
-            }
+    let shapes = [(1, 64, 6144), (3, 40, 2048), (4, 37, 10240), (1, 37, 10240), (2, 33, 96)];
+    sweep("quantized GEMV depths", &shapes, 50, |module, g, dt, (m, n, k), case| {
+        for op in [Op::Linear { bias: true }, Op::Residual, Op::NormLinear, Op::NormGateUp] {
+            let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
+            case.agrees(&what, g, &*cpu, op, dt, (m, n, k), DECODE_TOL);
         }
-    }
+    });
 }
 
 /// Batched-decode sizes whose dequantized product splits `k` (the few-row kernel on compute_80
@@ -172,24 +186,13 @@ fn quantized_gemvs_at_decode_depths_agree_with_the_cpu() {
 /// rows of a narrow, deep layer, as a batch-16 step's down projection is.
 #[test]
 fn quantized_products_that_split_k_agree_with_the_cpu() {
-    let gs = gpus("quantized split-K");
     let cpu = cpu();
-    for g in &gs {
-        g.set_poison_outputs(true);
-        let module = common::kernels_arch(&**g).unwrap();
-        for (ti, &dt) in TYPES.iter().enumerate() {
-            for (i, &(m, n, k)) in [(16usize, 256usize, 2048usize), (32, 300, 1024)].iter().enumerate() {
-                let (w, _) = weights(n, k, 50 + i as u32 + 100 * ti as u32, dt);
-                let (up, _) = weights(n, k, 60 + i as u32 + 100 * ti as u32, dt);
-                let x = random(m * k, 70 + i as u32);
-                let extra = random((m * n).max(k).max(n), 80 + i as u32);
-                for op in [Op::Linear { bias: true }, Op::NormGateUp] {
-                    let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
-                    agrees_with_cpu(&what, &**g, &*cpu, op, dt, (m, n, k), (&x, &w, &up, &extra), PREFILL_TOL);
-                }
-            }
+    sweep("quantized split-K", &[(16, 256, 2048), (32, 300, 1024)], 90, |module, g, dt, (m, n, k), case| {
+        for op in [Op::Linear { bias: true }, Op::NormGateUp] {
+            let what = format!("{} {:?} {} m={} n={} k={}", module, op, dt, m, n, k);
+            case.agrees(&what, g, &*cpu, op, dt, (m, n, k), PREFILL_TOL);
         }
-    }
+    });
 }
 
 #[test]

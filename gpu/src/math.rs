@@ -69,22 +69,26 @@ pub fn f16_to_f32(bits: u16) -> f32 {
     f32::from_bits(out)
 }
 
+/// The PTX instruction `<op>.approx.ftz.f32` applied to `x` (GPU only).
+#[cfg(target_os = "cuda")]
+macro_rules! approx_f32 {
+    ($op:literal, $x:expr) => {{
+        let y: u32;
+        unsafe {
+            core::arch::asm!(concat!($op, ".approx.ftz.f32 {}, {};"), out(reg32) y, in(reg32) ($x).to_bits(), options(pure, nomem, nostack));
+        }
+        f32::from_bits(y)
+    }};
+}
+
 /// `2^x`. On the GPU `ex2.approx.ftz.f32` (relative error about 2^-22, one instruction where
 /// libdevice's `expf` takes about ten); on the CPU `f32::exp2`.
 #[inline(always)]
 pub fn exp2_fast(x: f32) -> f32 {
     #[cfg(target_os = "cuda")]
-    {
-        let y: u32;
-        unsafe {
-            core::arch::asm!("ex2.approx.ftz.f32 {}, {};", out(reg32) y, in(reg32) x.to_bits(), options(pure, nomem, nostack));
-        }
-        f32::from_bits(y)
-    }
+    return approx_f32!("ex2", x);
     #[cfg(not(target_os = "cuda"))]
-    {
-        x.exp2()
-    }
+    return x.exp2();
 }
 
 /// `1 / x`. On the GPU `rcp.approx.ftz.f32` (at most 1 ulp off; `inf` gives 0), one instruction
@@ -92,17 +96,9 @@ pub fn exp2_fast(x: f32) -> f32 {
 #[inline(always)]
 pub fn recip_fast(x: f32) -> f32 {
     #[cfg(target_os = "cuda")]
-    {
-        let y: u32;
-        unsafe {
-            core::arch::asm!("rcp.approx.ftz.f32 {}, {};", out(reg32) y, in(reg32) x.to_bits(), options(pure, nomem, nostack));
-        }
-        f32::from_bits(y)
-    }
+    return approx_f32!("rcp", x);
     #[cfg(not(target_os = "cuda"))]
-    {
-        1.0 / x
-    }
+    return 1.0 / x;
 }
 
 /// `log2(e)`: `e^x = 2^(x · LOG2_E)`.

@@ -230,15 +230,14 @@ mod cuda_bench {
             }
             // the vision MLP as the tower runs it: LayerNorm, fc1 with GELU (bf16 out), fc2 with
             // the residual (its shapes from config.json)
-            let (mh, mi) = (vh, vi);
-            let (w1, w2) = (b.upload_half(&[mi, mh], wd, &random_bits(mi * mh, 14))?, b.upload_half(&[mh, mi], wd, &random_bits(mh * mi, 15))?);
-            let (b1, b2) = (b.upload_f32(&[mi], &vec![0.01; mi])?, b.upload_f32(&[mh], &vec![0.01; mh])?);
-            let (nw, nb) = (b.upload_f32(&[mh], &vec![1.0; mh])?, b.upload_f32(&[mh], &vec![0.0; mh])?);
-            let x = b.upload_f32(&[m, mh], &(0..m * mh).map(|j| 0.01 * ((j % 29) as f32 - 14.0)).collect::<Vec<_>>())?;
+            let (w1, w2) = (b.upload_half(&[vi, vh], wd, &random_bits(vi * vh, 14))?, b.upload_half(&[vh, vi], wd, &random_bits(vh * vi, 15))?);
+            let (b1, b2) = (b.upload_f32(&[vi], &vec![0.01; vi])?, b.upload_f32(&[vh], &vec![0.01; vh])?);
+            let (nw, nb) = (b.upload_f32(&[vh], &vec![1.0; vh])?, b.upload_f32(&[vh], &vec![0.0; vh])?);
+            let x = b.upload_f32(&[m, vh], &(0..m * vh).map(|j| 0.01 * ((j % 29) as f32 - 14.0)).collect::<Vec<_>>())?;
             let t = time(b, a.reps.min(5), 5, &mut |_| b.layer_norm_gelu_mlp(&x, (&nw, &nb, 1e-6), (&w1, Some(&b1)), qwen3_vl::Gelu::Tanh, (&w2, Some(&b2))).map(drop))?;
-            let tflops = 4.0 * (m * mh * mi) as f64 / t / 1e12;
-            report!(a.json, "| vision MLP (norm, fc1 + GELU, fc2) | {} x {} -> {} -> {} | {:.1} | {:.0}% |", m, mh, mi, mh, tflops, 100.0 * tflops / peak);
-            rows.push(serde_json::json!({"kernel": "layer_norm_gelu_mlp", "shape": "vision MLP", "m": m, "k": mh, "n": mi, "us": t * 1e6, "tflops": tflops}));
+            let tflops = 4.0 * (m * vh * vi) as f64 / t / 1e12;
+            report!(a.json, "| vision MLP (norm, fc1 + GELU, fc2) | {} x {} -> {} -> {} | {:.1} | {:.0}% |", m, vh, vi, vh, tflops, 100.0 * tflops / peak);
+            rows.push(serde_json::json!({"kernel": "layer_norm_gelu_mlp", "shape": "vision MLP", "m": m, "k": vh, "n": vi, "us": t * 1e6, "tflops": tflops}));
             // the SwiGLU pair in one kernel (gate and up, 2 · i outputs)
             let (gw, uw) = (b.upload_half(&[i, h], wd, &random_bits(i * h, 12))?, b.upload_half(&[i, h], wd, &random_bits(i * h, 13))?);
             let x = b.upload_f32(&[m, h], &vec![0.01; m * h])?;

@@ -48,6 +48,14 @@ fn diff_over_std(what: &str, got: &[f32], want: &[f64]) -> f64 {
     got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max) / std
 }
 
+/// Asserts `max |got - want| / std(want)` ([`diff_over_std`]) is within `tol` (printed with
+/// `QWEN3_VL_REPORT=1`).
+fn assert_within(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    let r = diff_over_std(what, got, want);
+    report(what, r, tol);
+    assert!(r <= tol, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, tol);
+}
+
 /// Weights with magnitudes varying by block (so block scales differ), quantized.
 fn weights(n: usize, k: usize, seed: u32, dt: DType) -> (Vec<u8>, Vec<f32>) {
     let mut w = random(n * k, seed);
@@ -116,9 +124,7 @@ impl Case {
     fn agrees(&self, what: &str, g: &dyn Backend, cpu: &dyn Backend, op: Op, dt: DType, shape: (usize, usize, usize), tol: f64) {
         let want: Vec<f64> = run(cpu, op, dt, shape, &self.x, &self.w, &self.up, &self.extra).unwrap().iter().map(|&v| v as f64).collect();
         let got = run(g, op, dt, shape, &self.x, &self.w, &self.up, &self.extra).unwrap_or_else(|e| panic!("{}: {}", what, e));
-        let r = diff_over_std(what, &got, &want);
-        report(what, r, tol);
-        assert!(r <= tol, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, tol);
+        assert_within(what, &got, &want, tol);
     }
 }
 
@@ -158,9 +164,7 @@ fn quantized_linear_and_fused_ops_agree_with_the_cpu_int8_path() {
             let (x, wd) = (&case.x, &case.wd);
             let want: Vec<f64> = (0..m * n).map(|e| (0..k).map(|i| x[(e / n) * k + i] as f64 * wd[(e % n) * k + i] as f64).sum()).collect();
             let got = run(g, Op::Linear { bias: false }, dt, (m, n, k), &case.x, &case.w, &case.up, &case.extra).unwrap();
-            let r = diff_over_std(&what, &got, &want);
-            report(&what, r, F16_TOL);
-            assert!(r <= F16_TOL, "{}: max |diff| = {:.3e} of std, tolerance {:.0e}", what, r, F16_TOL);
+            assert_within(&what, &got, &want, F16_TOL);
         }
     });
 }
@@ -276,9 +280,7 @@ fn quantized_models_on_cuda_match_the_cpu() {
                 let what = format!("{} {:?} on {}", case, mix, module);
                 let mut s = Session::with_kv_dtype(&gm, &**g, prompt.len() + STEPS, DType::F16).unwrap();
                 let got_logits = s.feed(&prompt).unwrap();
-                let r = diff_over_std(&what, &got_logits, &want_logits.iter().map(|&v| v as f64).collect::<Vec<_>>());
-                report(&format!("{} prompt logits", what), r, PREFILL_TOL);
-                assert!(r <= PREFILL_TOL, "{}: prompt logits differ by {:.3e} of std", what, r);
+                assert_within(&format!("{} prompt logits", what), &got_logits, &want_logits.iter().map(|&v| v as f64).collect::<Vec<_>>(), PREFILL_TOL);
                 let mut s = Session::with_kv_dtype(&gm, &**g, prompt.len() + STEPS, DType::F16).unwrap();
                 s.set_recording(true);
                 let got = s.generate(&prompt, STEPS, &mut Sampler::new(SamplingParams::greedy()), &[], &mut |_| true).unwrap().tokens;

@@ -218,6 +218,16 @@ pub struct F32x4(pub [f32; 4]);
 #[derive(Clone, Copy)]
 pub struct F32x2(pub [f32; 2]);
 
+/// 8 bytes of packed 16-bit values, stored as one vector.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct U32x2(pub [u32; 2]);
+
+/// 16 bytes of packed 16-bit values, stored as one vector.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+pub struct U32x4(pub [u32; 4]);
+
 /// Four f32 at `p` (16-byte aligned) through a generic address: global memory or a shared
 /// memory stage.
 #[inline(always)]

@@ -48,7 +48,7 @@
 //! zero-fills, waited for before an epilogue reuses the stages' shared memory.
 
 use crate::math::{Bf16, F16};
-use crate::mem::{cluster_map, cluster_sync, ld_cluster_f32x4, ld_f32x4, shared_addr, F32x2, F32x4};
+use crate::mem::{cluster_map, cluster_sync, ld_cluster_f32x4, ld_f32x4, shared_addr, F32x2, F32x4, U32x4};
 use crate::mma::{cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4, store_tile, MmaElem};
 use crate::params::mma_pipe_tile::{STAGES, THREADS, WARPS_N};
 use crate::params::{CastA16Params, GateUpParams, LayerNormParams, LinearParams, RmsNormParams};
@@ -616,11 +616,6 @@ unsafe fn cast_a16<W: MmaElem>(p: CastA16Params) {
     let v = [W::pack(x[0] * s, x[1] * s), W::pack(x[2] * s, x[3] * s), W::pack(y[0] * s, y[1] * s), W::pack(y[2] * s, y[3] * s)];
     *((p.out as *mut u8).add((r * k + j) * 2) as *mut U32x4) = U32x4(v);
 }
-
-/// 16 bytes of packed 16-bit values, stored as one vector.
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct U32x4([u32; 4]);
 
 /// f32 activations rounded to bf16 for `matmul_mma_pipe_*_bf16`. See the module docs.
 #[kernel]

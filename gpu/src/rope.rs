@@ -14,7 +14,7 @@
 //! The launcher validates sizes (`d` even). No barriers.
 
 use crate::math::{f16_key_scale, f16_value_scale, mrope_axis, rms_scale, rope_pair, F16};
-use crate::mem::{f32_to_f16, grid_dep_wait, ld_f32x4, KvElem};
+use crate::mem::{f32_to_f16, grid_dep_wait, ld_f32x4, KvElem, U32x2};
 use crate::params::qkv_rope_tile::{CAST_PAIRS, MAX_D, WARPS};
 use crate::params::{QkvRopeParams, RopeCastParams, RopeParams, CURSOR_FIELDS, CURSOR_ROW};
 use crate::reduce::{shfl_xor, warp_max, warp_sum};
@@ -164,11 +164,6 @@ pub unsafe fn rope_cast_x4_f16(p: RopeCastParams) {
         *(out.add(half * 2) as *mut U32x2) = U32x2([h(b[0]) | (h(b[1]) << 16), h(b[2]) | (h(b[3]) << 16)]);
     }
 }
-
-/// 8 bytes of packed 16-bit values, stored as one vector.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct U32x2([u32; 2]);
 
 /// # `qkv_rope_append_*` ([`QkvRopeParams`])
 /// The decoder's step between the fused QKV projection and attention, for `t` rows:

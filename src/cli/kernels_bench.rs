@@ -99,7 +99,7 @@ mod cuda_bench {
     pub fn run(a: KernelsBenchArgs) -> CliResult<()> {
         let sel = a.device.select()?;
         let b = sel.backend.as_any().downcast_ref::<CudaBackend>().ok_or("kernels-bench needs the CUDA backend (--device cuda)")?;
-        let cfg = Config::from_dir(&a.model)?.text;
+        let Config { text: cfg, vision: vc, .. } = Config::from_dir(&a.model)?;
         let wd = DType::BF16;
         let mut rows = Vec::new();
         // 1. the copy ceiling: device-to-device, bytes read + written
@@ -215,40 +215,43 @@ mod cuda_bench {
         let peak = b.fp32_peak_tflops();
         report!(a.json, "| matmul (kernel) | m x k -> n | TFLOP/s | % of FP32 peak ({:.1}) |", peak);
         report!(a.json, "|---|---|---|---|");
-        let vc = Config::from_dir(&a.model)?.vision;
         let (vh, vi) = (vc.hidden_size, vc.intermediate_size);
         let gemms: Vec<(&str, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd), ("text o_proj", qd, h), ("text gate/up", h, i), ("text down_proj", i, h), ("vision qkv", vh, 3 * vh), ("vision fc1", vh, vi), ("vision fc2", vi, vh)];
-        for &m in [64usize, 512, 1040, 2048, 4096].iter().filter(|_| section("matmul")) {
-            for &(name, k, nout) in &gemms {
-                let algo = b.pick_linear(m, nout, k, wd);
-                let w = b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))?;
-                let x = b.upload_f32(&[m, k], &vec![0.01; m * k])?;
-                let t = time(b, a.reps.min(5), 5, &mut |_| b.linear_with(algo, &x, &w, None, None).map(drop))?;
-                let tflops = 2.0 * (m * k * nout) as f64 / t / 1e12;
-                report!(a.json, "| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
-                rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "shape": name, "m": m, "k": k, "n": nout, "us": t * 1e6, "tflops": tflops}));
-            }
-            // the vision MLP as the tower runs it: LayerNorm, fc1 with GELU (bf16 out), fc2 with
-            // the residual (its shapes from config.json)
+        if section("matmul") {
+            // every layer's weights, the same at every m: the GEMMs', the vision MLP's as the
+            // tower runs it (its shapes from config.json), the text SwiGLU pair's
+            let ws: Vec<Tensor> = gemms.iter().map(|&(_, k, nout)| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))).collect::<Result<_, _>>()?;
             let (w1, w2) = (b.upload_half(&[vi, vh], wd, &random_bits(vi * vh, 14))?, b.upload_half(&[vh, vi], wd, &random_bits(vh * vi, 15))?);
             let (b1, b2) = (b.upload_f32(&[vi], &vec![0.01; vi])?, b.upload_f32(&[vh], &vec![0.01; vh])?);
             let (nw, nb) = (b.upload_f32(&[vh], &vec![1.0; vh])?, b.upload_f32(&[vh], &vec![0.0; vh])?);
-            let x = b.upload_f32(&[m, vh], &(0..m * vh).map(|j| 0.01 * ((j % 29) as f32 - 14.0)).collect::<Vec<_>>())?;
-            let t = time(b, a.reps.min(5), 5, &mut |_| b.layer_norm_gelu_mlp(&x, (&nw, &nb, 1e-6), (&w1, Some(&b1)), qwen3_vl::Gelu::Tanh, (&w2, Some(&b2))).map(drop))?;
-            let tflops = 4.0 * (m * vh * vi) as f64 / t / 1e12;
-            report!(a.json, "| vision MLP (norm, fc1 + GELU, fc2) | {} x {} -> {} -> {} | {:.1} | {:.0}% |", m, vh, vi, vh, tflops, 100.0 * tflops / peak);
-            rows.push(serde_json::json!({"kernel": "layer_norm_gelu_mlp", "shape": "vision MLP", "m": m, "k": vh, "n": vi, "us": t * 1e6, "tflops": tflops}));
-            // the SwiGLU pair in one kernel (gate and up, 2 · i outputs)
             let (gw, uw) = (b.upload_half(&[i, h], wd, &random_bits(i * h, 12))?, b.upload_half(&[i, h], wd, &random_bits(i * h, 13))?);
-            let x = b.upload_f32(&[m, h], &vec![0.01; m * h])?;
-            let t = time(b, a.reps.min(5), 5, &mut |_| b.gate_up_silu(&x, &gw, &uw).map(drop))?;
-            let tflops = 4.0 * (m * h * i) as f64 / t / 1e12;
-            report!(a.json, "| text gate+up pair ({:?}) | {} x {} -> 2 x {} | {:.1} | {:.0}% |", b.gate_up_tile(m, i, h, wd), m, h, i, tflops, 100.0 * tflops / peak);
-            rows.push(serde_json::json!({"kernel": format!("gate_up {:?}", b.gate_up_tile(m, i, h, wd)), "shape": "text gate+up pair", "m": m, "k": h, "n": 2 * i, "us": t * 1e6, "tflops": tflops}));
+            for &m in &[64usize, 512, 1040, 2048, 4096] {
+                for (&(name, k, nout), w) in gemms.iter().zip(&ws) {
+                    let algo = b.pick_linear(m, nout, k, wd);
+                    let x = b.upload_f32(&[m, k], &vec![0.01; m * k])?;
+                    let t = time(b, a.reps.min(5), 5, &mut |_| b.linear_with(algo, &x, w, None, None).map(drop))?;
+                    let tflops = 2.0 * (m * k * nout) as f64 / t / 1e12;
+                    report!(a.json, "| {} ({:?}) | {} x {} -> {} | {:.1} | {:.0}% |", name, algo, m, k, nout, tflops, 100.0 * tflops / peak);
+                    rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "shape": name, "m": m, "k": k, "n": nout, "us": t * 1e6, "tflops": tflops}));
+                }
+                // the vision MLP as the tower runs it: LayerNorm, fc1 with GELU (bf16 out), fc2 with
+                // the residual
+                let x = b.upload_f32(&[m, vh], &(0..m * vh).map(|j| 0.01 * ((j % 29) as f32 - 14.0)).collect::<Vec<_>>())?;
+                let t = time(b, a.reps.min(5), 5, &mut |_| b.layer_norm_gelu_mlp(&x, (&nw, &nb, 1e-6), (&w1, Some(&b1)), qwen3_vl::Gelu::Tanh, (&w2, Some(&b2))).map(drop))?;
+                let tflops = 4.0 * (m * vh * vi) as f64 / t / 1e12;
+                report!(a.json, "| vision MLP (norm, fc1 + GELU, fc2) | {} x {} -> {} -> {} | {:.1} | {:.0}% |", m, vh, vi, vh, tflops, 100.0 * tflops / peak);
+                rows.push(serde_json::json!({"kernel": "layer_norm_gelu_mlp", "shape": "vision MLP", "m": m, "k": vh, "n": vi, "us": t * 1e6, "tflops": tflops}));
+                // the SwiGLU pair in one kernel (gate and up, 2 · i outputs)
+                let x = b.upload_f32(&[m, h], &vec![0.01; m * h])?;
+                let t = time(b, a.reps.min(5), 5, &mut |_| b.gate_up_silu(&x, &gw, &uw).map(drop))?;
+                let tflops = 4.0 * (m * h * i) as f64 / t / 1e12;
+                report!(a.json, "| text gate+up pair ({:?}) | {} x {} -> 2 x {} | {:.1} | {:.0}% |", b.gate_up_tile(m, i, h, wd), m, h, i, tflops, 100.0 * tflops / peak);
+                rows.push(serde_json::json!({"kernel": format!("gate_up {:?}", b.gate_up_tile(m, i, h, wd)), "shape": "text gate+up pair", "m": m, "k": h, "n": 2 * i, "us": t * 1e6, "tflops": tflops}));
+            }
         }
         // 5. flash attention: prefill against the cache and the vision tower
         if section("flash") {
-            flash_rows(b, &a, &cfg, &mut rows)?;
+            flash_rows(b, &a, &cfg, &vc, &mut rows)?;
         }
         if a.json {
             println!("{}", serde_json::json!({"device": b.describe(), "copy_gb_per_s": copy_gbs, "fp32_peak_tflops": peak, "kernels": rows}));
@@ -303,8 +306,7 @@ mod cuda_bench {
     /// tower's block-sparse attention with the rotary embedding applied in the op (vision
     /// heads, from the model's config). TFLOP/s counts the useful products (4·t·keys·d per
     /// head, keys halved when causal).
-    fn flash_rows(b: &CudaBackend, a: &KernelsBenchArgs, cfg: &qwen3_vl::model::TextConfig, rows: &mut Vec<serde_json::Value>) -> CliResult<()> {
-        let vcfg = Config::from_dir(&a.model)?.vision;
+    fn flash_rows(b: &CudaBackend, a: &KernelsBenchArgs, cfg: &qwen3_vl::model::TextConfig, vcfg: &qwen3_vl::model::VisionConfig, rows: &mut Vec<serde_json::Value>) -> CliResult<()> {
         report!(a.json, "| kernel | shape | us | TFLOP/s |");
         report!(a.json, "|---|---|---|---|");
         let (heads, kvh, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);

@@ -296,6 +296,83 @@ fn slot_attention_agrees_over_lengths_head_dims_and_scales() {
     }
 }
 
+/// A step's prefill chunks in one op (`Backend::attention_chunks`: on a device every chunk's keys
+/// gathered at once, one masked flash attention with a per-row cursor) against the CPU's one
+/// attention per chunk: new prompts and chunks after a history, a chunk of one row, chunks
+/// sharing a cached prefix (the same slots, so more keys than the pool has rows), rows around
+/// the kernels' 64-key and 128-row tiles, f16 pools with and without row scales, GQA and head
+/// dims 64, 72 and 128.
+#[test]
+fn chunk_attention_agrees_with_one_attention_per_chunk() {
+    use qwen3_vl::chunks::Chunks;
+    for g in gpus("attention over several prefill chunks") {
+        let mut rng = Rng(0xc4a7);
+        for &(heads, kvh, d) in &[(16usize, 8usize, 128usize), (8, 2, 64), (4, 4, 72)] {
+            // (rows, earlier keys) per chunk
+            for layout in [vec![(5usize, 0usize), (70, 0), (1, 0), (33, 200)], vec![(128, 0), (64, 136), (3, 0)], vec![(40, 100), (40, 100)]] {
+                let keys: usize = layout.iter().map(|&(r, h)| r + h).sum();
+                let cap = keys + 19;
+                let pool = shuffled_slots(&mut rng, cap, cap);
+                // each chunk its own rows of the pool; the last layout's second chunk shares the
+                // first's earlier keys (a cached prefix)
+                let (mut slots, mut at) = (Vec::<Vec<u32>>::new(), 0);
+                for (c, &(r, h)) in layout.iter().enumerate() {
+                    let s: Vec<u32> = if c == 1 && layout.len() == 2 {
+                        let mut s = slots[0][..h].to_vec();
+                        s.extend_from_slice(&pool[at..at + r]);
+                        at += r;
+                        s
+                    } else {
+                        at += r + h;
+                        pool[at - r - h..at].to_vec()
+                    };
+                    slots.push(s);
+                }
+                let t: usize = layout.iter().map(|l| l.0).sum();
+                let (kp, vp, q) = (random(cap * kvh * d, 41 + d as u32), random(cap * kvh * d, 42), random(t * heads * d, 43 + t as u32));
+                // every fifth key vector at 10^-3 and every third value vector at 10^5 (row scales)
+                let scaled = |x: &[f32], every: usize, f: f32| -> Vec<f32> { x.chunks(d).enumerate().flat_map(|(i, r)| r.iter().map(move |e| if i % every == 0 { e * f } else { *e })).collect() };
+                let (kb, vb) = (scaled(&kp, 5, 1e-3), scaled(&vp, 3, 1e5));
+                for with_scales in [false, true] {
+                    let op = |b: &dyn Backend| -> Result<Tensor> {
+                        let shape = [cap, kvh, d];
+                        let (k, v, sc) = if with_scales {
+                            let mut sc = b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?;
+                            let (mut k, mut v) = (upload(b, &shape, &vec![0.0; cap * kvh * d], DType::F16)?, upload(b, &shape, &vec![0.0; cap * kvh * d], DType::F16)?);
+                            b.write_kv_rows(&mut k, Some((&mut sc, 0)), 0, &b.upload_f32(&shape, &kb)?)?;
+                            b.write_kv_rows(&mut v, Some((&mut sc, 1)), 0, &b.upload_f32(&shape, &vb)?)?;
+                            (k, v, Some(sc))
+                        } else {
+                            (upload(b, &shape, &kp, DType::F16)?, upload(b, &shape, &vp, DType::F16)?, None)
+                        };
+                        let ids = slots.iter().map(|s| b.upload_u32(&[s.len()], s)).collect::<Result<Vec<_>>>()?;
+                        let parts: Vec<(usize, &[u32])> = layout.iter().zip(&slots).map(|(l, s)| (l.0, s.as_slice())).collect();
+                        let chunks = Chunks::new(b, &parts, ids)?;
+                        let qt = b.upload_f32(&[t, heads, d], &q)?;
+                        // q rows that are not the chunks' are refused
+                        assert!(b.attention_chunks(&b.take_rows(&qt, 0, t - 1)?, &k, &v, sc.as_ref(), &chunks, 0.1).is_err());
+                        b.attention_chunks(&qt, &k, &v, sc.as_ref(), &chunks, 1.0 / (d as f32).sqrt())
+                    };
+                    let name = format!("chunk attention {:?} h={}/{} d={} row scales {} on {}", layout, heads, kvh, d, with_scales, g.describe());
+                    let (abs, rel) = attention_tolerance(&*g);
+                    if !with_scales {
+                        agree(&name, &*g, &op, abs, rel);
+                        continue;
+                    }
+                    let want = cpu().download_f32(&op(&*cpu()).unwrap()).unwrap();
+                    g.set_poison_outputs(true);
+                    let got_t = op(&*g).unwrap_or_else(|e| panic!("{}: {}", name, e));
+                    g.set_poison_outputs(false);
+                    assert_eq!(got_t.device(), qwen3_vl::DeviceKind::Cuda, "{}", name);
+                    let got = g.download_f32(&got_t).unwrap();
+                    assert!(got.iter().all(|x| x.is_finite()), "{}: an output was not written, or overflowed", name);
+                    close_to_max(&name, &got, &want, if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 });
+                }
+            }
+        }
+    }
+}
+
 /// A paged cache for [`paged_case`]: `rows` sequences of `lens[i]` keys in blocks of `block` rows
 /// taken from a shuffled pool (ids far apart and out of order), with `spare` unused blocks.
 fn paged_tables(rng: &mut Rng, lens: &[usize], block: usize, spare: usize) -> (Vec<Vec<u32>>, usize) {

@@ -684,6 +684,14 @@ pub trait Backend: Send + Sync {
         attention_slots_composite(self, q, k_pool, v_pool, scales, slots, p)
     }
 
+    /// A step's prefill chunks in one op (`chunks` made for this backend): `q [chunks.rows(),
+    /// heads, d]`, the rows of chunk `c` (from `chunks.part(c).0`) attending causally to their
+    /// sequence's keys at its slots as [`Backend::attention_slots`] does (`q_pos0` = keys − rows).
+    /// Returns `[chunks.rows(), heads, d]`. The default runs one `attention_slots` per chunk.
+    fn attention_chunks(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, chunks: &crate::chunks::Chunks, scale: f32) -> Result<Tensor> {
+        crate::chunks::attention_chunks_composite(self, q, k_pool, v_pool, scales, chunks, scale)
+    }
+
     /// Block-sparse attention (non-causal): `q [t, heads, d]` against `k`, `v`
     /// `[kv_len, kv_heads, d]` (f32 or f16), query row `i` seeing key `j` when `mask` lets the
     /// block of `i` see the block of `j` (`mask` made for this backend, `mask.rows() == t`,

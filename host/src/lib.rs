@@ -3,6 +3,7 @@
 //! math ([`gpu::math`]) the CPU backend shares.
 
 pub mod backend;
+pub mod chunks;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

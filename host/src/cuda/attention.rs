@@ -10,6 +10,7 @@ use super::launch::{ceil_div, fits_u32, grid_dim, need, Launcher, MAX_GRID_X, MA
 use super::rope::rope_cast_f16;
 use super::{CudaBackend, DeviceBuffer};
 use crate::backend::{attention_block_sparse_composite, attention_paged_composite, attention_slots_composite, AttnParams, BlockMask, KV_SCALES};
+use crate::chunks::{attention_chunks_composite, chunks_dims, Chunks};
 use crate::pages::gather_cache_rows_at;
 use crate::Pages;
 use crate::kernels::{Arch, Kernel};
@@ -414,6 +415,45 @@ impl CudaBackend {
         let (kk, vv) = (gather(k)?, gather(v)?);
         let sc = scales.map(|s| gather_cache_rows_at(self, s, slots)).transpose()?;
         self.attention_op(q, &kk, &vv, sc.as_ref(), p, None)
+    }
+
+    /// A step's prefill chunks as one masked flash attention (see `crate::chunks`): every
+    /// chunk's keys (f16 rows as stored, and their scales) gathered one after another, the
+    /// chunks' block-diagonal mask and per-row cursor. Other caches (f32, rows that are not
+    /// whole 16-byte vectors, head dims the flash kernels lack) and a single chunk take the
+    /// composite.
+    pub(super) fn attention_chunks_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, scales: Option<&Tensor>, chunks: &Chunks, scale: f32) -> Result<Tensor> {
+        const OP: &str = "attention_chunks";
+        let (t, heads, d) = chunks_dims(q, chunks)?;
+        let n = chunks.keys();
+        // shapes only: the gathered keys may outnumber the pool's rows (chunks sharing cached
+        // prefix blocks gather those rows once each)
+        ops::attention_dims(q, k, v, &AttnParams { kv_len: 0, q_pos0: 0, causal: false, scale })?;
+        let p = AttnParams { kv_len: n, q_pos0: 0, causal: true, scale };
+        ops::kv_scale_dims(OP, k, scales)?;
+        let (cap, kv_heads) = (k.shape()[0], k.shape()[1]);
+        let width = kv_heads * d;
+        if chunks.len() == 1 || k.dtype() != DType::F16 || width % 8 != 0 || !flash_fits(d) {
+            return attention_chunks_composite(self, q, k, v, scales, chunks, scale);
+        }
+        let l = self.enter()?;
+        let ids = self.buffer(OP, chunks.all_ids())?;
+        let gather = |pool: &Tensor| -> Result<DeviceBuffer> {
+            let out = self.pool.alloc(n * width * 2)?;
+            gather_rows_f16(&l, self.buffer(OP, pool)?, cap, ids, &out, n, width)?;
+            Ok(out)
+        };
+        let (kk, vv) = (gather(k)?, gather(v)?);
+        let sc = scales.map(|s| gather_cache_rows_at(self, s, chunks.all_ids())).transpose()?;
+        let out = self.output(t * heads * d)?;
+        let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: &kk, v: &vv, out: &out, cursor: Some(self.buffer(OP, chunks.cursor())?), kv_scale: sc.as_ref().map(|s| self.buffer(OP, s)).transpose()? };
+        let mask = chunks.mask();
+        let extra = FlashExtra { mask: Some((self.buffer(OP, mask.packed())?, mask.q_bounds().len() - 1, mask.k_bounds().len() - 1)), rope: None };
+        let shape = AttnShape { t, heads, kv_heads, d, cap: n };
+        // causal through the cursor: row i sees gathered keys up to its cursor row (and, by the
+        // mask, none of another chunk's)
+        flash_attention(&l, DType::F16, &bufs, &extra, &shape, &p)?;
+        Ok(Self::wrap(vec![t, heads, d], DType::F32, out))
     }
 
     pub(super) fn attention_block_sparse_op(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {

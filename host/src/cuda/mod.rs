@@ -580,6 +580,10 @@ impl Backend for CudaBackend {
         self.attention_slots_op(q, k_pool, v_pool, scales, slots, p)
     }
 
+    fn attention_chunks(&self, q: &Tensor, k_pool: &Tensor, v_pool: &Tensor, scales: Option<&Tensor>, chunks: &crate::chunks::Chunks, scale: f32) -> Result<Tensor> {
+        self.attention_chunks_op(q, k_pool, v_pool, scales, chunks, scale)
+    }
+
     fn attention_block_sparse(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &BlockMask, scale: f32, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
         self.attention_block_sparse_op(q, k, v, mask, scale, rope)
     }

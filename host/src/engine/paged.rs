@@ -7,6 +7,7 @@ use crate::backend::{transfer, AttnParams, QkvRope};
 use crate::model::config::TextConfig;
 use crate::model::kv_cache::{cache_scales, cache_zeros};
 use crate::model::text::{copy_rows_to_host, LayerKv};
+use crate::chunks::Chunks;
 use crate::pages::gather_cache_rows_at;
 use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 use crate::{Backend, DType, Error, Pages, Result, Tensor};
@@ -20,6 +21,9 @@ pub const CHUNK_PAGED_MIN_KEYS: usize = 256;
 /// Whether short chunks attend through block tables (`QWEN3_VL_CHUNK_PAGED=0`: always gather;
 /// an A/B aid).
 static CHUNK_PAGED: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_CHUNK_PAGED");
+/// Whether a step's prefill chunks attend in one [`Backend::attention_chunks`]
+/// (`QWEN3_VL_BATCHED_CHUNKS=0`: one attention per chunk, an A/B aid; read once).
+static BATCHED_CHUNKS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_BATCHED_CHUNKS");
 
 pub struct PagedKv {
     /// Per layer: `[blocks · block, kv_heads, head_dim]`.
@@ -95,7 +99,7 @@ pub struct StepRows {
 pub struct PagedStep<'a> {
     kv: &'a mut PagedKv,
     rows: &'a StepRows,
-    made: Vec<(*const u8, Tables<'a>, Vec<Tensor>, Vec<Option<Pages>>)>,
+    made: Vec<(*const u8, Tables<'a>, Vec<Tensor>, Vec<Option<Pages>>, Option<Chunks>)>,
 }
 
 /// The decode rows' block tables on one backend.
@@ -124,7 +128,7 @@ impl<'a> PagedStep<'a> {
     /// written for `rows.decode`.
     pub fn lent(kv: &'a mut PagedKv, rows: &'a StepRows, b: &dyn Backend, pages: &'a Pages) -> PagedStep<'a> {
         let key = b as *const dyn Backend as *const u8;
-        PagedStep { kv, rows, made: vec![(key, Tables::Lent(pages), Vec::new(), Vec::new())] }
+        PagedStep { kv, rows, made: vec![(key, Tables::Lent(pages), Vec::new(), Vec::new(), None)] }
     }
 
     /// The block tables and the prefill chunks' key ids on `b`.
@@ -157,7 +161,21 @@ impl<'a> PagedStep<'a> {
                 Pages::new(b, block, self.kv.blocks * block, &rows).map(Some)
             })
             .collect::<Result<Vec<_>>>()?;
-        self.made.push((key, pages, ids, chunk_pages));
+        // several chunks, each gathering its keys, whose rows follow the decode rows in order:
+        // one attention for all of them
+        let prefill = &self.rows.prefill;
+        let mut follow = prefill.iter().scan(self.rows.decode.len(), |next, &(r0, n, _)| {
+            let ok = r0 == *next;
+            *next = r0 + n;
+            Some(ok)
+        });
+        let chunks = if BATCHED_CHUNKS.on() && prefill.len() > 1 && chunk_pages.iter().all(Option::is_none) && follow.all(|ok| ok) {
+            let parts: Vec<(usize, &[u32])> = prefill.iter().map(|(_, n, slots)| (*n, slots.as_slice())).collect();
+            Some(Chunks::new(b, &parts, ids.clone())?)
+        } else {
+            None
+        };
+        self.made.push((key, pages, ids, chunk_pages, chunks));
         Ok(self.made.len() - 1)
     }
 }
@@ -254,7 +272,7 @@ impl LayerKv for PagedStep<'_> {
         let (k, v, sc) = (&self.kv.k[layer], &self.kv.v[layer], self.kv.s[layer].as_ref());
         let t = q.shape()[0];
         let nd = self.rows.decode.len();
-        let (_, pages, ids, chunk_pages) = &self.made[at];
+        let (_, pages, ids, chunk_pages, chunks) = &self.made[at];
         // 2. decode rows: each against its own blocks
         let dec = match pages.get() {
             Some(p) if nd == t => return b.attention_paged(&q, k, v, sc, p, scale),
@@ -262,7 +280,21 @@ impl LayerKv for PagedStep<'_> {
             None => None,
         };
         // 3. prefill chunks: causal attention from the chunk's offset over the sequence's keys
-        //    (and row scales) at their slots (a device gathers an f16 cache's rows as stored)
+        //    (and row scales) at their slots (a device gathers an f16 cache's rows as stored),
+        //    all in one op where they allow it
+        if let Some(ch) = chunks {
+            let qp = if nd == 0 { q.clone() } else { b.take_rows(&q, nd, t - nd)? };
+            let o = b.attention_chunks(&qp, k, v, sc, ch, scale)?;
+            return match dec {
+                None => Ok(o),
+                Some(d) => {
+                    let mut all = b.zeros(&[t, shape.heads, shape.head_dim])?;
+                    b.write_rows(&mut all, 0, &d)?;
+                    b.write_rows(&mut all, nd, &o)?;
+                    Ok(all)
+                }
+            };
+        }
         let mut out = if dec.is_none() && self.rows.prefill.len() == 1 { None } else { Some(b.zeros(&[t, shape.heads, shape.head_dim])?) };
         if let (Some(o), Some(d)) = (&mut out, &dec) {
             b.write_rows(o, 0, d)?;

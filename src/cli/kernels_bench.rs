@@ -153,7 +153,8 @@ mod cuda_bench {
         // 2a. the same layers for 16 and 64 rows (batched decode steps) on the kernel the
         //     backend picks (with the compute_80 module: the few-row tensor-core kernels for 16,
         //     the 64-row tiles, split-K, for 64)
-        let few: Vec<(&str, usize, usize)> = vec![("qkv_proj (fused)", h, qd + 2 * kvd), ("o_proj", qd, h), ("gate+up (fused)", h, i), ("down_proj", i, h), ("lm_head", h, cfg.vocab_size)];
+        // (the "+ rms_norm" rows: the decoder's norm and its product, as one op)
+        let few: Vec<(&str, usize, usize)> = vec![("qkv_proj (fused)", h, qd + 2 * kvd), ("qkv_proj + rms_norm", h, qd + 2 * kvd), ("o_proj", qd, h), ("gate+up (fused)", h, i), ("gate+up + rms_norm", h, i), ("down_proj", i, h), ("lm_head", h, cfg.vocab_size)];
         for rows_n in [16usize, 64].into_iter().filter(|_| section("batched")) {
             report!(a.json, "| batched kernel | {} x k -> n | bytes read | us | GB/s | % of copy |", rows_n);
             report!(a.json, "|---|---|---|---|---|---|");
@@ -164,7 +165,13 @@ mod cuda_bench {
                 let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 11 + c as u32))).collect::<Result<_, _>>()?;
                 let x = b.upload_f32(&[rows_n, k], &(0..rows_n * k).map(|j| 0.01 * ((j % 13) as f32 - 6.0)).collect::<Vec<_>>())?;
                 let algo = b.pick_linear(rows_n, nout, k, wd);
-                let t = time(b, a.reps, copies, &mut |c| if fused { b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop) } else { b.linear_with(algo, &x, &ws[c], None, None).map(drop) })?;
+                let normed = name.ends_with("rms_norm");
+                let t = time(b, a.reps, copies, &mut |c| match (fused, normed) {
+                    (true, false) => b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+                    (true, true) => b.rms_norm_gate_up_silu(&x, &norm_w, 1e-6, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+                    (false, false) => b.linear_with(algo, &x, &ws[c], None, None).map(drop),
+                    (false, true) => b.rms_norm_linear(&x, &norm_w, 1e-6, &ws[c], None).map(drop),
+                })?;
                 let gbs = per as f64 / t / 1e9;
                 report!(a.json, "| {:?} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", algo, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
                 rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "rows": rows_n, "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));

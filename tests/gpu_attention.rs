@@ -262,38 +262,50 @@ fn slot_attention_agrees_over_lengths_head_dims_and_scales() {
                 let p = AttnParams { kv_len: n, q_pos0: n - t, causal: true, scale: 1.0 / (d as f32).sqrt() };
                 for (kv, with_scales) in [(DType::F16, true), (DType::F16, false), (DType::F32, false)] {
                     let op = |b: &dyn Backend| -> Result<Tensor> {
-                        let shape = [cap, kvh, d];
-                        let (k, v, sc) = if with_scales {
-                            let mut sc = b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?;
-                            let (mut k, mut v) = (upload(b, &shape, &vec![0.0; cap * kvh * d], kv)?, upload(b, &shape, &vec![0.0; cap * kvh * d], kv)?);
-                            b.write_kv_rows(&mut k, Some((&mut sc, 0)), 0, &b.upload_f32(&shape, &kb)?)?;
-                            b.write_kv_rows(&mut v, Some((&mut sc, 1)), 0, &b.upload_f32(&shape, &vb)?)?;
-                            (k, v, Some(sc))
-                        } else {
-                            (upload(b, &shape, &kp, kv)?, upload(b, &shape, &vp, kv)?, None)
-                        };
+                        let (k, v, sc) = kv_pools(b, [cap, kvh, d], kv, (&kp, &vp), with_scales.then(|| (&kb[..], &vb[..])))?;
                         b.attention_slots(&b.upload_f32(&[t, heads, d], &q)?, &k, &v, sc.as_ref(), &b.upload_u32(&[n], &slots)?, p)
                     };
-                    let (abs, rel) = attention_tolerance(&*g);
                     let name = format!("slot attention t={} of {} keys h={}/{} d={} {} cache, row scales {} on {}", t, n, heads, kvh, d, kv, with_scales, g.describe());
-                    if !with_scales {
-                        agree(&name, &*g, &op, abs, rel);
-                        continue;
-                    }
-                    // values at 10^5: outputs that are their differences, within f16's rounding
-                    // of the largest
-                    let want = cpu().download_f32(&op(&*cpu()).unwrap()).unwrap();
-                    g.set_poison_outputs(true);
-                    let got_t = op(&*g).unwrap_or_else(|e| panic!("{}: {}", name, e));
-                    g.set_poison_outputs(false);
-                    assert_eq!(got_t.device(), qwen3_vl::DeviceKind::Cuda, "{}", name);
-                    let got = g.download_f32(&got_t).unwrap();
-                    assert!(got.iter().all(|x| x.is_finite()), "{}: an output was not written, or overflowed", name);
-                    close_to_max(&name, &got, &want, if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 });
+                    agree_attention(&name, &*g, &op, with_scales);
                 }
             }
         }
     }
+}
+
+/// K/V pools `[cap, kvh, d]` of `kv`: `plain` as given, or with row scales `scaled` written as the
+/// engine writes its cache (`write_kv_rows`: rows past f16's range, or tiny, stored divided by
+/// their row scales, which the writer flags).
+fn kv_pools(b: &dyn Backend, shape: [usize; 3], kv: DType, plain: (&[f32], &[f32]), scaled: Option<(&[f32], &[f32])>) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let [cap, kvh, _] = shape;
+    let (kp, vp) = match scaled {
+        None => return Ok((upload(b, &shape, plain.0, kv)?, upload(b, &shape, plain.1, kv)?, None)),
+        Some(s) => s,
+    };
+    let zeros = vec![0.0; shape.iter().product()];
+    let mut sc = b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?;
+    let (mut k, mut v) = (upload(b, &shape, &zeros, kv)?, upload(b, &shape, &zeros, kv)?);
+    b.write_kv_rows(&mut k, Some((&mut sc, 0)), 0, &b.upload_f32(&shape, kp)?)?;
+    b.write_kv_rows(&mut v, Some((&mut sc, 1)), 0, &b.upload_f32(&shape, vp)?)?;
+    Ok((k, v, Some(sc)))
+}
+
+/// `op` on the GPU against the CPU: within [`attention_tolerance`], or with `scaled` pools (values
+/// at 10^5: outputs that are their differences) every output finite and within f16's rounding
+/// of the largest.
+fn agree_attention(name: &str, g: &dyn Backend, op: &dyn Fn(&dyn Backend) -> Result<Tensor>, scaled: bool) {
+    if !scaled {
+        let (abs, rel) = attention_tolerance(g);
+        return agree(name, g, op, abs, rel);
+    }
+    let want = cpu().download_f32(&op(&*cpu()).unwrap()).unwrap();
+    g.set_poison_outputs(true);
+    let got_t = op(g).unwrap_or_else(|e| panic!("{}: {}", name, e));
+    g.set_poison_outputs(false);
+    assert_eq!(got_t.device(), qwen3_vl::DeviceKind::Cuda, "{}", name);
+    let got = g.download_f32(&got_t).unwrap();
+    assert!(got.iter().all(|x| x.is_finite()), "{}: an output was not written, or overflowed", name);
+    close_to_max(name, &got, &want, if common::tensor_cores(g) { 8e-3 } else { 2e-3 });
 }
 
 /// A step's prefill chunks in one op (`Backend::attention_chunks`: on a device every chunk's keys
@@ -335,16 +347,7 @@ fn chunk_attention_agrees_with_one_attention_per_chunk() {
                 let (kb, vb) = (scaled(&kp, 5, 1e-3), scaled(&vp, 3, 1e5));
                 for with_scales in [false, true] {
                     let op = |b: &dyn Backend| -> Result<Tensor> {
-                        let shape = [cap, kvh, d];
-                        let (k, v, sc) = if with_scales {
-                            let mut sc = b.upload_f32(&[cap, kvh, 2], &vec![1.0; cap * kvh * 2])?;
-                            let (mut k, mut v) = (upload(b, &shape, &vec![0.0; cap * kvh * d], DType::F16)?, upload(b, &shape, &vec![0.0; cap * kvh * d], DType::F16)?);
-                            b.write_kv_rows(&mut k, Some((&mut sc, 0)), 0, &b.upload_f32(&shape, &kb)?)?;
-                            b.write_kv_rows(&mut v, Some((&mut sc, 1)), 0, &b.upload_f32(&shape, &vb)?)?;
-                            (k, v, Some(sc))
-                        } else {
-                            (upload(b, &shape, &kp, DType::F16)?, upload(b, &shape, &vp, DType::F16)?, None)
-                        };
+                        let (k, v, sc) = kv_pools(b, [cap, kvh, d], DType::F16, (&kp, &vp), with_scales.then(|| (&kb[..], &vb[..])))?;
                         let ids = slots.iter().map(|s| b.upload_u32(&[s.len()], s)).collect::<Result<Vec<_>>>()?;
                         let parts: Vec<(usize, &[u32])> = layout.iter().zip(&slots).map(|(l, s)| (l.0, s.as_slice())).collect();
                         let chunks = Chunks::new(b, &parts, ids)?;
@@ -354,19 +357,7 @@ fn chunk_attention_agrees_with_one_attention_per_chunk() {
                         b.attention_chunks(&qt, &k, &v, sc.as_ref(), &chunks, 1.0 / (d as f32).sqrt())
                     };
                     let name = format!("chunk attention {:?} h={}/{} d={} row scales {} on {}", layout, heads, kvh, d, with_scales, g.describe());
-                    let (abs, rel) = attention_tolerance(&*g);
-                    if !with_scales {
-                        agree(&name, &*g, &op, abs, rel);
-                        continue;
-                    }
-                    let want = cpu().download_f32(&op(&*cpu()).unwrap()).unwrap();
-                    g.set_poison_outputs(true);
-                    let got_t = op(&*g).unwrap_or_else(|e| panic!("{}: {}", name, e));
-                    g.set_poison_outputs(false);
-                    assert_eq!(got_t.device(), qwen3_vl::DeviceKind::Cuda, "{}", name);
-                    let got = g.download_f32(&got_t).unwrap();
-                    assert!(got.iter().all(|x| x.is_finite()), "{}: an output was not written, or overflowed", name);
-                    close_to_max(&name, &got, &want, if common::tensor_cores(&*g) { 8e-3 } else { 2e-3 });
+                    agree_attention(&name, &*g, &op, with_scales);
                 }
             }
         }

@@ -24,6 +24,9 @@ static CHUNK_PAGED: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL
 /// Whether a step's prefill chunks attend in one [`Backend::attention_chunks`]
 /// (`QWEN3_VL_BATCHED_CHUNKS=0`: one attention per chunk, an A/B aid; read once).
 static BATCHED_CHUNKS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_BATCHED_CHUNKS");
+/// How many keys more than its longest chunk's a step's chunks may gather together to attend in
+/// one op (for the 2B model's f16 cache, ~34 MB more of keys and values, a layer at a time).
+pub const BATCHED_CHUNK_KEYS: usize = 8192;
 
 pub struct PagedKv {
     /// Per layer: `[blocks · block, kv_heads, head_dim]`.
@@ -162,14 +165,17 @@ impl<'a> PagedStep<'a> {
             })
             .collect::<Result<Vec<_>>>()?;
         // several chunks, each gathering its keys, whose rows follow the decode rows in order:
-        // one attention for all of them
+        // one attention for all of them, unless their keys together would hold more memory than
+        // the longest chunk's gather alone and `BATCHED_CHUNK_KEYS` more (the gathers are alive
+        // at once, where one after another each was freed)
         let prefill = &self.rows.prefill;
+        let (all_keys, most_keys) = prefill.iter().fold((0, 0), |(a, m), (_, _, s)| (a + s.len(), m.max(s.len())));
         let mut follow = prefill.iter().scan(self.rows.decode.len(), |next, &(r0, n, _)| {
             let ok = r0 == *next;
             *next = r0 + n;
             Some(ok)
         });
-        let chunks = if BATCHED_CHUNKS.on() && prefill.len() > 1 && chunk_pages.iter().all(Option::is_none) && follow.all(|ok| ok) {
+        let chunks = if BATCHED_CHUNKS.on() && prefill.len() > 1 && all_keys <= most_keys + BATCHED_CHUNK_KEYS && chunk_pages.iter().all(Option::is_none) && follow.all(|ok| ok) {
             let parts: Vec<(usize, &[u32])> = prefill.iter().map(|(_, n, slots)| (*n, slots.as_slice())).collect();
             Some(Chunks::new(b, &parts, ids.clone())?)
         } else {

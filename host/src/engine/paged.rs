@@ -102,7 +102,21 @@ pub struct StepRows {
 pub struct PagedStep<'a> {
     kv: &'a mut PagedKv,
     rows: &'a StepRows,
-    made: Vec<(*const u8, Tables<'a>, Vec<Tensor>, Vec<Option<Pages>>, Option<Chunks>)>,
+    made: Vec<Made<'a>>,
+}
+
+/// What a [`PagedStep`] uploads to one backend (`key`: the backend's address).
+struct Made<'a> {
+    key: *const u8,
+    /// The decode rows' block tables.
+    pages: Tables<'a>,
+    /// Per prefill chunk, its slots (u32 `[keys]`).
+    ids: Vec<Tensor>,
+    /// Per prefill chunk, block tables when it attends through them (a short chunk after a long
+    /// history), else `None` (it gathers its keys).
+    chunk_pages: Vec<Option<Pages>>,
+    /// All chunks as one attention, where they allow it.
+    chunks: Option<Chunks>,
 }
 
 /// The decode rows' block tables on one backend.
@@ -131,13 +145,13 @@ impl<'a> PagedStep<'a> {
     /// written for `rows.decode`.
     pub fn lent(kv: &'a mut PagedKv, rows: &'a StepRows, b: &dyn Backend, pages: &'a Pages) -> PagedStep<'a> {
         let key = b as *const dyn Backend as *const u8;
-        PagedStep { kv, rows, made: vec![(key, Tables::Lent(pages), Vec::new(), Vec::new(), None)] }
+        PagedStep { kv, rows, made: vec![Made { key, pages: Tables::Lent(pages), ids: Vec::new(), chunk_pages: Vec::new(), chunks: None }] }
     }
 
     /// The block tables and the prefill chunks' key ids on `b`.
     fn on(&mut self, b: &dyn Backend) -> Result<usize> {
         let key = b as *const dyn Backend as *const u8;
-        if let Some(i) = self.made.iter().position(|m| m.0 == key) {
+        if let Some(i) = self.made.iter().position(|m| m.key == key) {
             return Ok(i);
         }
         let pages = if self.rows.decode.is_empty() {
@@ -181,7 +195,7 @@ impl<'a> PagedStep<'a> {
         } else {
             None
         };
-        self.made.push((key, pages, ids, chunk_pages, chunks));
+        self.made.push(Made { key, pages, ids, chunk_pages, chunks });
         Ok(self.made.len() - 1)
     }
 }
@@ -210,7 +224,7 @@ impl LayerKv for PagedStep<'_> {
         let nd = self.rows.decode.len();
         let mut out = if nd == 0 && self.rows.prefill.len() == 1 { None } else { Some(dev.zeros(&[t, shape.heads, shape.head_dim])?) };
         // 1. decode rows on the host, against their blocks
-        if let (Some(p), Some(o)) = (self.made[hq].1.get(), &mut out) {
+        if let (Some(p), Some(o)) = (self.made[hq].pages.get(), &mut out) {
             let q = {
                 let (k, v, sc) = (&mut self.kv.k[layer], &mut self.kv.v[layer], &mut self.kv.s[layer]);
                 let rows = transfer(dev, host, &dev.take_rows(qkv, 0, nd)?)?;
@@ -225,7 +239,7 @@ impl LayerKv for PagedStep<'_> {
         for (c, (r0, n, slots)) in self.rows.prefill.iter().enumerate() {
             let (keys, past) = (slots.len(), slots.len() - n);
             // the sequence's keys so far, lent (the chunk's own rows are written over there)
-            let (kk, vv, ss) = self.gather(layer, host, &self.made[hq].2[c])?;
+            let (kk, vv, ss) = self.gather(layer, host, &self.made[hq].ids[c])?;
             let dtype = self.kv.dtype;
             let lend = |t: &Tensor| -> Result<Tensor> {
                 match dtype {
@@ -278,7 +292,7 @@ impl LayerKv for PagedStep<'_> {
         let (k, v, sc) = (&self.kv.k[layer], &self.kv.v[layer], self.kv.s[layer].as_ref());
         let t = q.shape()[0];
         let nd = self.rows.decode.len();
-        let (_, pages, ids, chunk_pages, chunks) = &self.made[at];
+        let Made { pages, ids, chunk_pages, chunks, .. } = &self.made[at];
         // 2. decode rows: each against its own blocks
         let dec = match pages.get() {
             Some(p) if nd == t => return b.attention_paged(&q, k, v, sc, p, scale),

@@ -83,6 +83,28 @@ mod cuda_bench {
         Ok(median(t))
     }
 
+    /// Copies of an `[n, k]` weight of `wd` (two matrices a copy when `pair`: gate and up) to
+    /// rotate through, past any L2: the bytes one launch reads, the copies, the tensors (copy
+    /// `c` at `c`, or `2c` and `2c + 1`), random from `seed` on.
+    fn rotated_weights(b: &CudaBackend, wd: DType, (n, k): (usize, usize), pair: bool, seed: u32) -> CliResult<(usize, usize, Vec<Tensor>)> {
+        let per = n * k * wd.size_of() * if pair { 2 } else { 1 };
+        let copies = (ROTATE_BYTES / per).max(2);
+        let ws = (0..copies * if pair { 2 } else { 1 }).map(|c| b.upload_half(&[n, k], wd, &random_bits(n * k, seed + c as u32))).collect::<Result<_, _>>()?;
+        Ok((per, copies, ws))
+    }
+
+    /// One of the decoder's products over weight copy `c` of [`rotated_weights`]: the SwiGLU
+    /// pair (`pair`) or a linear layer by `algo`, of `rms_norm(x)` when `normed`, as the model
+    /// calls them.
+    fn decoder_product(b: &CudaBackend, algo: LinearAlgo, (pair, normed): (bool, bool), x: &Tensor, norm_w: &Tensor, ws: &[Tensor], c: usize) -> qwen3_vl::Result<()> {
+        match (pair, normed) {
+            (true, false) => b.gate_up_silu(x, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+            (true, true) => b.rms_norm_gate_up_silu(x, norm_w, 1e-6, &ws[2 * c], &ws[2 * c + 1]).map(drop),
+            (false, false) => b.linear_with(algo, x, &ws[c], None, None).map(drop),
+            (false, true) => b.rms_norm_linear(x, norm_w, 1e-6, &ws[c], None).map(drop),
+        }
+    }
+
     fn random_bits(n: usize, seed: u32) -> Vec<u16> {
         let mut s = seed | 1;
         (0..n)
@@ -134,18 +156,11 @@ mod cuda_bench {
             ("lm_head", h, cfg.vocab_size, false),
         ];
         let norm_w = b.upload_f32(&[h], &vec![1.0; h])?;
-        for (name, k, nout, normed) in shapes.into_iter().filter(|_| section("gemv")) {
+        for &(name, k, nout, normed) in shapes.iter().filter(|_| section("gemv")) {
             let fused = name.starts_with("gate+up");
-            let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
-            let copies = (ROTATE_BYTES / per).max(2);
-            let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 7 + c as u32))).collect::<Result<_, _>>()?;
+            let (per, copies, ws) = rotated_weights(b, wd, (nout, k), fused, 7)?;
             let x = b.upload_f32(&[1, k], &vec![0.01; k])?;
-            let t = time(b, a.reps, copies, &mut |c| match (fused, normed) {
-                (true, false) => b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop),
-                (true, true) => b.rms_norm_gate_up_silu(&x, &norm_w, 1e-6, &ws[2 * c], &ws[2 * c + 1]).map(drop),
-                (false, false) => b.linear_with(LinearAlgo::GemvVec, &x, &ws[c], None, None).map(drop),
-                (false, true) => b.rms_norm_linear(&x, &norm_w, 1e-6, &ws[c], None).map(drop),
-            })?;
+            let t = time(b, a.reps, copies, &mut |c| decoder_product(b, LinearAlgo::GemvVec, (fused, normed), &x, &norm_w, &ws, c))?;
             let gbs = per as f64 / t / 1e9;
             report!(a.json, "| gemv{} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", if fused { "_gate_up" } else { "_vec" }, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
             rows.push(serde_json::json!({"kernel": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
@@ -153,25 +168,25 @@ mod cuda_bench {
         // 2a. the same layers for 16 and 64 rows (batched decode steps) on the kernel the
         //     backend picks (with the compute_80 module: the few-row tensor-core kernels for 16,
         //     the 64-row tiles, split-K, for 64)
-        // (the "+ rms_norm" rows: the decoder's norm and its product, as one op)
-        let few: Vec<(&str, usize, usize)> = vec![("qkv_proj (fused)", h, qd + 2 * kvd), ("qkv_proj + rms_norm", h, qd + 2 * kvd), ("o_proj", qd, h), ("gate+up (fused)", h, i), ("gate+up + rms_norm", h, i), ("down_proj", i, h), ("lm_head", h, cfg.vocab_size)];
+        //     (the "+ rms_norm" rows: the decoder's norm and its product, as one op)
+        let few: Vec<(&str, usize, usize, bool)> = vec![
+            ("qkv_proj (fused)", h, qd + 2 * kvd, false),
+            ("qkv_proj + rms_norm", h, qd + 2 * kvd, true),
+            ("o_proj", qd, h, false),
+            ("gate+up (fused)", h, i, false),
+            ("gate+up + rms_norm", h, i, true),
+            ("down_proj", i, h, false),
+            ("lm_head", h, cfg.vocab_size, false),
+        ];
         for rows_n in [16usize, 64].into_iter().filter(|_| section("batched")) {
             report!(a.json, "| batched kernel | {} x k -> n | bytes read | us | GB/s | % of copy |", rows_n);
             report!(a.json, "|---|---|---|---|---|---|");
-            for &(name, k, nout) in &few {
+            for &(name, k, nout, normed) in &few {
                 let fused = name.starts_with("gate+up");
-                let per = nout * k * wd.size_of() * if fused { 2 } else { 1 };
-                let copies = (ROTATE_BYTES / per).max(2);
-                let ws: Vec<Tensor> = (0..copies * if fused { 2 } else { 1 }).map(|c| b.upload_half(&[nout, k], wd, &random_bits(nout * k, 11 + c as u32))).collect::<Result<_, _>>()?;
+                let (per, copies, ws) = rotated_weights(b, wd, (nout, k), fused, 11)?;
                 let x = b.upload_f32(&[rows_n, k], &(0..rows_n * k).map(|j| 0.01 * ((j % 13) as f32 - 6.0)).collect::<Vec<_>>())?;
                 let algo = b.pick_linear(rows_n, nout, k, wd);
-                let normed = name.ends_with("rms_norm");
-                let t = time(b, a.reps, copies, &mut |c| match (fused, normed) {
-                    (true, false) => b.gate_up_silu(&x, &ws[2 * c], &ws[2 * c + 1]).map(drop),
-                    (true, true) => b.rms_norm_gate_up_silu(&x, &norm_w, 1e-6, &ws[2 * c], &ws[2 * c + 1]).map(drop),
-                    (false, false) => b.linear_with(algo, &x, &ws[c], None, None).map(drop),
-                    (false, true) => b.rms_norm_linear(&x, &norm_w, 1e-6, &ws[c], None).map(drop),
-                })?;
+                let t = time(b, a.reps, copies, &mut |c| decoder_product(b, algo, (fused, normed), &x, &norm_w, &ws, c))?;
                 let gbs = per as f64 / t / 1e9;
                 report!(a.json, "| {:?} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", algo, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
                 rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "rows": rows_n, "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));

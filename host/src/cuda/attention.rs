@@ -401,20 +401,25 @@ impl CudaBackend {
         const OP: &str = "attention_slots";
         let (_, _, kv_heads, d) = ops::attention_slots_dims(q, k, v, slots, &p)?;
         ops::kv_scale_dims(OP, k, scales)?;
-        let (cap, width, n) = (k.shape()[0], kv_heads * d, p.kv_len);
+        let (width, n) = (kv_heads * d, p.kv_len);
         if k.dtype() != DType::F16 || width % 8 != 0 {
             return attention_slots_composite(self, q, k, v, scales, slots, p);
         }
         let l = self.enter()?;
         let ids = self.buffer(OP, slots)?;
-        let gather = |pool: &Tensor| -> Result<Tensor> {
-            let out = self.pool.alloc(n * width * 2)?;
-            gather_rows_f16(&l, self.buffer(OP, pool)?, cap, ids, &out, n, width)?;
-            Ok(Self::wrap(vec![n, kv_heads, d], DType::F16, out))
-        };
+        let gather = |pool: &Tensor| Ok::<_, Error>(Self::wrap(vec![n, kv_heads, d], DType::F16, self.gather_f16(&l, pool, ids, n)?));
         let (kk, vv) = (gather(k)?, gather(v)?);
         let sc = scales.map(|s| gather_cache_rows_at(self, s, slots)).transpose()?;
         self.attention_op(q, &kk, &vv, sc.as_ref(), p, None)
+    }
+
+    /// The `n` rows `ids` (u32 on the device) of an f16 pool `[cap, kv_heads, d]`, gathered as
+    /// stored into a new `[n, kv_heads, d]` buffer.
+    fn gather_f16(&self, l: &Launcher<'_>, pool: &Tensor, ids: &DeviceBuffer, n: usize) -> Result<DeviceBuffer> {
+        let (cap, width) = (pool.shape()[0], pool.shape()[1..].iter().product::<usize>());
+        let out = self.pool.alloc(n * width * 2)?;
+        gather_rows_f16(l, self.buffer("gather_f16", pool)?, cap, ids, &out, n, width)?;
+        Ok(out)
     }
 
     /// A step's prefill chunks as one masked flash attention (see `crate::chunks`): every
@@ -431,19 +436,13 @@ impl CudaBackend {
         ops::attention_dims(q, k, v, &AttnParams { kv_len: 0, q_pos0: 0, causal: false, scale })?;
         let p = AttnParams { kv_len: n, q_pos0: 0, causal: true, scale };
         ops::kv_scale_dims(OP, k, scales)?;
-        let (cap, kv_heads) = (k.shape()[0], k.shape()[1]);
-        let width = kv_heads * d;
-        if chunks.len() == 1 || k.dtype() != DType::F16 || width % 8 != 0 || !flash_fits(d) {
+        let kv_heads = k.shape()[1];
+        if chunks.len() == 1 || k.dtype() != DType::F16 || (kv_heads * d) % 8 != 0 || !flash_fits(d) {
             return attention_chunks_composite(self, q, k, v, scales, chunks, scale);
         }
         let l = self.enter()?;
         let ids = self.buffer(OP, chunks.all_ids())?;
-        let gather = |pool: &Tensor| -> Result<DeviceBuffer> {
-            let out = self.pool.alloc(n * width * 2)?;
-            gather_rows_f16(&l, self.buffer(OP, pool)?, cap, ids, &out, n, width)?;
-            Ok(out)
-        };
-        let (kk, vv) = (gather(k)?, gather(v)?);
+        let (kk, vv) = (self.gather_f16(&l, k, ids, n)?, self.gather_f16(&l, v, ids, n)?);
         let sc = scales.map(|s| gather_cache_rows_at(self, s, chunks.all_ids())).transpose()?;
         let out = self.output(t * heads * d)?;
         let bufs = AttnBuffers { q: self.buffer(OP, q)?, k: &kk, v: &vv, out: &out, cursor: Some(self.buffer(OP, chunks.cursor())?), kv_scale: sc.as_ref().map(|s| self.buffer(OP, s)).transpose()? };

@@ -95,21 +95,33 @@ macro_rules! kernels {
             }
 
             /// `Q8_0` weight row at `w` against activation row 0: two f32 accumulators (even
-            /// and odd blocks), so consecutive blocks do not wait on one another's FMA.
+            /// and odd blocks, two named registers: indexed by `b & 1` the compiler kept them on
+            /// the stack, and every block waited on a store and reload of its accumulator), so
+            /// consecutive blocks do not wait on one another's FMA.
             #[target_feature(enable = $feat)]
             unsafe fn gemv_q8_0(w: *const u8, acts: &Q8Acts, pf: usize) -> f32 {
                 let nb = acts.k / QK8_0;
                 let (qs, ds) = (acts.qs.as_ptr(), acts.d.as_ptr());
-                let mut f = [_mm256_setzero_ps(); 2];
-                for b in 0..nb {
+                // block `b`'s f32 product, accumulated into `f`
+                let block = |b: usize, f: __m256| {
                     let blk = w.add(b * q8_0::BLOCK_BYTES);
                     prefetch_ahead(blk, pf, q8_0::BLOCK_BYTES);
                     let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                     let av = _mm256_loadu_si256(qs.add(b * QK8_0) as *const __m256i);
                     let dot = dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-                    f[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(blk) * *ds.add(b)), f[b & 1]);
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(blk) * *ds.add(b)), f)
+                };
+                let (mut f0, mut f1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut b = 0;
+                while b + 2 <= nb {
+                    f0 = block(b, f0);
+                    f1 = block(b + 1, f1);
+                    b += 2;
                 }
-                hsum(_mm256_add_ps(f[0], f[1]))
+                if b < nb {
+                    f0 = block(b, f0);
+                }
+                hsum(_mm256_add_ps(f0, f1))
             }
 
             /// `Q8_0`: `nr ≤ NR` weight rows against every activation row, accumulators in

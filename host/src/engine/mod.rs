@@ -4,8 +4,8 @@
 //!
 //! Every [`Engine::step`] runs one forward over a batch of rows: one decode row for each
 //! running sequence past its prompt, then prefill chunks of sequences still reading their
-//! prompts (at most `max_prefill_tokens` rows of them per step, so a long prompt does not
-//! freeze the other streams), and samples the next token of every sequence whose rows reach
+//! prompts (up to `max_prefill_tokens` rows a step with the decode rows, so a long prompt does
+//! not freeze the other streams), and samples the next token of every sequence whose rows reach
 //! its end. The keys and values live in a paged cache ([`paged`]): fixed-size blocks of one
 //! pool, taken as sequences grow ([`blocks`]). A request waits while the blocks for its prompt
 //! are not free; when a running sequence needs a block and none is left, the newest running
@@ -58,7 +58,8 @@ use std::time::Instant;
 pub struct EngineConfig {
     /// Running sequences at most (the decode batch).
     pub max_batch: usize,
-    /// Prompt tokens read per step at most, over all sequences (an image prompt is read whole).
+    /// Rows of a step that reads prompts, at most: its decode rows and, within the rest (at
+    /// least half of it), prompt tokens over all sequences (an image prompt is read whole).
     pub max_prefill_tokens: usize,
     /// Cache rows per KV block (a power of two).
     pub block: usize,
@@ -635,8 +636,12 @@ impl<'a> Engine<'a> {
                 parts.push(Part { seq: i, from: s.cached, n: 1, decode: true });
             }
         }
-        // 2. prefill chunks within the budget: running sequences first, then admissions
-        let mut budget = self.cfg.max_prefill_tokens;
+        // 2. prefill chunks within the budget: running sequences first, then admissions. The
+        //    decode rows take their share of it (at most half), so that a step's rows stay
+        //    within `max_prefill_tokens` and the GEMMs' 128-row tiles whole: 64 decode rows on
+        //    top of 2,048 prompt rows made a 17th row tile and a second wave of blocks
+        let full = self.cfg.max_prefill_tokens;
+        let mut budget = if shared_budget() { full.saturating_sub(parts.len()).max(full / 2).max(1) } else { full };
         let mut images_taken = false;
         let mut i = 0;
         loop {
@@ -960,4 +965,11 @@ impl<'a> Engine<'a> {
         }
         Ok(out)
     }
+}
+
+/// Whether a step's decode rows count against its prefill budget (`QWEN3_VL_SHARED_BUDGET=0`:
+/// prompt rows get the whole budget on top of them, as before; an A/B aid, read once).
+fn shared_budget() -> bool {
+    static SHARED: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_SHARED_BUDGET");
+    SHARED.on()
 }

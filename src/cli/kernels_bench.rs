@@ -24,7 +24,7 @@ pub struct KernelsBenchArgs {
     #[clap(long)]
     json: bool,
     /// Time only these sections (comma-separated: gemv, batched, quant, attention, matmul,
-    /// flash); all by default.
+    /// tiles, flash); all by default.
     #[clap(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -269,6 +269,28 @@ mod cuda_bench {
                 let tflops = 4.0 * (m * h * i) as f64 / t / 1e12;
                 report!(a.json, "| text gate+up pair ({:?}) | {} x {} -> 2 x {} | {:.1} | {:.0}% |", b.gate_up_tile(m, i, h, wd), m, h, i, tflops, 100.0 * tflops / peak);
                 rows.push(serde_json::json!({"kernel": format!("gate_up {:?}", b.gate_up_tile(m, i, h, wd)), "shape": "text gate+up pair", "m": m, "k": h, "n": 2 * i, "us": t * 1e6, "tflops": tflops}));
+            }
+        }
+        // 4b. every pipelined tile beside the picked one, at row counts around multiples of 128
+        //     (a step's prefill budget plus its decode rows, image prompts, towers of a few
+        //     images), on the text and vision GEMMs (the gate/up pair as one product of 2i
+        //     columns) and, at few rows, the LM head
+        if section("tiles") {
+            report!(a.json, "| shape | m | picked | 128x256 | 128x128 | 64x128 | 64x64 (us) |");
+            report!(a.json, "|---|---|---|---|---|---|---|");
+            let shapes: Vec<(&str, usize, usize, usize)> = vec![("text qkv_proj", h, qd + 2 * kvd, 8192), ("text o_proj", qd, h, 8192), ("text gate+up", h, 2 * i, 8192), ("text down_proj", i, h, 8192), ("vision q/k/v/o", vh, vh, 16384), ("vision fc1", vh, vi, 16384), ("vision fc2", vi, vh, 16384), ("lm_head", h, cfg.vocab_size, 256)];
+            for &(name, k, nout, max_m) in &shapes {
+                let w = b.upload_half(&[nout, k], wd, &random_bits(nout * k, 9))?;
+                for &m in [65usize, 128, 256, 300, 512, 700, 1024, 1054, 1500, 2048, 2112, 3000, 4096, 8192, 16384].iter().filter(|&&m| m <= max_m) {
+                    let x = b.upload_f32(&[m, k], &vec![0.01; m * k])?;
+                    let picked = b.pick_linear(m, nout, k, wd);
+                    let mut us = Vec::new();
+                    for algo in std::iter::once(picked).chain(qwen3_vl::cuda::PIPE_TILES.iter().map(|&(tm, tn)| LinearAlgo::Mma(tm, tn, 1))) {
+                        us.push(time(b, a.reps.min(5), 3, &mut |_| b.linear_with(algo, &x, &w, None, None).map(drop))? * 1e6);
+                    }
+                    report!(a.json, "| {} | {} | {:?} {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", name, m, picked, us[0], us[1], us[2], us[3], us[4]);
+                    rows.push(serde_json::json!({"kernel": "tiles", "shape": name, "m": m, "k": k, "n": nout, "picked": format!("{:?}", picked), "us": us}));
+                }
             }
         }
         // 5. flash attention: prefill against the cache and the vision tower

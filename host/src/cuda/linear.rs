@@ -158,6 +158,12 @@ impl LinearAlgo {
                 let (tm, tn) = if tiles == PIPE_TILES && (tm, tn) == (128, 128) && blocks(&(128, 128)) > sms as usize && blocks(&(128, 256)) <= sms as usize { (128, 256) } else { (tm, tn) };
                 // only the smallest tile splits k (a larger one was taken because it nearly fills the device)
                 let slices = if (tm, tn) == last { split_slices(blocks(&(tm, tn)), k, mma_tile::BK as usize, sms, mma_split()) } else { 1 };
+                // past 64 rows, where no split is wanted, the pipelined tiles by their rounds
+                // of blocks on the busiest multiprocessor (`pipe_tile`)
+                if tiles == PIPE_TILES && slices == 1 && m > 64 && tile_rounds() {
+                    let (tm, tn) = pipe_tile(m, n, sms, 64);
+                    return LinearAlgo::Mma(tm, tn, 1);
+                }
                 LinearAlgo::Mma(tm, tn, slices)
             } else if m >= BIG_MIN_ROWS {
                 let blocks = ceil_div(m, matmul_big_tile::BM as usize) * ceil_div(n, matmul_big_tile::BN as usize);
@@ -176,6 +182,58 @@ impl LinearAlgo {
 /// The pipelined kernels' tiles, largest first: `mma_tile::TILES` after 128 × 256 (a block per
 /// multiprocessor, 64 × 64 per warp).
 pub const PIPE_TILES: [(u32, u32); 4] = [(128, 256), (128, 128), (64, 128), (64, 64)];
+
+/// Blocks of each [`PIPE_TILES`] tile one multiprocessor runs at once (of compute 8.0 and 9.0,
+/// whose blocks may take 144 KiB of shared memory): 128 × 256 holds 240 registers a thread,
+/// 128 × 128 128 (two blocks' worth of the 64 Ki registers), 64 × 128 92-100 (two), 64 × 64 80
+/// and 48 KiB (three).
+const PIPE_OCCUPANCY: [usize; 4] = [1, 2, 2, 3];
+
+/// Time of a multiprocessor's full round of blocks of each [`PIPE_TILES`] tile per 128 × 256
+/// tile of work, relative to 128 × 256 (one block a round), and a round with fewer blocks than
+/// a full one as `PARTIAL_ROUND` of the full round and the rest in proportion to its blocks:
+/// fitted to `kernels-bench --only tiles` on the H200 (every pipelined tile of the 2B's text and
+/// vision GEMMs and the LM head at 65 to 16,384 rows; the model's picks took 13.28 ms over the
+/// sweep where the best tile of each row took 13.25 and the previous rule, the largest tile
+/// that nearly filled the device, 13.61).
+const PIPE_ROUND_COST: [f64; 4] = [1.0, 1.06, 1.35, 1.7];
+const PARTIAL_ROUND: f64 = 0.6;
+
+/// The [`PIPE_TILES`] tile with `tn ≥ min_tn` (and at most 64 rows where `m` is) whose blocks
+/// finish first by rounds on the busiest of `sms` multiprocessors: a 17th row tile of 128 (64
+/// decode rows beside 2,048 prompt rows) gives 128 × 256 a second round, where 64 × 128 stays
+/// within its first two (o_proj 104.5 → 79.5 µs, down_proj 276 → 190 on the H200).
+pub fn pipe_tile(m: usize, n: usize, sms: u32, min_tn: u32) -> (u32, u32) {
+    let cost = |i: usize| {
+        let (tm, tn) = PIPE_TILES[i];
+        let per_sm = ceil_div(ceil_div(m, tm as usize) * ceil_div(n, tn as usize), sms.max(1) as usize);
+        let occ = PIPE_OCCUPANCY[i];
+        let (full, rest) = (per_sm / occ, per_sm % occ);
+        let mut blocks = (full * occ) as f64;
+        if rest > 0 {
+            blocks += PARTIAL_ROUND * occ as f64 + (1.0 - PARTIAL_ROUND) * rest as f64;
+        }
+        blocks * (tm * tn) as f64 / (128.0 * 256.0) * PIPE_ROUND_COST[i]
+    };
+    let ok = |i: &usize| PIPE_TILES[*i].1 >= min_tn && (m > 64 || PIPE_TILES[*i].0 <= 64);
+    // ties go to the larger tile (the first)
+    let best = (0..PIPE_TILES.len()).filter(ok).fold(None, |b: Option<(usize, f64)>, i| {
+        let c = cost(i);
+        match b {
+            Some((_, bc)) if bc <= c => b,
+            _ => Some((i, c)),
+        }
+    });
+    best.map_or(PIPE_TILES[PIPE_TILES.len() - 1], |(i, _)| PIPE_TILES[i])
+}
+
+/// Whether [`pipe_tile`] picks the pipelined kernels' tiles past 64 rows
+/// (`QWEN3_VL_TILE_ROUNDS=0`: the largest tile that nearly fills the device, as before; an A/B
+/// aid, read once).
+pub fn tile_rounds() -> bool {
+    static ROUNDS: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_TILE_ROUNDS");
+    ROUNDS.on()
+}
 
 /// Whether the pipelined kernels take 128 × 256 tiles where they fill the device
 /// (`QWEN3_VL_PIPE_WIDE=0`: 128 × 128 at most, an A/B aid; read once).
@@ -684,6 +742,8 @@ impl CudaBackend {
     pub fn gate_up_tile(&self, m: usize, n: usize, k: usize, dtype: DType) -> Option<(u32, u32)> {
         match (self.pick_linear(m, n, k, dtype), self.pick_linear(m, 2 * n, k, dtype)) {
             (LinearAlgo::Mma(..), LinearAlgo::Mma(tm, tn, 1)) if tn >= 128 => Some((tm, tn)),
+            // the rounds picked 64 × 64, which the pair has no kernel for: its best wider tile
+            (LinearAlgo::Mma(..), LinearAlgo::Mma(64, 64, 1)) if m > 64 && tile_rounds() && wide_tiles() && self.wide_fits() => Some(pipe_tile(m, 2 * n, self.sms, 128)),
             (LinearAlgo::Mma(64, 64, _), _) if m <= 64 => Some((64, 128)),
             _ => None,
         }
@@ -697,8 +757,12 @@ impl CudaBackend {
     /// [`CudaBackend::pick_linear`], offering the 128 × 256 tile only with `wide` (and where the
     /// mode and the device allow it).
     fn pick_linear_wide(&self, m: usize, n: usize, k: usize, dtype: DType, wide: bool) -> LinearAlgo {
-        let wide = wide && self.a16.load(std::sync::atomic::Ordering::Relaxed) && self.kernels.fits_shared(mma_pipe_tile::shared_bytes(128, 256));
-        LinearAlgo::pick_for(m, n, k, dtype, self.kernels.arch(), self.sms, wide)
+        LinearAlgo::pick_for(m, n, k, dtype, self.kernels.arch(), self.sms, wide && self.wide_fits())
+    }
+
+    /// Whether the pipelined 16-bit-activation kernels run and their 128 × 256 tile fits.
+    fn wide_fits(&self) -> bool {
+        self.a16.load(std::sync::atomic::Ordering::Relaxed) && self.kernels.fits_shared(mma_pipe_tile::shared_bytes(128, 256))
     }
 
     /// [`CudaBackend::linear_with`] with an optional RMSNorm `(weight [k] f32, eps)` of the
@@ -1018,13 +1082,35 @@ mod tests {
         assert_eq!(pick(1024, 1024, true), LinearAlgo::Mma(64, 128, 1));
         // at most 64 rows: no 128-row tile
         assert_eq!(pick(64, 151_936, true), LinearAlgo::Mma(64, 128, 1));
-        // 1,041 rows (a server step's prompts), 2,048 outputs: 9 × 16 = 144 blocks of 128 × 128
-        // fill the device in one wave of two per SM, and 9 × 8 = 72 of 128 × 256 finish in one
+        // 1,041 rows (a server step's prompts), 2,048 outputs: 9 × 8 = 72 blocks of 128 × 256
+        // finish in one round
         assert_eq!(pick(1041, 2048, true), LinearAlgo::Mma(128, 256, 1));
         assert_eq!(pick(1041, 2048, false), LinearAlgo::Mma(128, 128, 1));
-        // 2,048 rows, 1,024 outputs: 128 blocks of 128 × 128, one per SM, stay (64 of 128 × 256
-        // would double the busiest multiprocessor's work)
-        assert_eq!(pick(2048, 1024, true), LinearAlgo::Mma(128, 128, 1));
+        // 2,048 rows, 1,024 outputs: 256 blocks of 64 × 128, one full round of two per SM (64
+        // of 128 × 256 would double the busiest multiprocessor's work)
+        assert_eq!(pick(2048, 1024, true), LinearAlgo::Mma(64, 128, 1));
+    }
+
+    #[test]
+    fn pipelined_tiles_go_by_rounds_of_blocks() {
+        // 2,048 prompt rows: 16 row tiles, one or two full rounds of 128 × 256 on 132 SMs
+        for n in [2048, 4096, 12_288] {
+            assert_eq!(pipe_tile(2048, n, 132, 64), (128, 256), "n {}", n);
+        }
+        // 64 decode rows more: a 17th row tile would be a second round of 128 × 256 for 136
+        // blocks; 33 × 16 = 528 blocks of 64 × 128 are two full rounds of two
+        assert_eq!(pipe_tile(2112, 2048, 132, 64), (64, 128));
+        assert_eq!(pipe_tile(2112, 4096, 132, 64), (64, 128));
+        // an image prompt (1,038 rows) and 16 decode rows, qkv: 9 × 16 = 144 blocks of
+        // 128 × 256 are two rounds on 12 SMs; 17 × 32 of 64 × 128 two and a half
+        assert_eq!(pipe_tile(1054, 4096, 132, 64), (64, 128));
+        // the LM head of 65-128 rows keeps 128 × 256; a pair without a 64 × 64 kernel never
+        // gets it
+        assert_eq!(pipe_tile(65, 151_936, 132, 64), (128, 256));
+        assert_eq!(pipe_tile(300, 1024, 132, 128).1, 128);
+        // at most 64 rows: 64-row tiles only; a device of no multiprocessors does not divide by 0
+        assert_eq!(pipe_tile(64, 151_936, 132, 64).0, 64);
+        assert!(PIPE_TILES.contains(&pipe_tile(4096, 4096, 0, 64)));
     }
 
     #[test]

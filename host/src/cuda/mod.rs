@@ -20,7 +20,7 @@ mod rope;
 mod sample;
 mod staging;
 
-pub use linear::LinearAlgo;
+pub use linear::{LinearAlgo, PIPE_TILES};
 pub use qlinear::{chunk_rows, device_layout};
 pub use pool::{bucket, DeviceBuffer, Pool};
 

@@ -66,7 +66,7 @@ pub struct BenchArgs {
     /// aggregate and per-sequence decode tok/s.
     #[clap(long)]
     batch: Option<usize>,
-    /// With --batch: prompt tokens read per engine step at most.
+    /// With --batch: rows of an engine step that reads prompts at most, decode rows included.
     #[clap(long, default_value = "2048")]
     max_prefill_tokens: usize,
     /// Decode under the JSON schema in FILE (structured output): every measured token is drawn

@@ -57,8 +57,9 @@ pub struct ServingArgs {
     /// blocks beyond it.
     #[clap(long, value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     pub kv_cache_tokens: Option<usize>,
-    /// Prompt tokens read per engine step at most, so a long prompt does not stall the other
-    /// streams (an image prompt is read whole).
+    /// Rows of an engine step that reads prompts at most, its decode rows included (they take at
+    /// most half), so a long prompt does not stall the other streams (an image prompt is read
+    /// whole).
     #[clap(long, default_value = "2048", value_parser = ranges::max_tokens, allow_hyphen_values = true)]
     pub max_prefill_tokens: usize,
     /// Vision-tower outputs kept per replica by image content, so a request about an image seen

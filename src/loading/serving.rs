@@ -46,7 +46,7 @@ pub struct ServingOptions {
     /// Tokens the KV cache holds over all running requests (default:
     /// [`server::default_kv_tokens`]).
     pub kv_cache_tokens: Option<usize>,
-    /// Prompt tokens read per engine step at most.
+    /// Rows of an engine step that reads prompts at most, decode rows included.
     pub max_prefill_tokens: usize,
     /// Bytes of vision-tower outputs kept by image content, so a known image skips the tower
     /// (`None`: [`DEFAULT_IMAGE_CACHE`], or 0 under a `gpu_memory` budget).

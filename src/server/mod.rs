@@ -103,7 +103,7 @@ pub struct ServerConfig {
     pub max_batch: usize,
     /// The engine's KV cache in tokens (`None`: [`default_kv_tokens`]).
     pub kv_cache_tokens: Option<usize>,
-    /// Prompt tokens the engine reads per step at most.
+    /// Rows of an engine step that reads prompts at most, decode rows included.
     pub max_prefill_tokens: usize,
     /// Bytes of each engine's image-embedding cache.
     pub image_cache_bytes: usize,

@@ -395,7 +395,8 @@ fn bf16_precision_linears_stay_within_one_activation_rounding() {
 }
 
 /// `Precision::Bf16`'s SwiGLU product in one pipelined kernel (`gate_up_pipe_*`: 128 × 128 and
-/// 64 × 128 tiles, the gate's and the up projection's rows interleaved by eights) against the
+/// 64 × 128 tiles, also for 33-64 rows, the gate's and the up projection's rows interleaved by
+/// eights) against the
 /// CPU's f32 `silu(a·gateᵀ) ⊙ (a·upᵀ)`. Each product may move by one activation rounding
 /// (`δ = 2^-8 · Σ|a·w|`, as above); the output by at most `1.1·δg·(|u| + δu) + (|silu(g)| +
 /// 1.1·δg)·δu` (silu's slope stays below 1.1), plus 1e-5 · √k. Rows up to 3·10⁵ check the f16
@@ -405,7 +406,7 @@ fn bf16_precision_gate_up_stays_within_one_activation_rounding() {
     let cpu = cpu();
     for g in common::gpus("bf16 precision gate/up") {
         let a16 = common::tensor_cores(&*g);
-        for (i, &(m, n, k)) in [(512usize, 1100usize, 256usize), (1030, 2100, 136), (600, 6144, 512)].iter().enumerate() {
+        for (i, &(m, n, k)) in [(512usize, 1100usize, 256usize), (1030, 2100, 136), (600, 6144, 512), (40, 2100, 264)].iter().enumerate() {
             let seed = 8000 + i as u32 * 10;
             let mut a = random(m * k, seed);
             for (r, row) in a.chunks_mut(k).enumerate() {
@@ -450,8 +451,9 @@ fn bf16_precision_gate_up_stays_within_one_activation_rounding() {
 /// the activations (one rounding of each).
 #[test]
 fn bf16_precision_normed_products_stay_within_one_activation_rounding() {
-    // tiles (600 rows), and few rows (the norm, then the few-row kernel; k split or not)
-    for (m, n, k) in [(600, 3000, 512), (16, 3000, 512), (5, 1000, 2048), (32, 700, 512)] {
+    // tiles (600 rows), few rows (the norm, then the few-row kernel; k split or not), and a
+    // batched decode step's 33-64 rows (64-row tiles)
+    for (m, n, k) in [(600, 3000, 512), (16, 3000, 512), (5, 1000, 2048), (32, 700, 512), (48, 3000, 512)] {
         check_normed_products((m, n, k));
     }
 }
@@ -552,9 +554,11 @@ fn bf16_precision_layer_normed_products_stay_within_one_activation_rounding() {
 fn bf16_precision_mlp_blocks_stay_within_two_activation_roundings() {
     for g in common::gpus("bf16 precision MLP blocks") {
         // the middles' tiles: gate/up 64 × 128 (fc1 64 × 64: the composite), gate/up 128 × 128
-        // and fc1 64 × 128, both 128 × 128 (on 132 SMs: gate/up 128 × 256); then 2,050 rows, where
-        // gate/up takes 128 × 256 and fc1 too past k = 1,024
-        for (m, n, k) in [(600, 1536, 512), (600, 3072, 512), (1024, 2048, 512), (2050, 2048, 1032)] {
+        // and fc1 64 × 128, both 128 × 128 (on 132 SMs: gate/up 128 × 256); then 2,000 rows, where
+        // gate/up takes 128 × 256 and fc1 too past k = 1,024, and 2,050 (a 17th row tile: both
+        // 64 × 128 on 132 SMs); 48 rows (a batched decode step: gate/up 64 × 128, fc1 split-K,
+        // the composite)
+        for (m, n, k) in [(600, 1536, 512), (600, 3072, 512), (1024, 2048, 512), (2000, 2048, 1032), (2050, 2048, 1032), (48, 2048, 512)] {
             check_mlp_blocks(&*g, common::tensor_cores(&*g), (m, n, k));
         }
     }

@@ -199,7 +199,7 @@ const PIPE_OCCUPANCY: [usize; 4] = [1, 2, 2, 3];
 const PIPE_ROUND_COST: [f64; 4] = [1.0, 1.06, 1.35, 1.7];
 const PARTIAL_ROUND: f64 = 0.6;
 
-/// The [`PIPE_TILES`] tile with `tn ≥ min_tn` (and at most 64 rows where `m` is) whose blocks
+/// The [`PIPE_TILES`] tile at least `min_tn` wide (64 rows high where `m` ≤ 64) whose blocks
 /// finish first by rounds on the busiest of `sms` multiprocessors: a 17th row tile of 128 (64
 /// decode rows beside 2,048 prompt rows) gives 128 × 256 a second round, where 64 × 128 stays
 /// within its first two (o_proj 104.5 → 79.5 µs, down_proj 276 → 190 on the H200).
@@ -742,9 +742,10 @@ impl CudaBackend {
     pub fn gate_up_tile(&self, m: usize, n: usize, k: usize, dtype: DType) -> Option<(u32, u32)> {
         match (self.pick_linear(m, n, k, dtype), self.pick_linear(m, 2 * n, k, dtype)) {
             (LinearAlgo::Mma(..), LinearAlgo::Mma(tm, tn, 1)) if tn >= 128 => Some((tm, tn)),
-            // the rounds picked 64 × 64, which the pair has no kernel for: its best wider tile
-            (LinearAlgo::Mma(..), LinearAlgo::Mma(64, 64, 1)) if m > 64 && tile_rounds() && wide_tiles() && self.wide_fits() => Some(pipe_tile(m, 2 * n, self.sms, 128)),
             (LinearAlgo::Mma(64, 64, _), _) if m <= 64 => Some((64, 128)),
+            // past 64 rows the rounds may pick 64 × 64, which the pair has no kernel for: its
+            // best wider tile
+            (LinearAlgo::Mma(..), LinearAlgo::Mma(64, 64, 1)) => self.wider_rounds_tile(m, 2 * n),
             _ => None,
         }
     }
@@ -758,6 +759,13 @@ impl CudaBackend {
     /// mode and the device allow it).
     fn pick_linear_wide(&self, m: usize, n: usize, k: usize, dtype: DType, wide: bool) -> LinearAlgo {
         LinearAlgo::pick_for(m, n, k, dtype, self.kernels.arch(), self.sms, wide && self.wide_fits())
+    }
+
+    /// Where the rounds picked 64 × 64 for `m` rows and `n` columns (past 64 rows, all tiles on
+    /// offer), the best of the tiles at least 128 wide: for kernels without a 64 × 64 variant
+    /// (the gate/up pair, the bf16-output GEMMs); else `None`.
+    fn wider_rounds_tile(&self, m: usize, n: usize) -> Option<(u32, u32)> {
+        (m > 64 && tile_rounds() && wide_tiles() && self.wide_fits()).then(|| pipe_tile(m, n, self.sms, 128))
     }
 
     /// Whether the pipelined 16-bit-activation kernels run and their 128 × 256 tile fits.
@@ -934,6 +942,11 @@ impl CudaBackend {
         let (l1, l2) = (self.pick_linear_wide(m, n, k, DType::BF16, k > 1024), self.pick_linear(m, n_out, n, DType::BF16));
         let tile = match (l1, l2) {
             (LinearAlgo::Mma(tm, tn, 1), LinearAlgo::Mma(..)) if Kernel::pipe_c16(false, (tm, tn)).is_some() => (tm, tn),
+            // the rounds picked 64 × 64 (fc1 past k = 1,024), which has no bf16-output kernel
+            (LinearAlgo::Mma(64, 64, 1), LinearAlgo::Mma(..)) if k > 1024 => match self.wider_rounds_tile(m, n) {
+                Some(tile) => tile,
+                None => return composite(),
+            },
             _ => return composite(),
         };
         let (xb, wb, bb) = (self.buffer(OP, x)?, self.buffer(OP, norm.0)?, self.buffer(OP, norm.1)?);

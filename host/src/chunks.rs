@@ -127,13 +127,29 @@ pub fn attention_chunks_composite<B: Backend + ?Sized>(b: &B, q: &Tensor, k_pool
     if chunks.len() == 1 {
         return b.attention_slots(q, k_pool, v_pool, scales, chunks.ids(0), params(0));
     }
-    let mut out = b.zeros(&[t, heads, d])?;
+    let mut parts = Vec::with_capacity(chunks.len());
     for c in 0..chunks.len() {
         let (r0, rows, _) = chunks.part(c);
-        let o = b.attention_slots(&b.take_rows(q, r0, rows)?, k_pool, v_pool, scales, chunks.ids(c), params(c))?;
-        b.write_rows(&mut out, r0, &o)?;
+        parts.push((r0, b.attention_slots(&b.take_rows(q, r0, rows)?, k_pool, v_pool, scales, chunks.ids(c), params(c))?));
     }
-    Ok(out)
+    join_rows(b, [t, heads, d], parts)
+}
+
+/// One `[t, heads, d]` tensor of attention outputs from `parts` (first row, `[rows, heads,
+/// d]`) that cover its rows: a single part of all `t` rows as it is, else each written into
+/// its rows of a new tensor.
+pub fn join_rows<B: Backend + ?Sized>(b: &B, [t, heads, d]: [usize; 3], mut parts: Vec<(usize, Tensor)>) -> Result<Tensor> {
+    match parts.len() {
+        0 => Err(Error::Limit { op: "attention rows", msg: "a step with no rows".into() }),
+        1 if parts[0].0 == 0 && parts[0].1.shape()[0] == t => Ok(parts.remove(0).1),
+        _ => {
+            let mut out = b.zeros(&[t, heads, d])?;
+            for (r0, o) in &parts {
+                b.write_rows(&mut out, *r0, o)?;
+            }
+            Ok(out)
+        }
+    }
 }
 
 /// `(t, heads, d)` of `q`, checked to be `[chunks.rows(), heads, d]`.

@@ -7,7 +7,7 @@ use crate::backend::{transfer, AttnParams, QkvRope};
 use crate::model::config::TextConfig;
 use crate::model::kv_cache::{cache_scales, cache_zeros};
 use crate::model::text::{copy_rows_to_host, LayerKv};
-use crate::chunks::Chunks;
+use crate::chunks::{join_rows, Chunks};
 use crate::pages::gather_cache_rows_at;
 use gpu::params::{CURSOR_FIELDS, CURSOR_ROW};
 use crate::{Backend, DType, Error, Pages, Result, Tensor};
@@ -222,9 +222,9 @@ impl LayerKv for PagedStep<'_> {
         let cur = host.download_u32(host_cursor)?; // [t, 4]: positions and cache slots
         let t = cur.len() / CURSOR_FIELDS;
         let nd = self.rows.decode.len();
-        let mut out = if nd == 0 && self.rows.prefill.len() == 1 { None } else { Some(dev.zeros(&[t, shape.heads, shape.head_dim])?) };
+        let mut parts = Vec::with_capacity(self.rows.prefill.len() + 1);
         // 1. decode rows on the host, against their blocks
-        if let (Some(p), Some(o)) = (self.made[hq].pages.get(), &mut out) {
+        if let Some(p) = self.made[hq].pages.get() {
             let q = {
                 let (k, v, sc) = (&mut self.kv.k[layer], &mut self.kv.v[layer], &mut self.kv.s[layer]);
                 let rows = transfer(dev, host, &dev.take_rows(qkv, 0, nd)?)?;
@@ -233,7 +233,7 @@ impl LayerKv for PagedStep<'_> {
             };
             let (k, v, sc) = (&self.kv.k[layer], &self.kv.v[layer], self.kv.s[layer].as_ref());
             let d = host.attention_paged(&q, k, v, sc, p, scale)?;
-            dev.write_rows(o, 0, &transfer(host, dev, &d)?)?;
+            parts.push((0, transfer(host, dev, &d)?));
         }
         // 2. prefill chunks on the device
         for (c, (r0, n, slots)) in self.rows.prefill.iter().enumerate() {
@@ -274,12 +274,9 @@ impl LayerKv for PagedStep<'_> {
                 }
                 i0 = i1;
             }
-            match &mut out {
-                Some(all) => dev.write_rows(all, *r0, &o)?,
-                None => return Ok(o),
-            }
+            parts.push((*r0, o));
         }
-        out.ok_or_else(|| Error::Limit { op: "paged attention", msg: "a step with no rows".into() })
+        join_rows(dev, [t, shape.heads, shape.head_dim], parts)
     }
 
     fn attend(&mut self, layer: usize, b: &dyn Backend, qkv: &Tensor, shape: &QkvRope<'_>, cursor: &Tensor, scale: f32) -> Result<Tensor> {
@@ -302,34 +299,19 @@ impl LayerKv for PagedStep<'_> {
         // 3. prefill chunks: causal attention from the chunk's offset over the sequence's keys
         //    (and row scales) at their slots (a device gathers an f16 cache's rows as stored),
         //    all in one op where they allow it
+        let mut parts: Vec<(usize, Tensor)> = dec.map(|d| (0, d)).into_iter().collect();
         if let Some(ch) = chunks {
             let qp = if nd == 0 { q.clone() } else { b.take_rows(&q, nd, t - nd)? };
-            let o = b.attention_chunks(&qp, k, v, sc, ch, scale)?;
-            return match dec {
-                None => Ok(o),
-                Some(d) => {
-                    let mut all = b.zeros(&[t, shape.heads, shape.head_dim])?;
-                    b.write_rows(&mut all, 0, &d)?;
-                    b.write_rows(&mut all, nd, &o)?;
-                    Ok(all)
-                }
-            };
-        }
-        let mut out = if dec.is_none() && self.rows.prefill.len() == 1 { None } else { Some(b.zeros(&[t, shape.heads, shape.head_dim])?) };
-        if let (Some(o), Some(d)) = (&mut out, &dec) {
-            b.write_rows(o, 0, d)?;
-        }
-        for (((r0, n, slots), idt), cp) in self.rows.prefill.iter().zip(ids).zip(chunk_pages) {
-            let qp = if *n == t { q.clone() } else { b.take_rows(&q, *r0, *n)? };
-            let o = match cp {
-                Some(p) => b.attention_paged(&qp, k, v, sc, p, scale)?,
-                None => b.attention_slots(&qp, k, v, sc, idt, AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?,
-            };
-            match &mut out {
-                Some(all) => b.write_rows(all, *r0, &o)?,
-                None => return Ok(o),
+            parts.push((nd, b.attention_chunks(&qp, k, v, sc, ch, scale)?));
+        } else {
+            for (((r0, n, slots), idt), cp) in self.rows.prefill.iter().zip(ids).zip(chunk_pages) {
+                let qp = if *n == t { q.clone() } else { b.take_rows(&q, *r0, *n)? };
+                parts.push((*r0, match cp {
+                    Some(p) => b.attention_paged(&qp, k, v, sc, p, scale)?,
+                    None => b.attention_slots(&qp, k, v, sc, idt, AttnParams { kv_len: slots.len(), q_pos0: slots.len() - n, causal: true, scale })?,
+                }));
             }
         }
-        out.ok_or_else(|| Error::Limit { op: "paged attention", msg: "a step with no rows".into() })
+        join_rows(b, [t, shape.heads, shape.head_dim], parts)
     }
 }

@@ -4,6 +4,7 @@
 mod attention;
 mod elementwise;
 mod gather;
+pub mod huge_pages;
 mod linear;
 pub mod pool;
 mod qisa;
@@ -118,6 +119,10 @@ impl Backend for CpuBackend {
     }
 
     fn upload_mapped(&self, shape: &[usize], dtype: DType, bytes: MappedBytes) -> Result<Tensor> {
+        // Large weights are read from huge pages (see `huge_pages`); the copy reads the file.
+        if let Some(m) = huge_pages::moved("a mapped tensor", bytes.bytes()) {
+            return Tensor::cpu_mapped(shape, dtype, m);
+        }
         // Fault the pages in now, so loading (and its progress) is real and the first tokens
         // do not pay for disk reads.
         for b in bytes.bytes().iter().step_by(4096) {
@@ -129,6 +134,12 @@ impl Backend for CpuBackend {
     }
 
     fn upload_blocks(&self, shape: &[usize], dtype: DType, blocks: Blocks) -> Result<Tensor> {
+        // Large weights are read from huge pages (see `huge_pages`), once their size is checked.
+        if crate::tensor::quantized_bytes("upload_blocks", shape, dtype)? == blocks.bytes().len() {
+            if let Some(m) = huge_pages::moved("a quantized tensor", blocks.bytes()) {
+                return Tensor::cpu_blocks(shape, dtype, Blocks::Mapped(m));
+            }
+        }
         Tensor::cpu_blocks(shape, dtype, blocks)
     }
 

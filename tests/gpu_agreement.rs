@@ -557,8 +557,9 @@ fn bf16_precision_mlp_blocks_stay_within_two_activation_roundings() {
         // and fc1 64 × 128, both 128 × 128 (on 132 SMs: gate/up 128 × 256); then 2,000 rows, where
         // gate/up takes 128 × 256 and fc1 too past k = 1,024, and 2,050 (a 17th row tile: both
         // 64 × 128 on 132 SMs); 48 rows (a batched decode step: gate/up 64 × 128, fc1 split-K,
-        // the composite)
-        for (m, n, k) in [(600, 1536, 512), (600, 3072, 512), (1024, 2048, 512), (2000, 2048, 1032), (2050, 2048, 1032), (48, 2048, 512)] {
+        // the composite); 64 and 33 rows of the 64 × 128 pair over deep k: the decoder's 6,144
+        // columns over 2,048 and 1,000 columns over 2,056
+        for (m, n, k) in [(600, 1536, 512), (600, 3072, 512), (1024, 2048, 512), (2000, 2048, 1032), (2050, 2048, 1032), (48, 2048, 512), (64, 6144, 2048), (33, 1000, 2056)] {
             check_mlp_blocks(&*g, common::tensor_cores(&*g), (m, n, k));
         }
     }

@@ -191,6 +191,16 @@ mod cuda_bench {
                 report!(a.json, "| {:?} | {} -> {} {} | {:.1} MB | {:.1} | {:.0} | {:.0}% |", algo, k, nout, name, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
                 rows.push(serde_json::json!({"kernel": format!("{:?}", algo), "rows": rows_n, "shape": name, "k": k, "n": nout, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
             }
+            // the decoder's whole MLP as it calls it: norm, the gate/up pair, down with the residual
+            let (per_pair, pairs, gu) = rotated_weights(b, wd, (i, h), true, 21)?;
+            let (per_down, downs, dw) = rotated_weights(b, wd, (h, i), false, 41)?;
+            let copies = pairs.min(downs);
+            let x = b.upload_f32(&[rows_n, h], &(0..rows_n * h).map(|j| 0.01 * ((j % 13) as f32 - 6.0)).collect::<Vec<_>>())?;
+            let t = time(b, a.reps, copies, &mut |c| b.rms_norm_swiglu_residual(&x, &norm_w, 1e-6, &gu[2 * c], &gu[2 * c + 1], &dw[c]).map(drop))?;
+            let per = per_pair + per_down;
+            let gbs = per as f64 / t / 1e9;
+            report!(a.json, "| {:?} | {} -> {} -> {} MLP block + rms_norm | {:.1} MB | {:.1} | {:.0} | {:.0}% |", b.gate_up_tile(rows_n, i, h, wd), h, i, h, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            rows.push(serde_json::json!({"kernel": format!("mlp {:?}", b.gate_up_tile(rows_n, i, h, wd)), "rows": rows_n, "shape": "MLP block + rms_norm", "k": h, "n": i, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
         }
         // 2b. the same GEMVs with block-quantized weights (activation quantization included)
         if section("quant") {

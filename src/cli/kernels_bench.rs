@@ -199,8 +199,9 @@ mod cuda_bench {
             let t = time(b, a.reps, copies, &mut |c| b.rms_norm_swiglu_residual(&x, &norm_w, 1e-6, &gu[2 * c], &gu[2 * c + 1], &dw[c]).map(drop))?;
             let per = per_pair + per_down;
             let gbs = per as f64 / t / 1e9;
-            report!(a.json, "| {:?} | {} -> {} -> {} MLP block + rms_norm | {:.1} MB | {:.1} | {:.0} | {:.0}% |", b.gate_up_tile(rows_n, i, h, wd), h, i, h, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
-            rows.push(serde_json::json!({"kernel": format!("mlp {:?}", b.gate_up_tile(rows_n, i, h, wd)), "rows": rows_n, "shape": "MLP block + rms_norm", "k": h, "n": i, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
+            let tile = b.gate_up_tile(rows_n, i, h, wd);
+            report!(a.json, "| {:?} | {} -> {} -> {} MLP block + rms_norm | {:.1} MB | {:.1} | {:.0} | {:.0}% |", tile, h, i, h, per as f64 / 1e6, t * 1e6, gbs, 100.0 * gbs / copy_gbs);
+            rows.push(serde_json::json!({"kernel": format!("mlp {:?}", tile), "rows": rows_n, "shape": "MLP block + rms_norm", "k": h, "n": i, "bytes": per, "us": t * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}));
         }
         // 2b. the same GEMVs with block-quantized weights (activation quantization included)
         if section("quant") {
@@ -277,8 +278,9 @@ mod cuda_bench {
                 let x = b.upload_f32(&[m, h], &vec![0.01; m * h])?;
                 let t = time(b, a.reps.min(5), 5, &mut |_| b.gate_up_silu(&x, &gw, &uw).map(drop))?;
                 let tflops = 4.0 * (m * h * i) as f64 / t / 1e12;
-                report!(a.json, "| text gate+up pair ({:?}) | {} x {} -> 2 x {} | {:.1} | {:.0}% |", b.gate_up_tile(m, i, h, wd), m, h, i, tflops, 100.0 * tflops / peak);
-                rows.push(serde_json::json!({"kernel": format!("gate_up {:?}", b.gate_up_tile(m, i, h, wd)), "shape": "text gate+up pair", "m": m, "k": h, "n": 2 * i, "us": t * 1e6, "tflops": tflops}));
+                let tile = b.gate_up_tile(m, i, h, wd);
+                report!(a.json, "| text gate+up pair ({:?}) | {} x {} -> 2 x {} | {:.1} | {:.0}% |", tile, m, h, i, tflops, 100.0 * tflops / peak);
+                rows.push(serde_json::json!({"kernel": format!("gate_up {:?}", tile), "shape": "text gate+up pair", "m": m, "k": h, "n": 2 * i, "us": t * 1e6, "tflops": tflops}));
             }
         }
         // 4b. every pipelined tile beside the picked one, at row counts around multiples of 128

@@ -403,46 +403,50 @@ fn bf16_precision_linears_stay_within_one_activation_rounding() {
 /// row scales. On compute_80 the result must differ from the f32 mode's.
 #[test]
 fn bf16_precision_gate_up_stays_within_one_activation_rounding() {
-    let cpu = cpu();
     for g in common::gpus("bf16 precision gate/up") {
         let a16 = common::tensor_cores(&*g);
         for (i, &(m, n, k)) in [(512usize, 1100usize, 256usize), (1030, 2100, 136), (600, 6144, 512), (40, 2100, 264)].iter().enumerate() {
-            let seed = 8000 + i as u32 * 10;
-            let mut a = random(m * k, seed);
-            for (r, row) in a.chunks_mut(k).enumerate() {
-                if r % 5 == 2 {
-                    row.iter_mut().for_each(|v| *v *= 3.0e5);
-                }
-            }
-            let (gw, uw) = (random(n * k, seed + 1), random(n * k, seed + 2));
             for dtype in [DType::F16, DType::BF16] {
-                let name = format!("bf16 precision gate/up m={} n={} k={} w={} on {}", m, n, k, dtype, g.describe());
-                let lin = |b: &dyn Backend, a: &[f32], w: &[f32]| -> Vec<f32> { b.download_f32(&b.linear(&b.upload_f32(&[m, k], a).unwrap(), &upload(b, &[n, k], w, dtype).unwrap(), None).unwrap()).unwrap() };
-                let op = |b: &dyn Backend| -> Vec<f32> {
-                    let at = b.upload_f32(&[m, k], &a).unwrap();
-                    b.download_f32(&b.gate_up_silu(&at, &upload(b, &[n, k], &gw, dtype).unwrap(), &upload(b, &[n, k], &uw, dtype).unwrap()).unwrap()).unwrap()
-                };
-                let (gv, uv, want) = (lin(&*cpu, &a, &gw), lin(&*cpu, &a, &uw), op(&*cpu));
-                let aa: Vec<f32> = a.iter().map(|v| v.abs()).collect();
-                let (gd, ud) = (lin(&*cpu, &aa, &gw.iter().map(|v| v.abs()).collect::<Vec<_>>()), lin(&*cpu, &aa, &uw.iter().map(|v| v.abs()).collect::<Vec<_>>()));
-                g.set_precision(qwen3_vl::Precision::F32);
-                let f32_mode = op(&*g);
-                g.set_precision(qwen3_vl::Precision::Bf16);
-                g.set_poison_outputs(true);
-                let got = op(&*g);
-                g.set_precision(qwen3_vl::Precision::F32);
-                for j in 0..got.len() {
-                    let (dg, du) = (gd[j] as f64 / 256.0, ud[j] as f64 / 256.0);
-                    let silu = gv[j] as f64 / (1.0 + (-(gv[j] as f64)).exp());
-                    let bound = 1.1 * dg * ((uv[j] as f64).abs() + du) + (silu.abs() + 1.1 * dg) * du + 1e-5 * (k as f64).sqrt();
-                    let d = (got[j] as f64 - want[j] as f64).abs();
-                    assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
-                }
-                let moved = got.iter().zip(&f32_mode).any(|(x, y)| x.to_bits() != y.to_bits());
-                assert_eq!(moved, a16, "{}: the bf16 mode must {} the f32 mode's result", name, if a16 { "differ from" } else { "equal" });
+                check_gate_up(&*g, a16, (m, n, k), dtype, 8000 + i as u32 * 10);
             }
         }
     }
+}
+
+/// One case of `bf16_precision_gate_up_stays_within_one_activation_rounding` (seeds from `seed`).
+fn check_gate_up(g: &dyn Backend, a16: bool, (m, n, k): (usize, usize, usize), dtype: DType, seed: u32) {
+    let cpu = cpu();
+    let mut a = random(m * k, seed);
+    for (r, row) in a.chunks_mut(k).enumerate() {
+        if r % 5 == 2 {
+            row.iter_mut().for_each(|v| *v *= 3.0e5);
+        }
+    }
+    let (gw, uw) = (random(n * k, seed + 1), random(n * k, seed + 2));
+    let name = format!("bf16 precision gate/up m={} n={} k={} w={} on {}", m, n, k, dtype, g.describe());
+    let lin = |b: &dyn Backend, a: &[f32], w: &[f32]| -> Vec<f32> { b.download_f32(&b.linear(&b.upload_f32(&[m, k], a).unwrap(), &upload(b, &[n, k], w, dtype).unwrap(), None).unwrap()).unwrap() };
+    let op = |b: &dyn Backend| -> Vec<f32> {
+        let at = b.upload_f32(&[m, k], &a).unwrap();
+        b.download_f32(&b.gate_up_silu(&at, &upload(b, &[n, k], &gw, dtype).unwrap(), &upload(b, &[n, k], &uw, dtype).unwrap()).unwrap()).unwrap()
+    };
+    let (gv, uv, want) = (lin(&*cpu, &a, &gw), lin(&*cpu, &a, &uw), op(&*cpu));
+    let aa: Vec<f32> = a.iter().map(|v| v.abs()).collect();
+    let (gd, ud) = (lin(&*cpu, &aa, &gw.iter().map(|v| v.abs()).collect::<Vec<_>>()), lin(&*cpu, &aa, &uw.iter().map(|v| v.abs()).collect::<Vec<_>>()));
+    g.set_precision(qwen3_vl::Precision::F32);
+    let f32_mode = op(g);
+    g.set_precision(qwen3_vl::Precision::Bf16);
+    g.set_poison_outputs(true);
+    let got = op(g);
+    g.set_precision(qwen3_vl::Precision::F32);
+    for j in 0..got.len() {
+        let (dg, du) = (gd[j] as f64 / 256.0, ud[j] as f64 / 256.0);
+        let silu = gv[j] as f64 / (1.0 + (-(gv[j] as f64)).exp());
+        let bound = 1.1 * dg * ((uv[j] as f64).abs() + du) + (silu.abs() + 1.1 * dg) * du + 1e-5 * (k as f64).sqrt();
+        let d = (got[j] as f64 - want[j] as f64).abs();
+        assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
+    }
+    let moved = got.iter().zip(&f32_mode).any(|(x, y)| x.to_bits() != y.to_bits());
+    assert_eq!(moved, a16, "{}: the bf16 mode must {} the f32 mode's result", name, if a16 { "differ from" } else { "equal" });
 }
 
 /// `Precision::Bf16`'s norm-fed products (`rms_norm_a16_bf16` writes the normed rows in bf16
@@ -624,4 +628,58 @@ fn check_mlp_blocks(g: &dyn Backend, a16: bool, (m, n, k): (usize, usize, usize)
     }
     let moved = |a: &[f32], b: &[f32]| a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits());
     assert_eq!(moved(&got[0], &f32_mode[0]) && moved(&got[1], &f32_mode[1]), a16, "{}: the bf16 mode must {} the f32 mode's results", name, if a16 { "differ from" } else { "equal" });
+}
+
+/// The warpgroup GEMMs (`gpu/src/wgmma.rs`: sm_90a, where a compute 9.0 device loads the
+/// compute_80 module) in place of the pipelined 128 × 256 bf16 kernels: a linear layer with
+/// bias and residual at 4,000 rows of 2,000 outputs over k = 2,056 (partial last row and column
+/// tiles and stage), within one activation rounding of the CPU's f32 product (the bound of
+/// `bf16_precision_linears_stay_within_one_activation_rounding`); the SwiGLU pair at 600 rows
+/// of 6,144 over 512 (`check_gate_up`); then the MLP blocks at 2,000 rows over k = 1,032
+/// (`check_mlp_blocks`), whose fc1 and gate/up pair write bf16 through the `c16` kernels. The
+/// launch counts show every warpgroup kernel ran. Elsewhere (no sm_90a module) the test says
+/// so and checks nothing.
+#[cfg(feature = "cuda")]
+#[test]
+fn warpgroup_gemms_stay_within_one_activation_rounding() {
+    use qwen3_vl::kernels::Kernel;
+    let cpu = cpu();
+    for g in common::gpus("warpgroup GEMMs") {
+        let Some(c) = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() else { continue };
+        if !c.warpgroup_gemms() {
+            eprintln!("skip: {} has no sm_90a module (warpgroup GEMMs run on compute 9.0 only)", g.describe());
+            continue;
+        }
+        let kernels = [Kernel::MatmulWgmma128x256Bf16, Kernel::MatmulWgmma128x256C16Bf16, Kernel::GateUpWgmma128x256Bf16, Kernel::GateUpWgmma128x256C16Bf16];
+        let before: Vec<u64> = kernels.iter().map(|&k| c.kernel_launches(k)).collect();
+        let (m, n, k) = (4000usize, 2000usize, 2056usize);
+        let (a, w, bias, res) = (random(m * k, 9400), random(n * k, 9401), random(n, 9402), random(m * n, 9403));
+        let op = |b: &dyn Backend, a: &[f32], w: &[f32], extra: bool| -> Vec<f32> {
+            let (at, wt) = (b.upload_f32(&[m, k], a).unwrap(), upload(b, &[n, k], w, DType::BF16).unwrap());
+            let out = match extra {
+                true => b.linear_residual(&at, &wt, Some(&b.upload_f32(&[n], &bias).unwrap()), &b.upload_f32(&[m, n], &res).unwrap()).unwrap(),
+                false => b.linear(&at, &wt, None).unwrap(),
+            };
+            b.download_f32(&out).unwrap()
+        };
+        let want = op(&*cpu, &a, &w, true);
+        let (aa, wa): (Vec<f32>, Vec<f32>) = (a.iter().map(|v| v.abs()).collect(), w.iter().map(|v| v.abs()).collect());
+        let absdot = op(&*cpu, &aa, &wa, false);
+        g.set_precision(qwen3_vl::Precision::Bf16);
+        assert_eq!(c.pick_linear(m, n, k, DType::BF16), qwen3_vl::cuda::LinearAlgo::Mma(128, 256, 1), "the case's tile");
+        g.set_poison_outputs(true);
+        let got = op(&*g, &a, &w, true);
+        g.set_precision(qwen3_vl::Precision::F32);
+        let name = format!("warpgroup linear m={} n={} k={} on {}", m, n, k, g.describe());
+        for j in 0..got.len() {
+            let bound = absdot[j] as f64 / 256.0 + 1e-5 * (k as f64).sqrt();
+            let d = (got[j] as f64 - want[j] as f64).abs();
+            assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
+        }
+        check_gate_up(&*g, true, (600, 6144, 512), DType::BF16, 9500);
+        check_mlp_blocks(&*g, true, (2000, 2048, 1032));
+        for (i, &kernel) in kernels.iter().enumerate() {
+            assert!(c.kernel_launches(kernel) > before[i], "{}: {} did not run", g.describe(), kernel.name());
+        }
+    }
 }

@@ -72,3 +72,5 @@ pub mod rope;
 pub mod sample;
 #[cfg(target_os = "cuda")]
 pub mod softmax;
+#[cfg(all(target_os = "cuda", feature = "sm80"))]
+pub mod wgmma;

@@ -76,16 +76,103 @@ fn chunk_offset<const C: usize>(row: usize, c: usize) -> usize {
 
 /// The operands of [`pipe_core`]: 16-bit activations `[m, k]` (row stride `lda`), weights
 /// `[n, k]` (and a second matrix of the same shape for a pair), the block's `k` range.
-struct PipeArgs {
-    a: *const u8,
-    lda: usize,
-    w: *const u8,
-    w2: *const u8,
-    m: usize,
-    n: usize,
-    k: usize,
-    kb: usize,
+pub(crate) struct PipeArgs {
+    pub(crate) a: *const u8,
+    pub(crate) lda: usize,
+    pub(crate) w: *const u8,
+    pub(crate) w2: *const u8,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) kb: usize,
+    pub(crate) ke: usize,
+}
+
+/// A thread's share of the copies of one pipeline stage of a `TM × TN` tile (`C` 16-byte chunks
+/// per staged row): both operands' sources, shared offsets and which of its rows exist, worked
+/// out once per thread ([`pipe_core`], and the warpgroup kernels of `wgmma.rs`).
+pub(crate) struct StageCopies<const TM: usize, const TN: usize, const C: usize> {
+    a_src: *const u8,
+    a_step: usize,
+    w_src: *const u8,
+    w_step: usize,
+    sh0: usize,
+    kc: usize,
     ke: usize,
+    a_ok: u32,
+    w_ok: u32,
+    a: (u64, usize),
+    w: (u64, usize),
+}
+
+impl<const TM: usize, const TN: usize, const C: usize> StageCopies<TM, TN, C> {
+    /// The copies of the block whose tile starts at row `row0` of the activations and staged
+    /// weight row `col0` (see [`pipe_core`] for `PAIR`), into stages of `a = (shared address,
+    /// bytes per stage)` and `w` likewise.
+    #[inline(always)]
+    pub(crate) unsafe fn new<const PAIR: bool>(x: &PipeArgs, row0: usize, col0: usize, a: (u64, usize), w: (u64, usize)) -> Self {
+        let tid = thread::thread_idx_x() as usize;
+        let (m, n, k, lda) = (x.m, x.n, x.k, x.lda);
+        // Thread `t` copies 16-byte chunk `ct = t % C` of the rows `rt + R·i` (`rt = t / C`, `R =
+        // THREADS / C` rows a round) of each operand's stage. `R` is a multiple of 8 (and of 16
+        // with `PAIR`), so every one of those rows has the first one's swizzle and matrix: a copy's
+        // shared offset is the first one's plus `16 · THREADS · i`, its source the first one's
+        // plus `i` row steps, all worked out once here (worked out per copy, the 128 × 256 tile's
+        // copies were ~190 instructions between the stage barrier and the first mma on sm_90).
+        let rper = THREADS as usize / C;
+        let (rt, ct) = (tid / C, tid % C);
+        let kc = 8 * ct;
+        let a_row = row0 + rt;
+        // with `PAIR`, staged row `rs` is row `8 · (rs / 16) + rs % 8` of `w` (`(rs / 8)` even) or `w2`
+        let (w_mat, w_row, w_rstep) = if PAIR {
+            (if (rt / 8) % 2 == 0 { x.w } else { x.w2 }, col0 + 8 * (rt / 16) + rt % 8, rper / 2)
+        } else {
+            (x.w, col0 + rt, rper)
+        };
+        // which of the thread's rows exist (bit i: row `i`), the same at every stage
+        let (mut a_ok, mut w_ok) = (0u32, 0u32);
+        for i in 0..Self::A_CHUNKS {
+            a_ok |= ((a_row + rper * i < m) as u32) << i;
+        }
+        for i in 0..Self::W_CHUNKS {
+            w_ok |= ((w_row + w_rstep * i < n) as u32) << i;
+        }
+        StageCopies {
+            a_src: x.a.wrapping_add((a_row * lda + kc) * 2),
+            a_step: rper * lda * 2,
+            w_src: w_mat.wrapping_add((w_row * k + kc) * 2),
+            w_step: w_rstep * k * 2,
+            sh0: chunk_offset::<C>(rt, ct),
+            kc,
+            ke: x.ke,
+            a_ok,
+            w_ok,
+            a,
+            w,
+        }
+    }
+
+    const A_CHUNKS: usize = TM * C / THREADS as usize;
+    const W_CHUNKS: usize = TN * C / THREADS as usize;
+
+    /// Stage `buf` of k elements [k0, k0 + 8·C): both operands, asynchronously, zero-filled past
+    /// `m`, `n` and the block's `k` range (a copy of 0 bytes reads nothing: its source address
+    /// is not dereferenced). Branch-free, so the first k step's mmas can be scheduled among the
+    /// copies; a stage past the range is a group of zero-fills.
+    #[inline(always)]
+    pub(crate) unsafe fn load(&self, buf: usize, k0: usize) {
+        let sh_step = 16 * THREADS as usize;
+        let k_ok = if k0 + self.kc < self.ke { u32::MAX } else { 0 };
+        let (a_ok, w_ok) = (self.a_ok & k_ok, self.w_ok & k_ok);
+        for i in 0..Self::A_CHUNKS {
+            let src = self.a_src.wrapping_add(k0 * 2 + i * self.a_step);
+            cp_async_16(self.a.0 + (buf * self.a.1 + self.sh0 + sh_step * i) as u64, src, 16 * ((a_ok >> i) & 1));
+        }
+        for i in 0..Self::W_CHUNKS {
+            let src = self.w_src.wrapping_add(k0 * 2 + i * self.w_step);
+            cp_async_16(self.w.0 + (buf * self.w.1 + self.sh0 + sh_step * i) as u64, src, 16 * ((w_ok >> i) & 1));
+        }
+    }
 }
 
 /// The block's `TM × TN` accumulator tile (see the module docs), rows from `block_idx.y · TM`.
@@ -98,7 +185,7 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
     // MT = TM / 32 m16 tiles and NT = TN / 32 n8 tiles per warp (the accumulator is exactly
     // the warp's tile: no unused part to keep in local memory)
     assert!(MT == TM / 32 && NT == TN / 32);
-    let (depth, chunks) = (KB, C);
+    let depth = KB;
     // [STAGES][rows][KB elements] of 16 bits for the activations, then the weights
     let (a_buf, w_buf) = (TM * depth * 2, TN * depth * 2);
     let (a_s, w_s) = if depth == 32 && TM == 128 && TN == 128 {
@@ -111,59 +198,12 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
     let tid = thread::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (wm, wn) = (warp / WARPS_N as usize, warp % WARPS_N as usize);
-    let (m, n, k, lda) = (x.m, x.n, x.k, x.lda);
     let row0 = thread::block_idx_y() as usize * TM;
     let col0 = thread::block_idx_x() as usize * if PAIR { TN / 2 } else { TN };
     let (kb, ke) = (x.kb, x.ke);
-    let (a, w) = (x.a, x.w);
     let (a_sh, w_sh) = (shared_addr(a_s), shared_addr(w_s));
-    let (a_chunks, w_chunks) = (TM * chunks / THREADS as usize, TN * chunks / THREADS as usize);
-    // Thread `t` copies 16-byte chunk `ct = t % C` of the rows `rt + R·i` (`rt = t / C`, `R =
-    // THREADS / C` rows a round) of each operand's stage. `R` is a multiple of 8 (and of 16
-    // with `PAIR`), so every one of those rows has the first one's swizzle and matrix: a copy's
-    // shared offset is the first one's plus `16 · THREADS · i`, its source the first one's
-    // plus `i` row steps, all worked out once here (worked out per copy, the 128 × 256 tile's
-    // copies were ~190 instructions between the stage barrier and the first mma on sm_90).
-    let rper = THREADS as usize / chunks;
-    let (rt, ct) = (tid / chunks, tid % chunks);
-    let kc = 8 * ct;
-    let sh0 = chunk_offset::<C>(rt, ct);
-    let sh_step = 16 * THREADS as usize;
-    let a_row = row0 + rt;
-    let a_src = a.wrapping_add((a_row * lda + kc) * 2);
-    let a_step = rper * lda * 2;
-    // with `PAIR`, staged row `rs` is row `8 · (rs / 16) + rs % 8` of `w` (`(rs / 8)` even) or `w2`
-    let (w_mat, w_row, w_rstep) = if PAIR {
-        (if (rt / 8) % 2 == 0 { w } else { x.w2 }, col0 + 8 * (rt / 16) + rt % 8, rper / 2)
-    } else {
-        (w, col0 + rt, rper)
-    };
-    let w_src = w_mat.wrapping_add((w_row * k + kc) * 2);
-    let w_step = w_rstep * k * 2;
-    // which of the thread's rows exist (bit i: row `i`), the same at every stage
-    let (mut a_ok, mut w_ok) = (0u32, 0u32);
-    for i in 0..a_chunks {
-        a_ok |= ((a_row + rper * i < m) as u32) << i;
-    }
-    for i in 0..w_chunks {
-        w_ok |= ((w_row + w_rstep * i < n) as u32) << i;
-    }
-    // stage `buf` of k elements [k0, k0 + KB): both operands, asynchronously, zero-filled past
-    // `m`, `n` and the block's `k` range (a copy of 0 bytes reads nothing: its source address
-    // is not dereferenced). Branch-free, so the first k step's mmas can be scheduled among the
-    // copies; a stage past the range is a group of zero-fills.
-    let load = |buf: usize, k0: usize| {
-        let k_ok = if k0 + kc < ke { u32::MAX } else { 0 };
-        let (a_ok, w_ok) = (a_ok & k_ok, w_ok & k_ok);
-        for i in 0..a_chunks {
-            let src = a_src.wrapping_add(k0 * 2 + i * a_step);
-            cp_async_16(a_sh + (buf * a_buf + sh0 + sh_step * i) as u64, src, 16 * ((a_ok >> i) & 1));
-        }
-        for i in 0..w_chunks {
-            let src = w_src.wrapping_add(k0 * 2 + i * w_step);
-            cp_async_16(w_sh + (buf * w_buf + sh0 + sh_step * i) as u64, src, 16 * ((w_ok >> i) & 1));
-        }
-    };
+    let copies = StageCopies::<TM, TN, C>::new::<PAIR>(x, row0, col0, (a_sh, a_buf), (w_sh, w_buf));
+    let load = |buf: usize, k0: usize| copies.load(buf, k0);
     // the warp's A and B fragments of k step `ks` of stage `cur`
     let frags = |cur: usize, ks: usize| {
         let mut af = [[0u32; 4]; MT];
@@ -306,9 +346,17 @@ unsafe fn store_staged<W: MmaElem, const TM: usize, const TN: usize, const C16: 
     const PAD: usize = 8;
     let stride = TN + PAD;
     let tile = dynamic_shared_mem::<u8>() as *mut f32;
-    let tid = thread::thread_idx_x() as usize;
     stage_acc::<TM, TN, MT, NT>(tile, stride, acc);
     thread::sync_threads();
+    finish_staged::<W, TM, TN, C16>(p, tile, stride);
+}
+
+/// The second half of [`store_staged`] (also the warpgroup kernels' epilogue, `wgmma.rs`): the
+/// block's raw `TM × TN` sums, staged at `tile` in rows of `stride` f32 and synced, finished
+/// and stored four adjacent outputs per thread and round.
+#[inline(always)]
+pub(crate) unsafe fn finish_staged<W: MmaElem, const TM: usize, const TN: usize, const C16: bool>(p: &LinearParams, tile: *const f32, stride: usize) {
+    let tid = thread::thread_idx_x() as usize;
     let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
     let row_scale = p.row_scale as *const f32;

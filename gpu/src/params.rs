@@ -541,6 +541,16 @@ pub mod mma_pipe_tile {
     }
 }
 
+/// Launch shape of `matmul_wgmma_128x256_*` (`gpu/src/wgmma.rs`): 128 × 256 tiles, 256 threads
+/// (two warpgroups), stages of 64 elements.
+pub mod wgmma_tile {
+    /// Stages of both operands in shared memory: two copied ahead of the one multiplied, one
+    /// whose multiplies are still in flight.
+    pub const STAGES: u32 = 4;
+    /// Dynamic shared memory: the stages (48 KiB each) and 1 KiB to align them by.
+    pub const SHARED_BYTES: u32 = STAGES * (128 + 256) * 64 * 2 + 1024;
+}
+
 pub mod skinny_tile {
     pub const WARPS: u32 = 8;
     pub const THREADS: u32 = WARPS * 32;

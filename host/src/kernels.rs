@@ -64,6 +64,19 @@ pub const GRID_DEP_LAUNCH: &str = "// qwen3vl:griddepcontrol.launch_dependents";
 /// `cluster_sync`, `cluster_map`, `ld_cluster_f32x4` in `gpu/src/mem.rs`); dropped on compute 9.0
 /// devices, where the instruction then runs. Kernels with them launch only there.
 pub const SM90_MARK: &str = "// qwen3vl:";
+/// The comment before an sm_90a instruction in the compute_80 PTX (the warpgroup multiplies
+/// of `gpu/src/wgmma.rs`): dropped, with the module made `.target sm_90a` (PTX 8.0), where a
+/// compute 9.0 device loads it (not 10.0 and newer, which have no `wgmma`). Kernels with them
+/// launch only there ([`Kernel::needs_sm90a`]).
+pub const SM90A_MARK: &str = "// qwen3vl90a:";
+
+/// Whether [`Ptx::text_for`] makes the compute_80 module sm_90a on compute 9.0 devices, so the
+/// warpgroup GEMMs run (`QWEN3_VL_WGMMA=0`: sm_90, the pipelined `mma.sync` kernels in their
+/// place; an A/B aid, read once).
+pub fn wgmma_enabled() -> bool {
+    static WGMMA: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_WGMMA");
+    WGMMA.on()
+}
 
 /// Whether [`Ptx::text_for`] gives compute 9.0 devices the overlapping variant of the compute_80
 /// module (`QWEN3_VL_PDL=0` keeps the plain one: an A/B aid; read once).
@@ -86,7 +99,9 @@ impl Ptx {
     /// whose `grid_dep_*` comments are the `griddepcontrol` instructions (programmatic
     /// dependent launch: a kernel's blocks start while the kernel before it finishes, load what
     /// does not depend on it, then wait; on every other device, or with `overlap` false, the
-    /// comments stay comments). Register caps as [`Ptx::text_with_caps`].
+    /// comments stay comments). On exactly compute 9.0 the module is `.target sm_90a` and its
+    /// `SM90A_MARK` comments instructions too ([`Ptx::is_sm90a`]). Register caps as
+    /// [`Ptx::text_with_caps`].
     pub fn text_for(&self, cc: (u32, u32), overlap: bool) -> (String, bool) {
         let text = self.text_with_caps();
         if !(overlap && self.arch == Arch::Compute80 && cc >= (9, 0)) {
@@ -103,7 +118,17 @@ impl Ptx {
             .replace(&format!("{}\n", GRID_DEP_WAIT), "griddepcontrol.wait;\n")
             .replace(&format!("{}\n", GRID_DEP_LAUNCH), "griddepcontrol.launch_dependents;\n")
             .replace(SM90_MARK, "");
+        // sm_90a (exactly compute 9.0): the warpgroup instructions, which need PTX 8.0
+        if cc == (9, 0) && wgmma_enabled() && text.contains(SM90A_MARK) && text.contains(".version 7.8\n") {
+            let text = text.replacen(".target sm_90\n", ".target sm_90a\n", 1).replacen(".version 7.8\n", ".version 8.0\n", 1).replace(SM90A_MARK, "");
+            return (text, true);
+        }
         (text, true)
+    }
+
+    /// Whether `text` (a module's text as loaded) is an sm_90a module, whose warpgroup kernels run.
+    pub fn is_sm90a(text: &str) -> bool {
+        text.contains("\n.target sm_90a\n")
     }
 
     /// The names of the kernels whose entry in `text` (a module's text as loaded) waits for
@@ -269,6 +294,10 @@ kernel_table! {
     GateUpPipe128x256F16 = "gate_up_pipe_128x256_f16" @ Compute80,
     GateUpPipe128x256Bf16 = "gate_up_pipe_128x256_bf16" @ Compute80,
     GateUpPipe128x256C16Bf16 = "gate_up_pipe_128x256_c16_bf16" @ Compute80,
+    MatmulWgmma128x256Bf16 = "matmul_wgmma_128x256_bf16" @ Compute80,
+    MatmulWgmma128x256C16Bf16 = "matmul_wgmma_128x256_c16_bf16" @ Compute80,
+    GateUpWgmma128x256Bf16 = "gate_up_wgmma_128x256_bf16" @ Compute80,
+    GateUpWgmma128x256C16Bf16 = "gate_up_wgmma_128x256_c16_bf16" @ Compute80,
     RmsNormA16Bf16 = "rms_norm_a16_bf16" @ Compute80,
     LayerNormA16Bf16 = "layer_norm_a16_bf16" @ Compute80,
     CastA16F16 = "cast_a16_f16" @ Compute80,
@@ -422,7 +451,26 @@ impl Kernel {
                 | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
                 | MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16
                 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16
+                | MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16
         )
+    }
+
+    /// Whether this kernel runs only where the compute_80 module was loaded as sm_90a (the
+    /// warpgroup GEMMs, `gpu/src/wgmma.rs`).
+    pub fn needs_sm90a(self) -> bool {
+        matches!(self, Kernel::MatmulWgmma128x256Bf16 | Kernel::MatmulWgmma128x256C16Bf16 | Kernel::GateUpWgmma128x256Bf16 | Kernel::GateUpWgmma128x256C16Bf16)
+    }
+
+    /// The warpgroup (sm_90a) kernel that computes what `self` does, the same tile and
+    /// parameters: the 128 × 256 pipelined bf16 GEMMs and gate/up pairs.
+    pub fn wgmma_variant(self) -> Option<Kernel> {
+        match self {
+            Kernel::MatmulMmaPipe128x256Bf16 => Some(Kernel::MatmulWgmma128x256Bf16),
+            Kernel::MatmulMmaPipe128x256C16Bf16 => Some(Kernel::MatmulWgmma128x256C16Bf16),
+            Kernel::GateUpPipe128x256Bf16 => Some(Kernel::GateUpWgmma128x256Bf16),
+            Kernel::GateUpPipe128x256C16Bf16 => Some(Kernel::GateUpWgmma128x256C16Bf16),
+            _ => None,
+        }
     }
 
     /// The dynamic shared memory this kernel always launches with (the module loader raises the
@@ -436,6 +484,7 @@ impl Kernel {
             MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 | MatmulMmaPipe64x128C16Bf16 | GateUpPipe64x128C16Bf16 => shared_bytes(64, 128),
             MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 | MatmulMmaPipe64x64ClusterF16 | MatmulMmaPipe64x64ClusterBf16 => shared_bytes(64, 64),
             MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16 => shared_bytes(128, 256),
+            MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 => gpu::params::wgmma_tile::SHARED_BYTES,
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
             AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
             _ => 0,
@@ -591,6 +640,25 @@ mod tests {
             assert!(plain.contains("// qwen3vl:barrier.cluster.arrive.aligned;") && !plain.contains("\tbarrier.cluster"));
             assert!(Ptx::waiting_entries(&plain).is_empty());
         }
+    }
+
+    #[test]
+    fn exactly_compute_9_0_gets_the_warpgroup_instructions_as_sm_90a() {
+        let text = ".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry matmul_wgmma_128x256_bf16(\n\t.param .b8 p[8]\n)\n{\n\t// qwen3vl:griddepcontrol.wait\n\t// qwen3vl90a:wgmma.fence.sync.aligned;\n\tret;\n}\n";
+        let ptx = Ptx { arch: Arch::Compute80, text };
+        let (h100, overlap) = ptx.text_for((9, 0), true);
+        assert!(overlap && Ptx::is_sm90a(&h100), "{}", h100);
+        assert!(h100.starts_with(".version 8.0\n.target sm_90a\n"), "{}", h100);
+        assert!(h100.contains("\tgriddepcontrol.wait;\n\twgmma.fence.sync.aligned;\n") && !h100.contains(SM90A_MARK), "{}", h100);
+        // a newer device (no wgmma), or no overlap: the instruction stays a comment, and no
+        // module is sm_90a
+        for (cc, on) in [((10, 0), true), ((9, 0), false), ((8, 0), true)] {
+            let (other, _) = ptx.text_for(cc, on);
+            assert!(!Ptx::is_sm90a(&other) && other.contains("// qwen3vl90a:wgmma.fence.sync.aligned;") && other.contains(".version 7.8\n"), "{:?}: {}", cc, other);
+        }
+        assert!(Kernel::MatmulWgmma128x256Bf16.needs_sm90a() && !Kernel::MatmulMmaPipe128x256Bf16.needs_sm90a());
+        assert_eq!(Kernel::MatmulMmaPipe128x256C16Bf16.wgmma_variant(), Some(Kernel::MatmulWgmma128x256C16Bf16));
+        assert_eq!(Kernel::MatmulMmaPipe128x256F16.wgmma_variant(), None);
     }
 
     #[test]

@@ -468,6 +468,16 @@ pub fn cast_a16(l: &Launcher<'_>, dtype: DType, a: &DeviceBuffer, row_scale: Opt
     l.launch(kernel, [grid_dim(kernel, "x", ceil_div(m * k / 8, threads), MAX_GRID_X)?, 1, 1], threads as u32, &p)
 }
 
+/// `kernel`, or on an sm_90a module its warpgroup variant of the same tile and parameters
+/// (`gpu/src/wgmma.rs`; `Kernel::wgmma_variant`) where the device's blocks may take its shared
+/// memory.
+fn wgmma_or(l: &Launcher<'_>, kernel: Kernel) -> Kernel {
+    match kernel.wgmma_variant() {
+        Some(w) if l.kernels.sm90a() && l.kernels.fits_shared(w.large_shared_bytes()) => w,
+        _ => kernel,
+    }
+}
+
 /// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`
 /// outputs at row stride `p.ldc`, `p.k_split` 0): the grid of each algorithm; a split-K
 /// algorithm sums its slices into `ws` (room for `[slices, m, n]` f32) and then launches the
@@ -522,6 +532,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
         let grid = [grid_dim(kernel, "x", blocks, MAX_GRID_X)?, 1, slices];
         return l.launch_shared(kernel, grid, skinny_tile::THREADS, shared, &sp);
     }
+    let kernel = if part.is_none() { wgmma_or(l, kernel) } else { kernel };
     // the slices write raw sums into the workspace; the reduce adds them through the epilogue
     let main = match part {
         Some(ws) => LinearParams { c: ws.addr(), ldc: p.n, k_split: fits_u32(kernel, "k", depth)?, ..*p },
@@ -637,8 +648,9 @@ pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &Devic
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let kernel = wgmma_or(l, kernel);
     let grid = [grid_dim(kernel, "x", ceil_div(n, tile.1 as usize / 2), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tile.0 as usize), MAX_GRID_Y)?, 1];
-    l.launch_shared(kernel, grid, mma_tile::THREADS, mma_pipe_tile::shared_bytes(tile.0, tile.1), &p)
+    l.launch_shared(kernel, grid, mma_tile::THREADS, kernel.large_shared_bytes(), &p)
 }
 
 /// `c[m, n] = act(a · wᵀ + bias)` in bf16 by the pipelined bf16 kernel with `tile` (128 × 128 or
@@ -938,8 +950,10 @@ impl CudaBackend {
         // fc1 over k ≤ 1,024 keeps 128 × 128 tiles: with one 128 × 256 block per multiprocessor
         // its GELU epilogue overlaps no other block's products, and the main loop is short
         // (ncu, H200, the 1024² tower's 4,096 × 1,024 → 4,096: 190 against 175 µs; with the
-        // cheaper GELU of `math::gelu_tanh` the two tiles measured level on the whole tower)
-        let (l1, l2) = (self.pick_linear_wide(m, n, k, DType::BF16, k > 1024), self.pick_linear(m, n_out, n, DType::BF16));
+        // cheaper GELU of `math::gelu_tanh` the two tiles measured level on the whole tower);
+        // not where 128 × 256 is a warpgroup kernel (sm_90a), which is faster either way
+        let wide = k > 1024 || self.kernels.sm90a();
+        let (l1, l2) = (self.pick_linear_wide(m, n, k, DType::BF16, wide), self.pick_linear(m, n_out, n, DType::BF16));
         let tile = match (l1, l2) {
             (LinearAlgo::Mma(tm, tn, 1), LinearAlgo::Mma(..)) if Kernel::pipe_c16(false, (tm, tn)).is_some() => (tm, tn),
             // the rounds picked 64 × 64 (fc1 past k = 1,024), which has no bf16-output kernel

@@ -151,6 +151,17 @@ impl CudaBackend {
         (self.kernels.arch(), &self.kernels_reason)
     }
 
+    /// Whether the warpgroup GEMMs (`gpu/src/wgmma.rs`) run here: the compute_80 module was
+    /// loaded as sm_90a.
+    pub fn warpgroup_gemms(&self) -> bool {
+        self.kernels.sm90a()
+    }
+
+    /// How many times `kernel` was launched (or recorded) by this backend.
+    pub fn kernel_launches(&self, kernel: crate::kernels::Kernel) -> u64 {
+        self.kernels.launches(kernel)
+    }
+
     /// Compute capability and multiprocessor count.
     pub fn device_shape(&self) -> ((u32, u32), u32) {
         (self.cc, self.sms)

@@ -19,8 +19,13 @@ pub struct Kernels {
     overlap: Vec<bool>,
     /// The module was loaded as sm_90 (`Ptx::text_for`): its thread-block cluster kernels run.
     clusters: bool,
+    /// The module was loaded as sm_90a (`Ptx::is_sm90a`): its warpgroup GEMMs run.
+    sm90a: bool,
     /// The most dynamic shared memory a block may opt in to on this device.
     shared_limit: u32,
+    /// Launches (and recordings) of each kernel so far, indexed as `funcs`: how a test tells
+    /// which of two variants ran.
+    launches: Vec<std::sync::atomic::AtomicU64>,
     arch: Arch,
     module: Module,
 }
@@ -63,6 +68,10 @@ impl Kernels {
         if overlap {
             why.push_str("; launches overlap the kernel before (sm_90 grid dependencies)");
         }
+        let sm90a = overlap && Ptx::is_sm90a(&text);
+        if sm90a {
+            why.push_str("; loaded as sm_90a (warpgroup GEMMs)");
+        }
         let module = Module::from_ptx(&text, &[]).map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
         let mut funcs = vec![std::ptr::null_mut(); Kernel::ALL.len()];
         let mut overlaps = vec![false; Kernel::ALL.len()];
@@ -90,7 +99,8 @@ impl Kernels {
             }
         }
         let clusters = overlap && clusters_enabled();
-        Ok((Kernels { funcs, overlap: overlaps, clusters, shared_limit, arch: chosen.arch, module }, why))
+        let launches = (0..Kernel::ALL.len()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+        Ok((Kernels { funcs, overlap: overlaps, clusters, sm90a, shared_limit, launches, arch: chosen.arch, module }, why))
     }
 
     /// The module's architecture.
@@ -111,6 +121,17 @@ impl Kernels {
         self.clusters
     }
 
+    /// Whether the warpgroup GEMMs can launch: the module was loaded as sm_90a (exactly compute
+    /// 9.0, not with `QWEN3_VL_WGMMA=0` or `QWEN3_VL_PDL=0`).
+    pub fn sm90a(&self) -> bool {
+        self.sm90a
+    }
+
+    /// How many times `kernel` was launched (or recorded into a graph) on this module.
+    pub fn launches(&self, kernel: Kernel) -> u64 {
+        self.launches[kernel as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Launches `kernel` as [`Kernels::launch`] does, in thread-block clusters of `cluster`
     /// blocks per axis (each grid axis a multiple of it; compute 9.0, [`Kernels::clusters`]).
     #[allow(clippy::too_many_arguments)]
@@ -122,6 +143,7 @@ impl Kernels {
         if (0..3).any(|i| cluster[i] == 0 || !grid[i].is_multiple_of(cluster[i])) || cluster.iter().product::<u32>() > 8 {
             return Err(Error::Limit { op: kernel.name(), msg: format!("clusters of {:?} blocks for a grid of {:?}: each axis a multiple, at most 8 blocks", cluster, grid) });
         }
+        self.launches[kernel as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // the grid is whole clusters of at most 8 blocks (checked above)
         launch_ex(kernel, f, (grid, block, shared_bytes, stream), params, CLUSTER_DIMENSION, &cluster)
     }
@@ -132,6 +154,10 @@ impl Kernels {
         if f.is_null() {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs the {} module; {} is loaded", kernel.arch(), self.arch) });
         }
+        if kernel.needs_sm90a() && !self.sm90a {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90a (warpgroup multiplies)", kernel.arch()) });
+        }
+        self.launches[kernel as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.overlap[kernel as usize] {
             // the kernel waits for the one before it before reading its output (`overlap` is
             // set only for those)

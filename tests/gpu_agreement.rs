@@ -631,55 +631,81 @@ fn check_mlp_blocks(g: &dyn Backend, a16: bool, (m, n, k): (usize, usize, usize)
 }
 
 /// The warpgroup GEMMs (`gpu/src/wgmma.rs`: sm_90a, where a compute 9.0 device loads the
-/// compute_80 module) in place of the pipelined 128 × 256 bf16 kernels: a linear layer with
-/// bias and residual at 4,000 rows of 2,000 outputs over k = 2,056 (partial last row and column
-/// tiles and stage), within one activation rounding of the CPU's f32 product (the bound of
-/// `bf16_precision_linears_stay_within_one_activation_rounding`); the SwiGLU pair at 600 rows
-/// of 6,144 over 512 (`check_gate_up`); then the MLP blocks at 2,000 rows over k = 1,032
-/// (`check_mlp_blocks`), whose fc1 and gate/up pair write bf16 through the `c16` kernels. The
-/// launch counts show every warpgroup kernel ran. Elsewhere (no sm_90a module) the test says
-/// so and checks nothing.
+/// compute_80 module) in place of the pipelined bf16 kernels of the same tiles: linear layers
+/// with bias and residual within one activation rounding of the CPU's f32 product (the bound of
+/// `bf16_precision_linears_stay_within_one_activation_rounding`) at 4,000 rows of 2,000 outputs
+/// over k = 2,056 (128 × 256: partial last row and column tiles and stage), at a batched decode
+/// step's 40 rows of 16,000 and 8,000 outputs (64 × 128, 64 × 64) and 48 rows of 2,048 over
+/// 2,056 (64 × 64 split over `k` in a cluster); the SwiGLU pair at 600 rows of 6,144 over 512
+/// (128 × 256) and 40 of 2,100 over 264 (64 × 128) (`check_gate_up`); then the MLP blocks
+/// (`check_mlp_blocks`) at 2,000 rows over k = 1,032 and 64 rows of 6,144 over 2,048, whose fc1
+/// and gate/up pair write bf16 through the `c16` kernels. The launch counts show every
+/// warpgroup kernel ran. Elsewhere (no sm_90a module) the test says so and checks nothing.
 #[cfg(feature = "cuda")]
 #[test]
 fn warpgroup_gemms_stay_within_one_activation_rounding() {
+    use qwen3_vl::cuda::LinearAlgo;
     use qwen3_vl::kernels::Kernel;
-    let cpu = cpu();
     for g in common::gpus("warpgroup GEMMs") {
         let Some(c) = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() else { continue };
         if !c.warpgroup_gemms() {
             eprintln!("skip: {} has no sm_90a module (warpgroup GEMMs run on compute 9.0 only)", g.describe());
             continue;
         }
-        let kernels = [Kernel::MatmulWgmma128x256Bf16, Kernel::MatmulWgmma128x256C16Bf16, Kernel::GateUpWgmma128x256Bf16, Kernel::GateUpWgmma128x256C16Bf16];
+        let kernels = [
+            Kernel::MatmulWgmma128x256Bf16,
+            Kernel::MatmulWgmma128x256C16Bf16,
+            Kernel::GateUpWgmma128x256Bf16,
+            Kernel::GateUpWgmma128x256C16Bf16,
+            Kernel::MatmulWgmma64x128Bf16,
+            Kernel::MatmulWgmma64x64Bf16,
+            Kernel::MatmulWgmma64x64ClusterBf16,
+            Kernel::GateUpWgmma64x128Bf16,
+            Kernel::GateUpWgmma64x128C16Bf16,
+        ];
         let before: Vec<u64> = kernels.iter().map(|&k| c.kernel_launches(k)).collect();
-        let (m, n, k) = (4000usize, 2000usize, 2056usize);
-        let (a, w, bias, res) = (random(m * k, 9400), random(n * k, 9401), random(n, 9402), random(m * n, 9403));
-        let op = |b: &dyn Backend, a: &[f32], w: &[f32], extra: bool| -> Vec<f32> {
-            let (at, wt) = (b.upload_f32(&[m, k], a).unwrap(), upload(b, &[n, k], w, DType::BF16).unwrap());
-            let out = match extra {
-                true => b.linear_residual(&at, &wt, Some(&b.upload_f32(&[n], &bias).unwrap()), &b.upload_f32(&[m, n], &res).unwrap()).unwrap(),
-                false => b.linear(&at, &wt, None).unwrap(),
-            };
-            b.download_f32(&out).unwrap()
-        };
-        let want = op(&*cpu, &a, &w, true);
-        let (aa, wa): (Vec<f32>, Vec<f32>) = (a.iter().map(|v| v.abs()).collect(), w.iter().map(|v| v.abs()).collect());
-        let absdot = op(&*cpu, &aa, &wa, false);
-        g.set_precision(qwen3_vl::Precision::Bf16);
-        assert_eq!(c.pick_linear(m, n, k, DType::BF16), qwen3_vl::cuda::LinearAlgo::Mma(128, 256, 1), "the case's tile");
-        g.set_poison_outputs(true);
-        let got = op(&*g, &a, &w, true);
-        g.set_precision(qwen3_vl::Precision::F32);
-        let name = format!("warpgroup linear m={} n={} k={} on {}", m, n, k, g.describe());
-        for j in 0..got.len() {
-            let bound = absdot[j] as f64 / 256.0 + 1e-5 * (k as f64).sqrt();
-            let d = (got[j] as f64 - want[j] as f64).abs();
-            assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
+        let cases = [((4000, 2000, 2056), LinearAlgo::Mma(128, 256, 1)), ((40, 16_000, 256), LinearAlgo::Mma(64, 128, 1)), ((40, 8000, 256), LinearAlgo::Mma(64, 64, 1))];
+        for (i, &((m, n, k), tile)) in cases.iter().enumerate() {
+            check_warpgroup_linear(&*g, (m, n, k), |algo| assert_eq!(algo, tile, "the tile of m={} n={} k={}", m, n, k), 9400 + 10 * i as u32);
         }
+        check_warpgroup_linear(&*g, (48, 2048, 2056), |algo| assert!(matches!(algo, LinearAlgo::Mma(64, 64, s) if s > 1), "the split tile: {:?}", algo), 9450);
         check_gate_up(&*g, true, (600, 6144, 512), DType::BF16, 9500);
+        check_gate_up(&*g, true, (40, 2100, 264), DType::BF16, 9510);
         check_mlp_blocks(&*g, true, (2000, 2048, 1032));
+        check_mlp_blocks(&*g, true, (64, 6144, 2048));
         for (i, &kernel) in kernels.iter().enumerate() {
             assert!(c.kernel_launches(kernel) > before[i], "{}: {} did not run", g.describe(), kernel.name());
         }
+    }
+}
+
+/// One linear layer of `warpgroup_gemms_stay_within_one_activation_rounding`: bf16 weights, bias
+/// and residual, `Precision::Bf16`; `tile` checks the backend's pick for the shape.
+#[cfg(feature = "cuda")]
+fn check_warpgroup_linear(g: &dyn Backend, (m, n, k): (usize, usize, usize), tile: impl Fn(qwen3_vl::cuda::LinearAlgo), seed: u32) {
+    let cpu = cpu();
+    let c = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>().expect("a CUDA backend");
+    let (a, w, bias, res) = (random(m * k, seed), random(n * k, seed + 1), random(n, seed + 2), random(m * n, seed + 3));
+    let op = |b: &dyn Backend, a: &[f32], w: &[f32], extra: bool| -> Vec<f32> {
+        let (at, wt) = (b.upload_f32(&[m, k], a).unwrap(), upload(b, &[n, k], w, DType::BF16).unwrap());
+        let out = match extra {
+            true => b.linear_residual(&at, &wt, Some(&b.upload_f32(&[n], &bias).unwrap()), &b.upload_f32(&[m, n], &res).unwrap()).unwrap(),
+            false => b.linear(&at, &wt, None).unwrap(),
+        };
+        b.download_f32(&out).unwrap()
+    };
+    let want = op(&*cpu, &a, &w, true);
+    let (aa, wa): (Vec<f32>, Vec<f32>) = (a.iter().map(|v| v.abs()).collect(), w.iter().map(|v| v.abs()).collect());
+    let absdot = op(&*cpu, &aa, &wa, false);
+    g.set_precision(qwen3_vl::Precision::Bf16);
+    tile(c.pick_linear(m, n, k, DType::BF16));
+    g.set_poison_outputs(true);
+    let got = op(g, &a, &w, true);
+    g.set_precision(qwen3_vl::Precision::F32);
+    let name = format!("warpgroup linear m={} n={} k={} on {}", m, n, k, g.describe());
+    for j in 0..got.len() {
+        let bound = absdot[j] as f64 / 256.0 + 1e-5 * (k as f64).sqrt();
+        let d = (got[j] as f64 - want[j] as f64).abs();
+        assert!(d <= bound, "{}: element {}: got {} want {} (|diff| {:.3e} > bound {:.3e})", name, j, got[j], want[j], d, bound);
     }
 }

@@ -293,21 +293,26 @@ unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bo
             let r = row0 + wm * (TM / 2) + mt * 16 + lane / 4;
             let col = col0 + wn * (TN / 4) + nt * 8 + 2 * (lane % 4);
             if C16 {
-                // bias and activation, then each row's column pair rounded into one 32-bit word
-                // of the 16-bit output (`n` even, row stride `ldc`)
-                let d = acc[mt][nt];
-                let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
-                unroll!(h < 2, [0, 1], {
-                    let rr = r + 8 * h;
-                    if rr < m && col < n {
-                        let v = W::pack(crate::matmul::finish(&p, d[2 * h], rr, col), crate::matmul::finish(&p, d[2 * h + 1], rr, col + 1));
-                        *((p.c as *mut u8).add((rr * ldc + col) * 2) as *mut u32) = v;
-                    }
-                });
+                store_tile_c16::<W>(&p, acc[mt][nt], r, col);
             } else {
                 store_tile::<W, SPLIT>(&p, acc[mt][nt], r, col);
             }
         });
+    });
+}
+
+/// An m16n8 accumulator tile `d` (rows `r`, `r + 8`; columns `col`, `col + 1`) finished (bias,
+/// activation) and stored in 16 bits: each row's column pair rounded into one 32-bit word of
+/// `c` (`n` even, row stride `ldc`).
+#[inline(always)]
+pub(crate) unsafe fn store_tile_c16<W: MmaElem>(p: &LinearParams, d: [f32; 4], r: usize, col: usize) {
+    let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
+    unroll!(h < 2, [0, 1], {
+        let rr = r + 8 * h;
+        if rr < m && col < n {
+            let v = W::pack(crate::matmul::finish(p, d[2 * h], rr, col), crate::matmul::finish(p, d[2 * h + 1], rr, col + 1));
+            *((p.c as *mut u8).add((rr * ldc + col) * 2) as *mut u32) = v;
+        }
     });
 }
 
@@ -599,8 +604,17 @@ unsafe fn mma_pipe_cluster<W: MmaElem, const TM: usize, const TN: usize, const K
     // 5. this slice's raw sums into [TM][stride] f32 of this block's shared memory, once every
     //    warp is done reading the pipeline's stages
     let tile = dynamic_shared_mem::<u8>() as *mut f32;
-    let tid = thread::thread_idx_x() as usize;
     stage_acc::<TM, TN, MT, NT>(tile, stride, &acc);
+    cluster_merge::<W, TM, TN>(&p, tile, stride);
+}
+
+/// Steps 6 and 7 of [`mma_pipe_cluster`] (also the warpgroup cluster kernels', `wgmma.rs`):
+/// every slice's raw sums staged at `tile` (`[TM][stride]` f32 at the same place of each
+/// block's shared memory, not yet cluster-synced); this block adds its share of the rows over
+/// the slices, four columns per thread and step, finishes and stores them.
+#[inline(always)]
+pub(crate) unsafe fn cluster_merge<W: MmaElem, const TM: usize, const TN: usize>(p: &LinearParams, tile: *mut f32, stride: usize) {
+    let tid = thread::thread_idx_x() as usize;
     // 6. every slice's tile is staged: this block adds its rows over the slices, four columns
     //    per thread and step
     cluster_sync();
@@ -627,7 +641,7 @@ unsafe fn mma_pipe_cluster<W: MmaElem, const TM: usize, const TN: usize, const K
             unroll!(e < 4, [0, 1, 2, 3], {
                 let col = col0 + lc + e;
                 if col < n {
-                    *c.add(r * ldc + col) = crate::matmul::finish(&p, v[e] / sc, r, col);
+                    *c.add(r * ldc + col) = crate::matmul::finish(p, v[e] / sc, r, col);
                 }
             });
         }

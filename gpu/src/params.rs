@@ -541,14 +541,28 @@ pub mod mma_pipe_tile {
     }
 }
 
-/// Launch shape of `matmul_wgmma_128x256_*` (`gpu/src/wgmma.rs`): 128 × 256 tiles, 256 threads
-/// (two warpgroups), stages of 64 elements.
+/// Launch shape of the warpgroup GEMMs (`gpu/src/wgmma.rs`): `tm × tn` tiles (128 × 256,
+/// 64 × 128, 64 × 64), 256 threads (two warpgroups), stages of 64 elements.
 pub mod wgmma_tile {
-    /// Stages of both operands in shared memory: two copied ahead of the one multiplied, one
-    /// whose multiplies are still in flight.
-    pub const STAGES: u32 = 4;
-    /// Dynamic shared memory: the stages (48 KiB each) and 1 KiB to align them by.
-    pub const SHARED_BYTES: u32 = STAGES * (128 + 256) * 64 * 2 + 1024;
+    /// Stages of both operands of a `tm × tn` tile in shared memory: `stages - 2` copied ahead
+    /// of the one multiplied, one whose multiplies are still in flight. 4 (48 KiB each for
+    /// 128 × 256, 16 for 64 × 64: three blocks a multiprocessor, so a batched decode step's
+    /// cluster-split products run in one wave); 8 for 64 × 128 (24 KiB each), whose few-row
+    /// products are bound by the bytes in flight (H200, the SwiGLU pair of 64 rows over 2,048:
+    /// 23.4 µs with 4, 18.5 with 8; 64 × 64 with 6 instead of 4 went from 12.0 to 15.0 µs on
+    /// qkv, split in clusters of 4).
+    pub const fn stages(tm: u32, tn: u32) -> u32 {
+        if tm == 64 && tn == 128 {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// Dynamic shared memory of a `tm × tn` tile: the stages and 1 KiB to align them by.
+    pub const fn shared_bytes(tm: u32, tn: u32) -> u32 {
+        stages(tm, tn) * (tm + tn) * 64 * 2 + 1024
+    }
 }
 
 pub mod skinny_tile {

@@ -298,6 +298,12 @@ kernel_table! {
     MatmulWgmma128x256C16Bf16 = "matmul_wgmma_128x256_c16_bf16" @ Compute80,
     GateUpWgmma128x256Bf16 = "gate_up_wgmma_128x256_bf16" @ Compute80,
     GateUpWgmma128x256C16Bf16 = "gate_up_wgmma_128x256_c16_bf16" @ Compute80,
+    MatmulWgmma64x128Bf16 = "matmul_wgmma_64x128_bf16" @ Compute80,
+    MatmulWgmma64x128C16Bf16 = "matmul_wgmma_64x128_c16_bf16" @ Compute80,
+    MatmulWgmma64x64Bf16 = "matmul_wgmma_64x64_bf16" @ Compute80,
+    MatmulWgmma64x64ClusterBf16 = "matmul_wgmma_64x64_cluster_bf16" @ Compute80,
+    GateUpWgmma64x128Bf16 = "gate_up_wgmma_64x128_bf16" @ Compute80,
+    GateUpWgmma64x128C16Bf16 = "gate_up_wgmma_64x128_c16_bf16" @ Compute80,
     RmsNormA16Bf16 = "rms_norm_a16_bf16" @ Compute80,
     LayerNormA16Bf16 = "layer_norm_a16_bf16" @ Compute80,
     CastA16F16 = "cast_a16_f16" @ Compute80,
@@ -451,24 +457,32 @@ impl Kernel {
                 | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
                 | MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16
                 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16
-                | MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16
+                | MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 | MatmulWgmma64x128Bf16 | MatmulWgmma64x128C16Bf16 | MatmulWgmma64x64Bf16 | MatmulWgmma64x64ClusterBf16 | GateUpWgmma64x128Bf16 | GateUpWgmma64x128C16Bf16
         )
     }
 
     /// Whether this kernel runs only where the compute_80 module was loaded as sm_90a (the
     /// warpgroup GEMMs, `gpu/src/wgmma.rs`).
     pub fn needs_sm90a(self) -> bool {
-        matches!(self, Kernel::MatmulWgmma128x256Bf16 | Kernel::MatmulWgmma128x256C16Bf16 | Kernel::GateUpWgmma128x256Bf16 | Kernel::GateUpWgmma128x256C16Bf16)
+        use Kernel::*;
+        matches!(self, MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 | MatmulWgmma64x128Bf16 | MatmulWgmma64x128C16Bf16 | MatmulWgmma64x64Bf16 | MatmulWgmma64x64ClusterBf16 | GateUpWgmma64x128Bf16 | GateUpWgmma64x128C16Bf16)
     }
 
     /// The warpgroup (sm_90a) kernel that computes what `self` does, the same tile and
-    /// parameters: the 128 × 256 pipelined bf16 GEMMs and gate/up pairs.
+    /// parameters: the pipelined bf16 GEMMs and gate/up pairs of 128 × 256, 64 × 128 and 64 × 64
+    /// tiles (64 × 64 also split in a cluster; not the grid-split one, which writes a workspace).
     pub fn wgmma_variant(self) -> Option<Kernel> {
         match self {
             Kernel::MatmulMmaPipe128x256Bf16 => Some(Kernel::MatmulWgmma128x256Bf16),
             Kernel::MatmulMmaPipe128x256C16Bf16 => Some(Kernel::MatmulWgmma128x256C16Bf16),
             Kernel::GateUpPipe128x256Bf16 => Some(Kernel::GateUpWgmma128x256Bf16),
             Kernel::GateUpPipe128x256C16Bf16 => Some(Kernel::GateUpWgmma128x256C16Bf16),
+            Kernel::MatmulMmaPipe64x128Bf16 => Some(Kernel::MatmulWgmma64x128Bf16),
+            Kernel::MatmulMmaPipe64x128C16Bf16 => Some(Kernel::MatmulWgmma64x128C16Bf16),
+            Kernel::MatmulMmaPipe64x64Bf16 => Some(Kernel::MatmulWgmma64x64Bf16),
+            Kernel::MatmulMmaPipe64x64ClusterBf16 => Some(Kernel::MatmulWgmma64x64ClusterBf16),
+            Kernel::GateUpPipe64x128Bf16 => Some(Kernel::GateUpWgmma64x128Bf16),
+            Kernel::GateUpPipe64x128C16Bf16 => Some(Kernel::GateUpWgmma64x128C16Bf16),
             _ => None,
         }
     }
@@ -484,7 +498,9 @@ impl Kernel {
             MatmulMmaPipe64x128F16 | MatmulMmaPipe64x128Bf16 | GateUpPipe64x128F16 | GateUpPipe64x128Bf16 | MatmulMmaPipe64x128C16Bf16 | GateUpPipe64x128C16Bf16 => shared_bytes(64, 128),
             MatmulMmaPipe64x64F16 | MatmulMmaPipe64x64Bf16 | MatmulMmaPipe64x64SplitF16 | MatmulMmaPipe64x64SplitBf16 | MatmulMmaPipe64x64ClusterF16 | MatmulMmaPipe64x64ClusterBf16 => shared_bytes(64, 64),
             MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16 => shared_bytes(128, 256),
-            MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 => gpu::params::wgmma_tile::SHARED_BYTES,
+            MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 => gpu::params::wgmma_tile::shared_bytes(128, 256),
+            MatmulWgmma64x128Bf16 | MatmulWgmma64x128C16Bf16 | GateUpWgmma64x128Bf16 | GateUpWgmma64x128C16Bf16 => gpu::params::wgmma_tile::shared_bytes(64, 128),
+            MatmulWgmma64x64Bf16 | MatmulWgmma64x64ClusterBf16 => gpu::params::wgmma_tile::shared_bytes(64, 64),
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
             AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
             _ => 0,

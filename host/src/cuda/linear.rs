@@ -131,13 +131,16 @@ impl LinearAlgo {
     /// tensor-core tile is the largest that still gives nearly every multiprocessor a block
     /// ([`TILE_FILL`]).
     pub fn pick(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32) -> LinearAlgo {
-        Self::pick_for(m, n, k, dtype, arch, sms, false)
+        Self::pick_for(m, n, k, dtype, arch, sms, false, false)
     }
 
     /// [`LinearAlgo::pick`], where `wide` also offers the 128 × 256 tile ([`PIPE_TILES`]): the
     /// pipelined kernels over 16-bit activations, on a device whose blocks may have its
-    /// shared memory (144 KiB: not compute 8.6 / 8.9, whose blocks stop at 99 KiB).
-    pub fn pick_for(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32, wide: bool) -> LinearAlgo {
+    /// shared memory (144 KiB: not compute 8.6 / 8.9, whose blocks stop at 99 KiB);
+    /// `warpgroup`: that tile is the warpgroup kernel for bf16 weights (sm_90a, [`pipe_tile`]'s
+    /// costs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pick_for(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32, wide: bool, warpgroup: bool) -> LinearAlgo {
         if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
             return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16), skinny_slices(n, k, sms));
         }
@@ -161,7 +164,7 @@ impl LinearAlgo {
                 // past 64 rows, where no split is wanted, the pipelined tiles by their rounds
                 // of blocks on the busiest multiprocessor (`pipe_tile`)
                 if tiles == PIPE_TILES && slices == 1 && m > 64 && tile_rounds() {
-                    let (tm, tn) = pipe_tile(m, n, sms, 64);
+                    let (tm, tn) = pipe_tile(m, n, sms, 64, warpgroup && dtype == DType::BF16);
                     return LinearAlgo::Mma(tm, tn, 1);
                 }
                 LinearAlgo::Mma(tm, tn, slices)
@@ -197,13 +200,18 @@ const PIPE_OCCUPANCY: [usize; 4] = [1, 2, 2, 3];
 /// sweep where the best tile of each row took 13.25 and the previous rule, the largest tile
 /// that nearly filled the device, 13.61).
 const PIPE_ROUND_COST: [f64; 4] = [1.0, 1.06, 1.35, 1.7];
+/// [`PIPE_ROUND_COST`]'s 128 × 256 where it is the warpgroup kernel (sm_90a), relative to the
+/// pipelined one: fitted as above (H200, the same sweep with the warpgroup kernels: the picks
+/// took 11.01 ms where the best tile of each row took 11.00, and the pipelined kernel's costs
+/// 11.34).
+const WARPGROUP_ROUND_COST: f64 = 0.65;
 const PARTIAL_ROUND: f64 = 0.6;
 
 /// The [`PIPE_TILES`] tile at least `min_tn` wide (64 rows high where `m` ≤ 64) whose blocks
 /// finish first by rounds on the busiest of `sms` multiprocessors: a 17th row tile of 128 (64
 /// decode rows beside 2,048 prompt rows) gives 128 × 256 a second round, where 64 × 128 stays
 /// within its first two (o_proj 104.5 → 79.5 µs, down_proj 276 → 190 on the H200).
-pub fn pipe_tile(m: usize, n: usize, sms: u32, min_tn: u32) -> (u32, u32) {
+pub fn pipe_tile(m: usize, n: usize, sms: u32, min_tn: u32, warpgroup: bool) -> (u32, u32) {
     let cost = |i: usize| {
         let (tm, tn) = PIPE_TILES[i];
         let per_sm = ceil_div(ceil_div(m, tm as usize) * ceil_div(n, tn as usize), sms.max(1) as usize);
@@ -213,7 +221,8 @@ pub fn pipe_tile(m: usize, n: usize, sms: u32, min_tn: u32) -> (u32, u32) {
         if rest > 0 {
             blocks += PARTIAL_ROUND * occ as f64 + (1.0 - PARTIAL_ROUND) * rest as f64;
         }
-        blocks * (tm * tn) as f64 / (128.0 * 256.0) * PIPE_ROUND_COST[i]
+        let round = if i == 0 && warpgroup { WARPGROUP_ROUND_COST } else { PIPE_ROUND_COST[i] };
+        blocks * (tm * tn) as f64 / (128.0 * 256.0) * round
     };
     let ok = |i: &usize| PIPE_TILES[*i].1 >= min_tn && (m > 64 || PIPE_TILES[*i].0 <= 64);
     // ties go to the larger tile (the first)
@@ -506,7 +515,8 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
         }
         let grid = [grid_dim(ck, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(ck, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, slices];
         let cp = LinearParams { k_split: fits_u32(ck, "k", depth)?, ..*p };
-        return l.launch_cluster(ck, grid, mma_tile::THREADS, mma_pipe_tile::shared_bytes(tm, tn), &cp, [1, 1, slices]);
+        let ck = wgmma_or(l, ck);
+        return l.launch_cluster(ck, grid, mma_tile::THREADS, ck.large_shared_bytes(), &cp, [1, 1, slices]);
     }
     let part = match (slices > 1, ws) {
         (false, _) => None,
@@ -757,7 +767,7 @@ impl CudaBackend {
             (LinearAlgo::Mma(64, 64, _), _) if m <= 64 => Some((64, 128)),
             // past 64 rows the rounds may pick 64 × 64, which the pair has no kernel for: its
             // best wider tile
-            (LinearAlgo::Mma(..), LinearAlgo::Mma(64, 64, 1)) => self.wider_rounds_tile(m, 2 * n),
+            (LinearAlgo::Mma(..), LinearAlgo::Mma(64, 64, 1)) => self.wider_rounds_tile(m, 2 * n, dtype),
             _ => None,
         }
     }
@@ -770,14 +780,20 @@ impl CudaBackend {
     /// [`CudaBackend::pick_linear`], offering the 128 × 256 tile only with `wide` (and where the
     /// mode and the device allow it).
     fn pick_linear_wide(&self, m: usize, n: usize, k: usize, dtype: DType, wide: bool) -> LinearAlgo {
-        LinearAlgo::pick_for(m, n, k, dtype, self.kernels.arch(), self.sms, wide && self.wide_fits())
+        LinearAlgo::pick_for(m, n, k, dtype, self.kernels.arch(), self.sms, wide && self.wide_fits(), self.warpgroup_tiles())
     }
 
     /// Where the rounds picked 64 × 64 for `m` rows and `n` columns (past 64 rows, all tiles on
     /// offer), the best of the tiles at least 128 wide: for kernels without a 64 × 64 variant
     /// (the gate/up pair, the bf16-output GEMMs); else `None`.
-    fn wider_rounds_tile(&self, m: usize, n: usize) -> Option<(u32, u32)> {
-        (m > 64 && tile_rounds() && wide_tiles() && self.wide_fits()).then(|| pipe_tile(m, n, self.sms, 128))
+    fn wider_rounds_tile(&self, m: usize, n: usize, dtype: DType) -> Option<(u32, u32)> {
+        (m > 64 && tile_rounds() && wide_tiles() && self.wide_fits()).then(|| pipe_tile(m, n, self.sms, 128, self.warpgroup_tiles() && dtype == DType::BF16))
+    }
+
+    /// Whether the 128 × 256 tiles of bf16 weights run as the warpgroup kernels (sm_90a and
+    /// their shared memory fits; `wgmma_or`).
+    fn warpgroup_tiles(&self) -> bool {
+        self.kernels.sm90a() && self.kernels.fits_shared(gpu::params::wgmma_tile::shared_bytes(128, 256))
     }
 
     /// Whether the pipelined 16-bit-activation kernels run and their 128 × 256 tile fits.
@@ -957,7 +973,7 @@ impl CudaBackend {
         let tile = match (l1, l2) {
             (LinearAlgo::Mma(tm, tn, 1), LinearAlgo::Mma(..)) if Kernel::pipe_c16(false, (tm, tn)).is_some() => (tm, tn),
             // the rounds picked 64 × 64 (fc1 past k = 1,024), which has no bf16-output kernel
-            (LinearAlgo::Mma(64, 64, 1), LinearAlgo::Mma(..)) if k > 1024 => match self.wider_rounds_tile(m, n) {
+            (LinearAlgo::Mma(64, 64, 1), LinearAlgo::Mma(..)) if k > 1024 => match self.wider_rounds_tile(m, n, DType::BF16) {
                 Some(tile) => tile,
                 None => return composite(),
             },
@@ -1099,7 +1115,7 @@ mod tests {
 
     #[test]
     fn pipelined_kernels_take_128x256_tiles_where_they_fill_the_device() {
-        let pick = |m, n, a16| LinearAlgo::pick_for(m, n, 2048, DType::BF16, Arch::Compute80, 132, a16);
+        let pick = |m, n, a16| LinearAlgo::pick_for(m, n, 2048, DType::BF16, Arch::Compute80, 132, a16, false);
         // 4,096 rows of the vision tower's fc2 (1,024 outputs): 32 × 4 = 128 tiles of 128 × 256
         assert_eq!(pick(4096, 1024, true), LinearAlgo::Mma(128, 256, 1));
         // the f32-precision kernels have no such tile
@@ -1122,22 +1138,27 @@ mod tests {
     fn pipelined_tiles_go_by_rounds_of_blocks() {
         // 2,048 prompt rows: 16 row tiles, one or two full rounds of 128 × 256 on 132 SMs
         for n in [2048, 4096, 12_288] {
-            assert_eq!(pipe_tile(2048, n, 132, 64), (128, 256), "n {}", n);
+            assert_eq!(pipe_tile(2048, n, 132, 64, false), (128, 256), "n {}", n);
         }
         // 64 decode rows more: a 17th row tile would be a second round of 128 × 256 for 136
         // blocks; 33 × 16 = 528 blocks of 64 × 128 are two full rounds of two
-        assert_eq!(pipe_tile(2112, 2048, 132, 64), (64, 128));
-        assert_eq!(pipe_tile(2112, 4096, 132, 64), (64, 128));
+        assert_eq!(pipe_tile(2112, 2048, 132, 64, false), (64, 128));
+        assert_eq!(pipe_tile(2112, 4096, 132, 64, false), (64, 128));
         // an image prompt (1,038 rows) and 16 decode rows, qkv: 9 × 16 = 144 blocks of
         // 128 × 256 are two rounds on 12 SMs; 17 × 32 of 64 × 128 two and a half
-        assert_eq!(pipe_tile(1054, 4096, 132, 64), (64, 128));
+        assert_eq!(pipe_tile(1054, 4096, 132, 64, false), (64, 128));
         // the LM head of 65-128 rows keeps 128 × 256; a pair without a 64 × 64 kernel never
         // gets it
-        assert_eq!(pipe_tile(65, 151_936, 132, 64), (128, 256));
-        assert_eq!(pipe_tile(300, 1024, 132, 128).1, 128);
+        assert_eq!(pipe_tile(65, 151_936, 132, 64, false), (128, 256));
+        assert_eq!(pipe_tile(300, 1024, 132, 128, false).1, 128);
         // at most 64 rows: 64-row tiles only; a device of no multiprocessors does not divide by 0
-        assert_eq!(pipe_tile(64, 151_936, 132, 64).0, 64);
-        assert!(PIPE_TILES.contains(&pipe_tile(4096, 4096, 0, 64)));
+        assert_eq!(pipe_tile(64, 151_936, 132, 64, false).0, 64);
+        assert!(PIPE_TILES.contains(&pipe_tile(4096, 4096, 0, 64, false)));
+        // the warpgroup kernel's 128 × 256 (sm_90a) takes the 17th row tile's second round
+        // (2,112 rows: down_proj 178 against 190 µs on the H200) and an image prompt's qkv
+        // (1,054 rows: 70.5 against 90.4)
+        assert_eq!(pipe_tile(2112, 2048, 132, 64, true), (128, 256));
+        assert_eq!(pipe_tile(1054, 4096, 132, 64, true), (128, 256));
     }
 
     #[test]

@@ -140,6 +140,9 @@ impl Kernels {
         if f.is_null() || !self.clusters {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90 (thread-block clusters)", kernel.arch()) });
         }
+        if kernel.needs_sm90a() && !self.sm90a {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90a (warpgroup multiplies)", kernel.arch()) });
+        }
         if (0..3).any(|i| cluster[i] == 0 || !grid[i].is_multiple_of(cluster[i])) || cluster.iter().product::<u32>() > 8 {
             return Err(Error::Limit { op: kernel.name(), msg: format!("clusters of {:?} blocks for a grid of {:?}: each axis a multiple, at most 8 blocks", cluster, grid) });
         }

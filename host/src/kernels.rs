@@ -103,6 +103,12 @@ impl Ptx {
     /// `SM90A_MARK` comments instructions too ([`Ptx::is_sm90a`]). Register caps as
     /// [`Ptx::text_with_caps`].
     pub fn text_for(&self, cc: (u32, u32), overlap: bool) -> (String, bool) {
+        self.text_for_with(cc, overlap, wgmma_enabled())
+    }
+
+    /// [`Ptx::text_for`], the sm_90a form only with `wgmma` (the module loader's fallback when
+    /// the driver refuses the sm_90a text).
+    pub fn text_for_with(&self, cc: (u32, u32), overlap: bool, wgmma: bool) -> (String, bool) {
         let text = self.text_with_caps();
         if !(overlap && self.arch == Arch::Compute80 && cc >= (9, 0)) {
             return (text, false);
@@ -119,7 +125,7 @@ impl Ptx {
             .replace(&format!("{}\n", GRID_DEP_LAUNCH), "griddepcontrol.launch_dependents;\n")
             .replace(SM90_MARK, "");
         // sm_90a (exactly compute 9.0): the warpgroup instructions, which need PTX 8.0
-        if cc == (9, 0) && wgmma_enabled() && text.contains(SM90A_MARK) && text.contains(".version 7.8\n") {
+        if cc == (9, 0) && wgmma && text.contains(SM90A_MARK) && text.contains(".version 7.8\n") {
             let text = text.replacen(".target sm_90\n", ".target sm_90a\n", 1).replacen(".version 7.8\n", ".version 8.0\n", 1).replace(SM90A_MARK, "");
             return (text, true);
         }
@@ -672,6 +678,9 @@ mod tests {
             let (other, _) = ptx.text_for(cc, on);
             assert!(!Ptx::is_sm90a(&other) && other.contains("// qwen3vl90a:wgmma.fence.sync.aligned;") && other.contains(".version 7.8\n"), "{:?}: {}", cc, other);
         }
+        // the loader's fallback: sm_90 with its grid dependencies, the warpgroup marks comments
+        let (plain, overlap) = ptx.text_for_with((9, 0), true, false);
+        assert!(overlap && !Ptx::is_sm90a(&plain) && plain.contains(".target sm_90\n") && plain.contains("\tgriddepcontrol.wait;\n\t// qwen3vl90a:wgmma.fence"), "{}", plain);
         assert!(Kernel::MatmulWgmma128x256Bf16.needs_sm90a() && !Kernel::MatmulMmaPipe128x256Bf16.needs_sm90a());
         assert_eq!(Kernel::MatmulMmaPipe128x256C16Bf16.wgmma_variant(), Some(Kernel::MatmulWgmma128x256C16Bf16));
         assert_eq!(Kernel::MatmulMmaPipe128x256F16.wgmma_variant(), None);

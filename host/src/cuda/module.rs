@@ -64,15 +64,22 @@ impl Kernels {
         if want_overlap && !can_overlap {
             log::warn!("kernels on {} run one after another: the driver has no cuLaunchKernelEx (CUDA 12.0)", device);
         }
-        let (text, overlap) = chosen.text_for(cc, can_overlap);
+        let (mut text, overlap) = chosen.text_for(cc, can_overlap);
         if overlap {
             why.push_str("; launches overlap the kernel before (sm_90 grid dependencies)");
+        }
+        let mut loaded = Module::from_ptx(&text, &[]);
+        if let (Err(e), true) = (&loaded, Ptx::is_sm90a(&text)) {
+            // a driver that takes sm_90 but not sm_90a (PTX 8.0): the pipelined GEMMs instead
+            log::warn!("{}: the sm_90a module did not load ({}); loading it as sm_90, without the warpgroup GEMMs", device, e);
+            text = chosen.text_for_with(cc, can_overlap, false).0;
+            loaded = Module::from_ptx(&text, &[]);
         }
         let sm90a = overlap && Ptx::is_sm90a(&text);
         if sm90a {
             why.push_str("; loaded as sm_90a (warpgroup GEMMs)");
         }
-        let module = Module::from_ptx(&text, &[]).map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
+        let module = loaded.map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
         let mut funcs = vec![std::ptr::null_mut(); Kernel::ALL.len()];
         let mut overlaps = vec![false; Kernel::ALL.len()];
         let waiting = if overlap { Ptx::waiting_entries(&text) } else { Default::default() };

@@ -88,6 +88,21 @@ pub(crate) struct PipeArgs {
     pub(crate) ke: usize,
 }
 
+impl PipeArgs {
+    /// A linear layer's operands over this block's `k` slice (`matmul::k_slice`).
+    #[inline(always)]
+    pub(crate) fn linear<const SPLIT: bool>(p: &LinearParams) -> PipeArgs {
+        let (kb, ke) = crate::matmul::k_slice::<SPLIT>(p);
+        PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke }
+    }
+
+    /// A SwiGLU pair's operands (the gate and up matrices), all of `k`.
+    #[inline(always)]
+    pub(crate) fn gate_up(p: &GateUpParams) -> PipeArgs {
+        PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.gate as *const u8, w2: p.up as *const u8, m: p.m as usize, n: p.n as usize, k: p.k as usize, kb: 0, ke: p.k as usize }
+    }
+}
+
 /// A thread's share of the copies of one pipeline stage of a `TM × TN` tile (`C` 16-byte chunks
 /// per staged row): both operands' sources, shared offsets and which of its rows exist, worked
 /// out once per thread ([`pipe_core`], and the warpgroup kernels of `wgmma.rs`).
@@ -272,8 +287,7 @@ unsafe fn pipe_core<W: MmaElem, const TM: usize, const TN: usize, const KB: usiz
 
 #[inline(always)]
 unsafe fn mma_pipe<W: MmaElem, const TM: usize, const TN: usize, const SPLIT: bool, const KB: usize, const C: usize, const C16: bool, const MT: usize, const NT: usize>(p: LinearParams) {
-    let (kb, ke) = crate::matmul::k_slice::<SPLIT>(&p);
-    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
+    let x = PipeArgs::linear::<SPLIT>(&p);
     let acc = pipe_core::<W, TM, TN, KB, C, false, MT, NT>(&x);
     if TN == 256 {
         // (the staged tile fits in the stages' dynamic shared memory)
@@ -414,7 +428,7 @@ pub(crate) unsafe fn finish_staged<W: MmaElem, const TM: usize, const TN: usize,
 #[inline(always)]
 unsafe fn gate_up_pipe<W: MmaElem, const TM: usize, const TN: usize, const KB: usize, const C: usize, const C16: bool, const MT: usize, const NT: usize>(p: GateUpParams) {
     let (m, n) = (p.m as usize, p.n as usize);
-    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.gate as *const u8, w2: p.up as *const u8, m, n, k: p.k as usize, kb: 0, ke: p.k as usize };
+    let x = PipeArgs::gate_up(&p);
     let acc = pipe_core::<W, TM, TN, KB, C, true, MT, NT>(&x);
     let lane = thread::thread_idx_x() as usize % 32;
     let warp = thread::thread_idx_x() as usize / 32;
@@ -598,8 +612,7 @@ unsafe fn mma_pipe_cluster<W: MmaElem, const TM: usize, const TN: usize, const K
     /// Row stride of the staged tile (f32; 16-byte rows, fewer bank conflicts than `TN`).
     const PAD: usize = 4;
     let stride = TN + PAD;
-    let (kb, ke) = crate::matmul::k_slice::<true>(&p);
-    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
+    let x = PipeArgs::linear::<true>(&p);
     let acc = pipe_core::<W, TM, TN, KB, C, false, MT, NT>(&x);
     // 5. this slice's raw sums into [TM][stride] f32 of this block's shared memory, once every
     //    warp is done reading the pipeline's stages

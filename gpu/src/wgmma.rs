@@ -248,8 +248,7 @@ unsafe fn stage_wgmma_acc<A: WgAcc, const TM: usize, const TN: usize>(tile: *mut
 
 #[inline(always)]
 unsafe fn matmul_wgmma<A: WgAcc, const TM: usize, const TN: usize, const C16: bool>(p: LinearParams) {
-    let (kb, ke) = crate::matmul::k_slice::<false>(&p);
-    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
+    let x = PipeArgs::linear::<false>(&p);
     let acc = wgmma_core::<A, TM, TN, false>(&x);
     if TM == 128 {
         // the 128 × 256 epilogue of the pipelined kernels, through shared memory
@@ -309,8 +308,7 @@ pub unsafe fn matmul_wgmma_64x64_bf16(p: LinearParams) {
 /// z, `k_split` deep), merged in the launch as `matmul_mma_pipe_64x64_cluster_bf16` does.
 #[kernel]
 pub unsafe fn matmul_wgmma_64x64_cluster_bf16(p: LinearParams) {
-    let (kb, ke) = crate::matmul::k_slice::<true>(&p);
-    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.w as *const u8, w2: core::ptr::null(), m: p.m as usize, n: p.n as usize, k: p.k as usize, kb, ke };
+    let x = PipeArgs::linear::<true>(&p);
     let acc = wgmma_core::<[u32; 16], 64, 64, false>(&x);
     // 16-byte rows (as the pipelined cluster kernel's)
     let stride = 64 + 4;
@@ -325,7 +323,7 @@ pub unsafe fn matmul_wgmma_64x64_cluster_bf16(p: LinearParams) {
 #[inline(always)]
 unsafe fn gate_up_wgmma<A: WgAcc, const TM: usize, const TN: usize, const C16: bool>(p: GateUpParams) {
     let (m, n) = (p.m as usize, p.n as usize);
-    let x = PipeArgs { a: p.a as *const u8, lda: p.lda as usize, w: p.gate as *const u8, w2: p.up as *const u8, m, n, k: p.k as usize, kb: 0, ke: p.k as usize };
+    let x = PipeArgs::gate_up(&p);
     let acc = wgmma_core::<A, TM, TN, true>(&x);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * (TN / 2));
     unroll!(j < A::REGS / 8, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], {

@@ -132,9 +132,10 @@ impl Ptx {
         (text, true)
     }
 
-    /// Whether `text` (a module's text as loaded) is an sm_90a module, whose warpgroup kernels run.
+    /// Whether `text` (a module's text as loaded) is an sm_90a module, whose warpgroup kernels run:
+    /// its `.target` line, in the header (the rest of the 7 MB text is not read).
     pub fn is_sm90a(text: &str) -> bool {
-        text.contains("\n.target sm_90a\n")
+        text.lines().find(|l| l.starts_with(".target ")) == Some(".target sm_90a")
     }
 
     /// The names of the kernels whose entry in `text` (a module's text as loaded) waits for
@@ -463,8 +464,7 @@ impl Kernel {
                 | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
                 | MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16
                 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16
-                | MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 | MatmulWgmma64x128Bf16 | MatmulWgmma64x128C16Bf16 | MatmulWgmma64x64Bf16 | MatmulWgmma64x64ClusterBf16 | GateUpWgmma64x128Bf16 | GateUpWgmma64x128C16Bf16
-        )
+        ) || self.needs_sm90a()
     }
 
     /// Whether this kernel runs only where the compute_80 module was loaded as sm_90a (the

@@ -134,6 +134,15 @@ impl Kernels {
         self.sm90a
     }
 
+    /// An error naming what `kernel` needs where it is a warpgroup kernel and the module was
+    /// not loaded as sm_90a (both launch paths check it).
+    fn check_sm90a(&self, kernel: Kernel) -> Result<()> {
+        if kernel.needs_sm90a() && !self.sm90a {
+            return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90a (warpgroup multiplies)", kernel.arch()) });
+        }
+        Ok(())
+    }
+
     /// How many times `kernel` was launched (or recorded into a graph) on this module.
     pub fn launches(&self, kernel: Kernel) -> u64 {
         self.launches[kernel as usize].load(std::sync::atomic::Ordering::Relaxed)
@@ -147,9 +156,7 @@ impl Kernels {
         if f.is_null() || !self.clusters {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90 (thread-block clusters)", kernel.arch()) });
         }
-        if kernel.needs_sm90a() && !self.sm90a {
-            return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90a (warpgroup multiplies)", kernel.arch()) });
-        }
+        self.check_sm90a(kernel)?;
         if (0..3).any(|i| cluster[i] == 0 || !grid[i].is_multiple_of(cluster[i])) || cluster.iter().product::<u32>() > 8 {
             return Err(Error::Limit { op: kernel.name(), msg: format!("clusters of {:?} blocks for a grid of {:?}: each axis a multiple, at most 8 blocks", cluster, grid) });
         }
@@ -164,9 +171,7 @@ impl Kernels {
         if f.is_null() {
             return Err(Error::Limit { op: kernel.name(), msg: format!("needs the {} module; {} is loaded", kernel.arch(), self.arch) });
         }
-        if kernel.needs_sm90a() && !self.sm90a {
-            return Err(Error::Limit { op: kernel.name(), msg: format!("needs a compute 9.0 device with the {} module loaded as sm_90a (warpgroup multiplies)", kernel.arch()) });
-        }
+        self.check_sm90a(kernel)?;
         self.launches[kernel as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.overlap[kernel as usize] {
             // the kernel waits for the one before it before reading its output (`overlap` is

@@ -209,6 +209,44 @@ fn vision_attention_with_fused_rotary_agrees() {
     }
 }
 
+/// The flash kernels by warpgroups (sm_90a `wgmma`, `gpu/src/flash_mma.rs`), which every test
+/// here runs on a compute 9.0 device: causal prefill with Qwen3-VL-2B's text heads (d 128, GQA
+/// 2) over 4,100 keys and over a partial last tile, the vision heads (d 64, two warpgroups a
+/// block) with and without the block-diagonal mask, and a head dim between the classes (72:
+/// dims past it zero in the staged tiles); the launch counts show both kernels ran. Elsewhere
+/// (or with `QWEN3_VL_FLASH_WGMMA=0`) the test says so and checks nothing.
+#[cfg(feature = "cuda")]
+#[test]
+fn warpgroup_flash_attention_agrees_and_runs() {
+    use qwen3_vl::kernels::Kernel;
+    for g in gpus("warpgroup flash attention") {
+        let Some(c) = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() else { continue };
+        if !c.warpgroup_gemms() || std::env::var("QWEN3_VL_FLASH_WGMMA").map_or(false, |v| v == "0") {
+            eprintln!("skip: {} has no sm_90a module or QWEN3_VL_FLASH_WGMMA=0 (warpgroup flash attention runs on compute 9.0 only)", g.describe());
+            continue;
+        }
+        let kernels = [Kernel::FlashAttentionWgmmaD64F16, Kernel::FlashAttentionWgmmaD128F16];
+        let before: Vec<u64> = kernels.iter().map(|&k| c.kernel_launches(k)).collect();
+        dense_case(&*g, 300, 16, 8, 128, 4100, true, DType::F16);
+        dense_case(&*g, 129, 16, 8, 128, 1000, true, DType::F32);
+        dense_case(&*g, 200, 16, 16, 64, 333, false, DType::F16);
+        dense_case(&*g, 65, 8, 2, 72, 700, true, DType::F16);
+        let (abs, rel) = attention_tolerance(&*g);
+        let (segments, heads, d) = (vec![700, 4, 300], 16, 64);
+        let n: usize = segments.iter().sum();
+        let (q, k, v) = (random(n * heads * d, 81), random(n * heads * d, 82), random(n * heads * d, 83));
+        let op = |b: &dyn Backend| -> Result<Tensor> {
+            let mask = BlockMask::block_diagonal(b, &segments)?;
+            let t = |x: &[f32]| b.upload_f32(&[n, heads, d], x);
+            b.attention_block_sparse(&t(&q)?, &t(&k)?, &t(&v)?, &mask, 1.0 / (d as f32).sqrt(), None)
+        };
+        agree(&format!("warpgroup vision attention segments {:?} on {}", segments, g.describe()), &*g, &op, abs, rel);
+        for (i, &kernel) in kernels.iter().enumerate() {
+            assert!(c.kernel_launches(kernel) > before[i], "{}: {} did not run", g.describe(), kernel.name());
+        }
+    }
+}
+
 /// `n` distinct cache rows (or blocks) out of `cap`, shuffled (a sequence's keys scattered over a
 /// pool).
 fn shuffled_slots(rng: &mut Rng, n: usize, cap: usize) -> Vec<u32> {

@@ -59,11 +59,12 @@ use crate::attention::RowScales;
 use crate::flash::{ballot, load_q2, Plan, LOG2E};
 use crate::math::{f16_key_scale, F16};
 use crate::mem::{ex2, F32x4};
-use crate::params::flash_mma_tile::{BN, THREADS};
+use crate::params::flash_mma_tile::BN;
 use crate::params::flash_mma_tile;
 use crate::params::block_mask::CLASS_WORDS;
 use crate::params::FlashParams;
 use crate::reduce::shfl_xor;
+use crate::wgmma::{descriptor, descriptor_mn, fence_proxy_async, wgmma_commit, wgmma_fence, WgAcc};
 use cuda_std::{kernel, shared_array, thread, GpuFloat};
 
 /// The 32-bit shared-memory address of a generic pointer into shared memory.
@@ -158,37 +159,42 @@ fn tree8(x: [f32; 8], f: impl Fn(f32, f32) -> f32) -> f32 {
     f(f(a, b), f(c, d))
 }
 
-/// Byte offset of 16-byte chunk `c` of key row `r` in a swizzled `[BN][D]` f16 tile.
+/// Byte offset of 16-byte chunk `c` of key row `r` in a staged f16 tile: `[D / 64][BN][64]`
+/// (slabs of 64 dims, rows of 128 bytes), chunk `c % 8` of a row at `(c % 8) ^ (r % 8)` — on a
+/// 1,024-byte-aligned tile, the warpgroup instructions' 128-byte swizzle.
 #[inline(always)]
-fn swizzle<const D: usize>(r: usize, c: usize) -> u32 {
-    (r * D * 2 + ((c ^ (r & 7)) << 4)) as u32
+fn tile_offset(r: usize, c: usize) -> u32 {
+    ((c / 8) * BN * 128 + r * 128 + (((c % 8) ^ (r & 7)) << 4)) as u32
 }
 
 /// Stages keys `k0 .. k0 + BN` (those past `nk` zero) of the f16 rows at `src` (row stride
 /// `row` elements) into the tile at shared address `dst`, dims past `d` zero, with `cp.async`.
-/// Thread `t` copies chunk `t % (D / 8)` of rows `t / (D / 8) + R·u` (`R = THREADS / (D / 8)`
-/// rows a round, a multiple of 8): every one of its rows has the first one's swizzle, so its
-/// copies are the first one's addresses plus `u` row steps, without per-copy index arithmetic
-/// (a copy of 0 bytes zero-fills and reads nothing).
+/// Thread `t` of the block's `T` (`flash_mma_tile::threads`) copies chunk `t % (D / 8)` of rows
+/// `t / (D / 8) + R·u` (`R = T / (D / 8)` rows a round, a multiple of 8): every one of its rows
+/// has the first one's swizzle, so its copies are the first one's addresses plus `u` row steps,
+/// without per-copy index arithmetic (a copy of 0 bytes zero-fills and reads nothing).
 #[inline(always)]
-unsafe fn stage<const D: usize>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
+unsafe fn stage<const D: usize, const WG: bool>(dst: u32, src: *const F16, k0: usize, nk: usize, row: usize, d: usize, tid: usize) {
     let chunks = D / 8;
-    let per = THREADS as usize / chunks;
-    const MAX_ITEMS: usize = BN * 128 / 8 / THREADS as usize;
+    let per = flash_mma_tile::threads(D, WG) as usize / chunks;
+    // the most copies a thread makes (128 threads, d 128)
+    const MAX_ITEMS: usize = BN * 128 / 8 / 128;
     let items = BN / per;
     let (r0, c) = (tid / chunks, tid % chunks);
     let d_ok = 8 * c < d;
-    let (dst0, src0) = (dst + swizzle::<D>(r0, c), src.wrapping_add((k0 + r0) * row + 8 * c));
+    let (dst0, src0) = (dst + tile_offset(r0, c), src.wrapping_add((k0 + r0) * row + 8 * c));
     for u in 0..MAX_ITEMS {
         if u < items {
             let ok = d_ok && r0 + per * u < nk;
-            cp_async16(dst0 + (per * u * D * 2) as u32, src0.wrapping_add(per * u * row) as *const u8, 16 * ok as u32);
+            cp_async16(dst0 + (per * u * 128) as u32, src0.wrapping_add(per * u * row) as *const u8, 16 * ok as u32);
         }
     }
 }
 
-// a thread's staged rows share one swizzle (rows a round a multiple of 8, for d 64 and 128)
-const _: () = assert!((THREADS as usize / (128 / 8)) % 8 == 0 && (THREADS as usize / (64 / 8)) % 8 == 0);
+// a thread's staged rows share one swizzle (rows a round a multiple of 8, for d 64 and 128);
+// every block has at least 128 threads
+const _: () = assert!(flash_mma_tile::threads(128, false) == 128 && flash_mma_tile::threads(64, false) == 128 && flash_mma_tile::threads(128, true) == 128);
+const _: () = assert!(flash_mma_tile::threads(64, true) / 8 % 8 == 0 && flash_mma_tile::threads(64, true) / 8 <= BN as u32);
 
 // the per-tile scale check reads two keys per lane
 const _: () = assert!(BN == 64);
@@ -233,26 +239,38 @@ struct QRows {
     qa: [[[u32; 4]; 8]; MAX_MT],
 }
 
+/// The query vector of row slot `(mt, h)` of lane `gq` of warp `w`, counted from the block's
+/// first: the m16 row tiles of the warps are 16 rows apart within each m-tile's 64 (the
+/// warpgroup instructions' rows, used by the `mma.sync` kernels as well).
 #[inline(always)]
-unsafe fn flash_mma<const D: usize>(p: FlashParams) {
-    let mt_n = flash_mma_tile::m_tiles(D);
-    // sized for the largest head-dim class
-    let ks = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
-    let vs = smem_addr(shared_array![F32x4; BN * 128 * 2 / 16]);
+fn slot_vector(mt: usize, w: usize, gq: usize, h: usize) -> usize {
+    64 * mt + 16 * w + gq + 8 * h
+}
+
+/// The kernels' body; `WG`: the products by warpgroup instructions (sm_90a), else `mma.sync`.
+#[inline(always)]
+unsafe fn flash_mma<const D: usize, const WG: bool>(p: FlashParams) {
+    let mt_n = flash_mma_tile::m_tiles(D, WG);
+    // K and V tiles from a 1,024-byte boundary (the warpgroup instructions' swizzle repeats every
+    // 8 rows of 128 bytes), sized for the largest head-dim class; after them, with 64 dims by
+    // warpgroups, the queries (`q_shared`)
+    let ks = (smem_addr(shared_array![F32x4; (2 * BN * 128 * 2 + 1024) / 16]) + 1023) & !1023;
+    let vs = ks + (BN * D * 2) as u32;
+    let qs = vs + (BN * D * 2) as u32;
     let tid = thread::thread_idx_x() as usize;
     let (lane, w) = (tid % 32, tid / 32);
     let (gq, tq) = (lane / 4, lane % 4);
     let (heads, d) = (p.heads as usize, p.d as usize);
     let kv_row = p.kv_heads as usize * d;
-    let mut plan = Plan::new(&p, flash_mma_tile::vectors(D));
+    let mut plan = Plan::new(&p, flash_mma_tile::vectors(D, WG));
     plan.classify_tiles(BN, shared_array![u32; CLASS_WORDS]);
 
-    // 1. this lane's rows: vectors `16 · (mt_n · w + mt) + l/4 (+ 8)` of the block, row slot
+    // 1. this lane's rows: vectors `slot_vector(mt, w, l/4, h)` of the block, row slot
     //    `2 mt + h`; their bounds and Q fragments, narrowed divided by the row's
     //    `f16_key_scale` (the row's largest magnitude over the quad), which multiplies the row's
     //    scores
     // (recomputed where needed rather than held in registers through the loop)
-    let vector = |mt: usize, h: usize| plan.vector(plan.v0 + 16 * (mt_n * w + mt) + gq + 8 * h, heads);
+    let vector = |mt: usize, h: usize| plan.vector(plan.v0 + slot_vector(mt, w, gq, h), heads);
     let mut st = [(0u32, 0u32); 2 * MAX_MT];
     let mul = p.scale * LOG2E;
     let mut qsc = [1.0f32; 2 * MAX_MT];
@@ -286,6 +304,12 @@ unsafe fn flash_mma<const D: usize>(p: FlashParams) {
             }
         });
     });
+    if q_shared::<D, WG>() {
+        // the warpgroup's 64 rows as the A operand of `S = Q Kᵀ` (K-major, one slab of 64 dims),
+        // made visible to the multiplies by the fence and the barrier before the first tile's
+        store_q(qs + (w / 4 * 64 * 128) as u32, &qa[0], w % 4, lane);
+        fence_proxy_async();
+    }
     // whether a row of this lane is scaled
     let mut q_scaled = false;
     for r in 0..2 * MAX_MT {
@@ -297,19 +321,20 @@ unsafe fn flash_mma<const D: usize>(p: FlashParams) {
     //    through a copy of the loop without any of it (uniform over the block)
     let flagged = p.kv_scale != 0 && (p.kv_flag == 0 || *(p.kv_flag as *const u32) != 0);
     let rows = QRows { st, qsc, qa };
-    let smem = (ks, vs, shared_array![F32x4; BN / 2] as *const [f32; 2]);
+    let smem = (ks, vs, qs, shared_array![F32x4; BN / 2] as *const [f32; 2]);
     if block_any(q_scaled || flagged) {
-        tiles::<D, true>(&p, &plan, &rows, smem, q_scaled);
+        tiles::<D, true, WG>(&p, &plan, &rows, smem, q_scaled);
     } else {
-        tiles::<D, false>(&p, &plan, &rows, smem, false);
+        tiles::<D, false, WG>(&p, &plan, &rows, smem, false);
     }
 }
 
 /// The tile loop and the output of [`flash_mma`]; `SCALED`: with the row-scale steps (`ks`, `vs`
-/// the K and V tiles' shared addresses, `scs` the tile's scales in shared memory).
+/// the K and V tiles' shared addresses, `qs` the queries' where `q_shared`, `scs` the tile's
+/// scales in shared memory).
 #[inline(always)]
-unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan, rows: &QRows, (ks, vs, scs): (u32, u32, *const [f32; 2]), q_scaled: bool) {
-    let mt_n = flash_mma_tile::m_tiles(D);
+unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashParams, plan: &Plan, rows: &QRows, (ks, vs, qs, scs): (u32, u32, u32, *const [f32; 2]), q_scaled: bool) {
+    let mt_n = flash_mma_tile::m_tiles(D, WG);
     // the rescale skip (`MAX_SLACK`) where it measured faster: head dims up to 64 (the vision
     // tower's attention, 2% on the H200); with 128 the branch cost 4% (causal prefill @4096)
     let skip_rescale = D <= 64;
@@ -318,7 +343,7 @@ unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan
     let (gq, tq) = (lane / 4, lane % 4);
     let (heads, d) = (p.heads as usize, p.d as usize);
     let kv_row = p.kv_heads as usize * d;
-    let vector = |mt: usize, h: usize| plan.vector(plan.v0 + 16 * (mt_n * w + mt) + gq + 8 * h, heads);
+    let vector = |mt: usize, h: usize| plan.vector(plan.v0 + slot_vector(mt, w, gq, h), heads);
     let (st, qsc, qa) = (&rows.st, &rows.qsc, &rows.qa);
     let mut o = [[[0.0f32; 4]; 16]; MAX_MT];
     let mut m = [f32::NEG_INFINITY; 2 * MAX_MT];
@@ -337,13 +362,13 @@ unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan
     let mut k_lane = [0u32; 4];
     let mut v_lane = [0u32; 4];
     for x in 0..4 {
-        k_lane[x] = ks + swizzle::<D>((mi / 2) * 8 + ri, 2 * x + mi % 2);
-        v_lane[x] = vs + swizzle::<D>((mi % 2) * 8 + ri, 2 * x + mi / 2);
+        k_lane[x] = ks + tile_offset((mi / 2) * 8 + ri, 2 * x + mi % 2);
+        v_lane[x] = vs + tile_offset((mi % 2) * 8 + ri, 2 * x + mi / 2);
     }
     let keys = |j: usize| (plan.end_max - j * BN).min(BN);
     let mut j = plan.next_tile(0, BN);
     if j < tiles {
-        stage::<D>(ks, k, j * BN, keys(j), kv_row, d, tid);
+        stage::<D, WG>(ks, k, j * BN, keys(j), kv_row, d, tid);
         if scaled {
             stage_scales(smem_addr(scs), &sc, j * BN, keys(j), tid);
         }
@@ -353,6 +378,9 @@ unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan
         let (_, check) = plan.tile(j, BN);
         let k0 = j * BN;
         cp_async_wait_all();
+        if WG {
+            fence_proxy_async();
+        }
         thread::sync_threads(); // K_j (and its scales) landed; every warp is done with V of the last tile
         // whether the scores need multiplying (a query row of the warp or a key of the tile has
         // a scale other than 1) and whether a value of the tile has one: each lane reads two
@@ -365,21 +393,25 @@ unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan
             k_mul = ballot(q_scaled || (scaled && (a[0] != 1.0 || b[0] != 1.0))) != 0;
             v_scaled = ballot(scaled && (a[1] != 1.0 || b[1] != 1.0)) != 0;
         }
-        stage::<D>(vs, v, k0, keys(j), kv_row, d, tid);
+        stage::<D, WG>(vs, v, k0, keys(j), kv_row, d, tid);
         cp_async_commit();
 
-        // 2a. S = Q Kᵀ: per k-step of 16 dims, one ldmatrix.x4 gives the B fragments of two
-        //     n-tiles, used by every m-tile of the warp
+        // 2a. S = Q Kᵀ: by the warpgroup, or per k-step of 16 dims one ldmatrix.x4 giving the
+        //     B fragments of two n-tiles, used by every m-tile of the warp
         let mut s = [[[0.0f32; 4]; BN / 8]; MAX_MT];
-        unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
-            unroll!(np < BN / 16, [0, 1, 2, 3], {
-                let b = ldmatrix_x4(k_lane[kk % 4], (np * 16 * D * 2 + (kk / 4) * 128) as u32);
-                unroll!(mt < mt_n, [0, 1], {
-                    s[mt][2 * np] = mma(s[mt][2 * np], qa[mt][kk], b[0], b[1]);
-                    s[mt][2 * np + 1] = mma(s[mt][2 * np + 1], qa[mt][kk], b[2], b[3]);
+        if WG {
+            s = qk_wgmma::<D>(qa, ks, q_shared::<D, WG>().then(|| qs + (w / 4 * 64 * 128) as u32));
+        } else {
+            unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+                unroll!(np < BN / 16, [0, 1, 2, 3], {
+                    let b = ldmatrix_x4(k_lane[kk % 4], (np * 16 * 128 + (kk / 4) * BN * 128) as u32);
+                    unroll!(mt < mt_n, [0, 1], {
+                        s[mt][2 * np] = mma(s[mt][2 * np], qa[mt][kk], b[0], b[1]);
+                        s[mt][2 * np + 1] = mma(s[mt][2 * np + 1], qa[mt][kk], b[2], b[3]);
+                    });
                 });
             });
-        });
+        }
         // 2b. scales (query rows, keys), masks, row maxima over the quad, rescaled state,
         //     probabilities as A fragments
         if k_mul {
@@ -485,26 +517,33 @@ unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan
             l[2 * mt + 1] += rs[1][0] + rs[1][1];
         });
         cp_async_wait_all();
+        if WG {
+            fence_proxy_async();
+        }
         thread::sync_threads(); // V_j landed; every warp is done with K_j
         let jn = plan.next_tile(j + 1, BN);
         if jn < tiles {
-            stage::<D>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
+            stage::<D, WG>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
             if scaled {
                 stage_scales(smem_addr(scs), &sc, jn * BN, keys(jn), tid);
             }
             cp_async_commit();
         }
-        // 2c. O += P V: per 16 keys, one ldmatrix.x4.trans gives the B fragments of two dim
-        //     tiles, used by every m-tile of the warp
-        unroll!(kc < BN / 16, [0, 1, 2, 3], {
-            unroll!(dp < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
-                let b = ldmatrix_x4_trans(v_lane[dp % 4], (kc * 16 * D * 2 + (dp / 4) * 128) as u32);
-                unroll!(mt < mt_n, [0, 1], {
-                    o[mt][2 * dp] = mma(o[mt][2 * dp], pa[mt][kc], b[0], b[1]);
-                    o[mt][2 * dp + 1] = mma(o[mt][2 * dp + 1], pa[mt][kc], b[2], b[3]);
+        // 2c. O += P V: by the warpgroup, or per 16 keys one ldmatrix.x4.trans giving the B
+        //     fragments of two dim tiles, used by every m-tile of the warp
+        if WG {
+            pv_wgmma::<D>(&mut o[0], &pa[0], vs);
+        } else {
+            unroll!(kc < BN / 16, [0, 1, 2, 3], {
+                unroll!(dp < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+                    let b = ldmatrix_x4_trans(v_lane[dp % 4], (kc * 16 * 128 + (dp / 4) * BN * 128) as u32);
+                    unroll!(mt < mt_n, [0, 1], {
+                        o[mt][2 * dp] = mma(o[mt][2 * dp], pa[mt][kc], b[0], b[1]);
+                        o[mt][2 * dp + 1] = mma(o[mt][2 * dp + 1], pa[mt][kc], b[2], b[3]);
+                    });
                 });
             });
-        });
+        }
         j = jn;
     }
 
@@ -530,14 +569,124 @@ unsafe fn tiles<const D: usize, const SCALED: bool>(p: &FlashParams, plan: &Plan
     });
 }
 
+/// Whether the warpgroup kernel of head-dim class `D` keeps the queries in shared memory (64:
+/// the registers of the Q fragments let two blocks of 256 threads fit a multiprocessor) rather
+/// than in registers (128, whose K/V tiles leave no room beside them).
+const fn q_shared<const D: usize, const WG: bool>() -> bool {
+    WG && D <= 64
+}
+
+/// Stores a lane's Q fragments (`qa`, 64 dims) of warp `w4` of its warpgroup into the
+/// warpgroup's `[64][64]` f16 query tile at shared address `q` (rows of 128 bytes, the
+/// 128-byte swizzle): fragment register `j` of k-step `kk` is row `16 w4 + l/4 + 8 (j % 2)`,
+/// dims `16 kk + 8 (j / 2) + 2 (l % 4) ..+2`.
+#[inline(always)]
+unsafe fn store_q(q: u32, qa: &[[u32; 4]; 8], w4: usize, lane: usize) {
+    let (gq, tq) = (lane / 4, lane % 4);
+    unroll!(kk < 4, [0, 1, 2, 3], {
+        unroll!(j < 4, [0, 1, 2, 3], {
+            let r = 16 * w4 + gq + 8 * (j % 2);
+            let a = q + tile_offset(r, 2 * kk + j / 2) + 4 * tq as u32;
+            core::arch::asm!("st.shared.u32 [{}], {};", in(reg32) a, in(reg32) qa[kk][j], options(nostack));
+        });
+    });
+}
+
+/// `S = Q Kⱼᵀ` by the warpgroup (sm_90a): per 16 dims one `m64n64k16`, Q from the query tile
+/// at shared address `q` (K-major, `q_shared`) or else from the lane's A fragments (the warp's 16
+/// rows, as `mma.sync` takes them), K from its staged tile (K-major); the accumulator's layout
+/// is `mma.sync`'s per 8 keys.
+#[inline(always)]
+unsafe fn qk_wgmma<const D: usize>(qa: &[[[u32; 4]; 8]; MAX_MT], ks: u32, q: Option<u32>) -> [[[f32; 4]; BN / 8]; MAX_MT] {
+    let mt_n = flash_mma_tile::m_tiles(D, true);
+    let mut acc = [[0u32; 4 * (BN / 8)]; MAX_MT];
+    wgmma_fence();
+    unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
+        // dims 16 kk ..: slab kk / 4, 32 bytes a step within its rows
+        let step = ((kk / 4) * BN * 128 + (kk % 4) * 32) as u64;
+        let db = descriptor(ks as u64 + step);
+        match q {
+            Some(q) => acc[0].mma_f16(descriptor(q as u64 + step), db),
+            None => {
+                unroll!(mt < mt_n, [0, 1], {
+                    acc[mt].mma_rs_f16(qa[mt][kk], db);
+                });
+            }
+        }
+    });
+    wgmma_commit();
+    unroll!(mt < mt_n, [0, 1], {
+        acc[mt].wait_all();
+    });
+    let mut s = [[[0.0f32; 4]; BN / 8]; MAX_MT];
+    unroll!(mt < mt_n, [0, 1], {
+        for i in 0..4 * (BN / 8) {
+            s[mt][i / 4][i % 4] = f32::from_bits(acc[mt][i]);
+        }
+    });
+    s
+}
+
+/// `O += P Vⱼ` by the warpgroup (sm_90a): per 16 keys one `m64nDk16` (D 64 or 128), P from the
+/// lane's A fragments, V from its staged tile (MN-major: keys are the rows, the slabs of 64 dims
+/// `BN · 128` bytes apart).
+#[inline(always)]
+unsafe fn pv_wgmma<const D: usize>(o: &mut [[f32; 4]; 16], pa: &[[u32; 4]; BN / 16], vs: u32) {
+    let dv = |kc: usize| descriptor_mn(vs as u64 + (kc * 16 * 128) as u64, (BN * 128) as u64);
+    if D <= 64 {
+        let mut acc = [0u32; 32];
+        for i in 0..32 {
+            acc[i] = o[i / 4][i % 4].to_bits();
+        }
+        wgmma_fence();
+        unroll!(kc < BN / 16, [0, 1, 2, 3], {
+            acc.mma_rs_f16_tb(pa[kc], dv(kc));
+        });
+        wgmma_commit();
+        acc.wait_all();
+        for i in 0..32 {
+            o[i / 4][i % 4] = f32::from_bits(acc[i]);
+        }
+    } else {
+        let mut acc = [0u32; 64];
+        for i in 0..64 {
+            acc[i] = o[i / 4][i % 4].to_bits();
+        }
+        wgmma_fence();
+        unroll!(kc < BN / 16, [0, 1, 2, 3], {
+            acc.mma_rs_f16_tb(pa[kc], dv(kc));
+        });
+        wgmma_commit();
+        acc.wait_all();
+        for i in 0..64 {
+            o[i / 4][i % 4] = f32::from_bits(acc[i]);
+        }
+    }
+}
+
+// the warpgroup products: one m-tile a warp
+const _: () = assert!(flash_mma_tile::m_tiles(64, true) == 1 && flash_mma_tile::m_tiles(128, true) == 1 && flash_mma_tile::m_tiles(64, false) == MAX_MT && BN / 8 == 8);
+
 /// Flash attention on tensor cores, head dims up to 64, f16 K/V (`cp.async`).
 #[kernel]
 pub unsafe fn flash_attention_mma_d64_f16(p: FlashParams) {
-    flash_mma::<64>(p)
+    flash_mma::<64, false>(p)
 }
 
 /// Flash attention on tensor cores, head dims up to 128, f16 K/V (`cp.async`).
 #[kernel]
 pub unsafe fn flash_attention_mma_d128_f16(p: FlashParams) {
-    flash_mma::<128>(p)
+    flash_mma::<128, false>(p)
+}
+
+/// [`flash_attention_mma_d64_f16`] with the products by warpgroups (sm_90a `wgmma`).
+#[kernel]
+pub unsafe fn flash_attention_wgmma_d64_f16(p: FlashParams) {
+    flash_mma::<64, true>(p)
+}
+
+/// [`flash_attention_mma_d128_f16`] with the products by warpgroups (sm_90a `wgmma`).
+#[kernel]
+pub unsafe fn flash_attention_wgmma_d128_f16(p: FlashParams) {
+    flash_mma::<128, true>(p)
 }

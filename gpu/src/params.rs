@@ -410,27 +410,40 @@ pub mod flash_tile {
     }
 }
 
-/// Tile shape of the tensor-core `flash_attention_mma_d{64,128}_*` kernels: each warp owns
-/// `m_tiles(D)` tiles of 16 query vectors, `WARPS` warps per block, key tiles of `BN` keys staged
-/// in shared memory as f16 (`cp.async` straight from an f16 cache).
+/// Tile shape of the tensor-core `flash_attention_mma_d{64,128}_*` kernels and their warpgroup
+/// twins `flash_attention_wgmma_*` (`wg`): each warp owns `m_tiles` tiles of 16 query vectors,
+/// `warps` warps per block, key tiles of `BN` keys staged in shared memory as f16 (`cp.async`
+/// straight from an f16 cache).
 pub mod flash_mma_tile {
-    pub const WARPS: u32 = 4;
-    pub const THREADS: u32 = WARPS * 32;
     /// Keys per tile.
     pub const BN: usize = 64;
-    /// m16 row tiles per warp for head-dim class `dc`: two for 64 (each K/V fragment read from
-    /// shared memory feeds twice the products), one for 128 (its wider accumulators fill the
-    /// register file).
-    pub const fn m_tiles(dc: usize) -> usize {
-        if dc <= 64 {
+    /// m16 row tiles per warp for head-dim class `dc`: with `mma.sync`, two for 64 (each K/V
+    /// fragment read from shared memory then feeds two products), one for 128 (its wider
+    /// accumulators fill the register file); by warpgroups one (the 64-row tile of a warpgroup
+    /// instruction is four warps' m-tiles).
+    pub const fn m_tiles(dc: usize, wg: bool) -> usize {
+        if dc <= 64 && !wg {
             2
         } else {
             1
         }
     }
-    /// Query vectors per block.
-    pub const fn vectors(dc: usize) -> usize {
-        16 * m_tiles(dc) * WARPS as usize
+    /// Warps per block: four (one warpgroup), or by warpgroups for head-dim class 64 eight (two
+    /// warpgroups of half the registers a thread: twice the warps a multiprocessor holds).
+    pub const fn warps(dc: usize, wg: bool) -> u32 {
+        if dc <= 64 && wg {
+            8
+        } else {
+            4
+        }
+    }
+    /// Threads per block.
+    pub const fn threads(dc: usize, wg: bool) -> u32 {
+        32 * warps(dc, wg)
+    }
+    /// Query vectors per block (128 for head-dim class 64, 64 for 128, either family).
+    pub const fn vectors(dc: usize, wg: bool) -> usize {
+        16 * m_tiles(dc, wg) * warps(dc, wg) as usize
     }
 }
 

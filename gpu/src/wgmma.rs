@@ -66,6 +66,13 @@ pub(crate) trait WgAcc: Copy {
     /// `self += a · b` (scale-d 1), A and B from shared memory through descriptors `da`, `db`,
     /// both K-major, bf16.
     unsafe fn mma(&mut self, da: u64, db: u64);
+    /// [`WgAcc::mma`] with f16 operands.
+    unsafe fn mma_f16(&mut self, da: u64, db: u64);
+    /// `self += a · b` with f16 operands: A from registers (`a`, the `mma.sync` m16n8k16 A
+    /// fragment of this thread's warp: rows `16w ..`), B from shared memory K-major.
+    unsafe fn mma_rs_f16(&mut self, a: [u32; 4], db: u64);
+    /// [`WgAcc::mma_rs_f16`] with B MN-major (transposed: `[k][n]` with `n` contiguous).
+    unsafe fn mma_rs_f16_tb(&mut self, a: [u32; 4], db: u64);
     /// Waits until at most one group of this warpgroup's multiplies is in flight; the
     /// accumulator is named so the compiler neither reads nor moves it across the wait.
     unsafe fn wait_one(&mut self);
@@ -91,6 +98,36 @@ macro_rules! wg_acc {
                     concat!("// qwen3vl90a:wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.bf16.bf16 {{{0}", $(", {", $i, "}",)* "}}, {da}, {db}, 1, 1, 1, 0, 0;"),
                     inout(reg32) self[0], $(inout(reg32) self[$i],)*
                     da = in(reg64) da, db = in(reg64) db,
+                    options(nostack),
+                )
+            }
+
+            #[inline(always)]
+            unsafe fn mma_f16(&mut self, da: u64, db: u64) {
+                core::arch::asm!(
+                    concat!("// qwen3vl90a:wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.f16.f16 {{{0}", $(", {", $i, "}",)* "}}, {da}, {db}, 1, 1, 1, 0, 0;"),
+                    inout(reg32) self[0], $(inout(reg32) self[$i],)*
+                    da = in(reg64) da, db = in(reg64) db,
+                    options(nostack),
+                )
+            }
+
+            #[inline(always)]
+            unsafe fn mma_rs_f16(&mut self, a: [u32; 4], db: u64) {
+                core::arch::asm!(
+                    concat!("// qwen3vl90a:wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.f16.f16 {{{0}", $(", {", $i, "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {db}, 1, 1, 1, 0;"),
+                    inout(reg32) self[0], $(inout(reg32) self[$i],)*
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3], db = in(reg64) db,
+                    options(nostack),
+                )
+            }
+
+            #[inline(always)]
+            unsafe fn mma_rs_f16_tb(&mut self, a: [u32; 4], db: u64) {
+                core::arch::asm!(
+                    concat!("// qwen3vl90a:wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.f16.f16 {{{0}", $(", {", $i, "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {db}, 1, 1, 1, 1;"),
+                    inout(reg32) self[0], $(inout(reg32) self[$i],)*
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3], db = in(reg64) db,
                     options(nostack),
                 )
             }
@@ -122,25 +159,26 @@ macro_rules! wg_acc {
 }
 
 wg_acc!(256, 128, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127]);
+wg_acc!(128, 64, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]);
 wg_acc!(64, 32, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]);
 wg_acc!(32, 16, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
 
 /// Orders this warpgroup's register accesses before the multiplies issued after it.
 #[inline(always)]
-unsafe fn wgmma_fence() {
+pub(crate) unsafe fn wgmma_fence() {
     core::arch::asm!("// qwen3vl90a:wgmma.fence.sync.aligned;", options(nostack));
 }
 
 /// Closes the group of multiplies issued since the last one.
 #[inline(always)]
-unsafe fn wgmma_commit() {
+pub(crate) unsafe fn wgmma_commit() {
     core::arch::asm!("// qwen3vl90a:wgmma.commit_group.sync.aligned;", options(nostack));
 }
 
 /// Makes this thread's landed shared-memory writes (its `cp.async` copies) visible to the
 /// async proxy the multiplies read through.
 #[inline(always)]
-unsafe fn fence_proxy_async() {
+pub(crate) unsafe fn fence_proxy_async() {
     core::arch::asm!("// qwen3vl90a:fence.proxy.async.shared::cta;", options(nostack));
 }
 
@@ -158,8 +196,16 @@ unsafe fn cp_async_wait<const N: usize>() {
 /// bytes in the 128-byte swizzle, groups of 8 rows 1,024 bytes apart (the leading offset is
 /// unused by this layout).
 #[inline(always)]
-fn descriptor(addr: u64) -> u64 {
+pub(crate) fn descriptor(addr: u64) -> u64 {
     ((addr & 0x3ffff) >> 4) | (1 << 16) | ((1024 >> 4) << 32) | (1 << 62)
+}
+
+/// The shared-memory descriptor of an MN-major operand (`[k][n]`, `n` contiguous) at shared
+/// address `addr`: rows of 128 bytes (64 16-bit elements of `n`) in the 128-byte swizzle, groups
+/// of 8 rows of `k` 1,024 bytes apart, the next 64 elements of `n` `lead` bytes on.
+#[inline(always)]
+pub(crate) fn descriptor_mn(addr: u64, lead: u64) -> u64 {
+    ((addr & 0x3ffff) >> 4) | ((lead >> 4) << 16) | ((1024 >> 4) << 32) | (1 << 62)
 }
 
 /// This thread's warpgroup, and the tile row and column of its accumulator element `i` (see

@@ -332,6 +332,8 @@ kernel_table! {
     RopeCastX4F16 = "rope_cast_x4_f16" @ Compute61,
     FlashAttentionMmaD64F16 = "flash_attention_mma_d64_f16" @ Compute80,
     FlashAttentionMmaD128F16 = "flash_attention_mma_d128_f16" @ Compute80,
+    FlashAttentionWgmmaD64F16 = "flash_attention_wgmma_d64_f16" @ Compute80,
+    FlashAttentionWgmmaD128F16 = "flash_attention_wgmma_d128_f16" @ Compute80,
     AttentionPagedF16 = "attention_paged_f16" @ Compute80,
     AttentionPagedMmaF16 = "attention_paged_mma_f16" @ Compute80,
     QuantizeActF32 = "quantize_act_f32" @ Compute61,
@@ -464,19 +466,25 @@ impl Kernel {
                 | GateUpPipeC16Bf16 | GateUpPipe64x128C16Bf16 | MatmulMmaPipeC16Bf16 | MatmulMmaPipe64x128C16Bf16
                 | MatmulMmaPipe128x256F16 | MatmulMmaPipe128x256Bf16 | MatmulMmaPipe128x256C16Bf16
                 | GateUpPipe128x256F16 | GateUpPipe128x256Bf16 | GateUpPipe128x256C16Bf16
-        ) || self.needs_sm90a()
+        ) || self.is_warpgroup_gemm()
     }
 
-    /// Whether this kernel runs only where the compute_80 module was loaded as sm_90a (the
-    /// warpgroup GEMMs, `gpu/src/wgmma.rs`).
-    pub fn needs_sm90a(self) -> bool {
+    /// Whether this is one of the warpgroup GEMMs (`gpu/src/wgmma.rs`).
+    pub fn is_warpgroup_gemm(self) -> bool {
         use Kernel::*;
         matches!(self, MatmulWgmma128x256Bf16 | MatmulWgmma128x256C16Bf16 | GateUpWgmma128x256Bf16 | GateUpWgmma128x256C16Bf16 | MatmulWgmma64x128Bf16 | MatmulWgmma64x128C16Bf16 | MatmulWgmma64x64Bf16 | MatmulWgmma64x64ClusterBf16 | GateUpWgmma64x128Bf16 | GateUpWgmma64x128C16Bf16)
     }
 
+    /// Whether this kernel runs only where the compute_80 module was loaded as sm_90a: the
+    /// warpgroup GEMMs and the flash attention kernels by warpgroups (`gpu/src/flash_mma.rs`).
+    pub fn needs_sm90a(self) -> bool {
+        self.is_warpgroup_gemm() || matches!(self, Kernel::FlashAttentionWgmmaD64F16 | Kernel::FlashAttentionWgmmaD128F16)
+    }
+
     /// The warpgroup (sm_90a) kernel that computes what `self` does, the same tile and
     /// parameters: the pipelined bf16 GEMMs and gate/up pairs of 128 × 256, 64 × 128 and 64 × 64
-    /// tiles (64 × 64 also split in a cluster; not the grid-split one, which writes a workspace).
+    /// tiles (64 × 64 also split in a cluster; not the grid-split one, which writes a workspace),
+    /// and the tensor-core flash attention kernels.
     pub fn wgmma_variant(self) -> Option<Kernel> {
         match self {
             Kernel::MatmulMmaPipe128x256Bf16 => Some(Kernel::MatmulWgmma128x256Bf16),
@@ -489,6 +497,8 @@ impl Kernel {
             Kernel::MatmulMmaPipe64x64ClusterBf16 => Some(Kernel::MatmulWgmma64x64ClusterBf16),
             Kernel::GateUpPipe64x128Bf16 => Some(Kernel::GateUpWgmma64x128Bf16),
             Kernel::GateUpPipe64x128C16Bf16 => Some(Kernel::GateUpWgmma64x128C16Bf16),
+            Kernel::FlashAttentionMmaD64F16 => Some(Kernel::FlashAttentionWgmmaD64F16),
+            Kernel::FlashAttentionMmaD128F16 => Some(Kernel::FlashAttentionWgmmaD128F16),
             _ => None,
         }
     }
@@ -516,12 +526,14 @@ impl Kernel {
     /// A cap on this kernel's registers per thread (PTX `.maxnreg`), where the compiler's own
     /// choice would halve the blocks an SM holds: the 16-row SwiGLU kernels take 132 registers
     /// on sm_90 (one block of 256 threads per SM), the 128 × 128 pipelined GEMMs 129-150
-    /// (by ptxas version and main loop); at 128 (no spills) two fit.
+    /// (by ptxas version and main loop); at 128 (no spills) two fit. The 64-dim flash attention
+    /// by warpgroups (256 threads) takes 168: at 128 two blocks fit instead of one.
     pub fn max_registers(self) -> Option<u32> {
         use Kernel::*;
         match self {
             GateUpSkinnyM16F16 | GateUpSkinnyM16Bf16 | GateUpSkinnyM16A16F16 | GateUpSkinnyM16A16Bf16 => Some(128),
             MatmulMmaPipeBf16 | MatmulMmaPipeF16 | MatmulMmaPipeC16Bf16 => Some(128),
+            FlashAttentionWgmmaD64F16 => Some(128),
             _ => None,
         }
     }

@@ -109,6 +109,13 @@ pub fn flash_mma(l: &Launcher<'_>) -> bool {
     l.kernels.arch() >= Arch::Compute80
 }
 
+/// Whether the tensor-core flash attention takes its warpgroup kernels on sm_90a
+/// (`QWEN3_VL_FLASH_WGMMA=0` keeps `mma.sync`: an A/B aid; read once).
+fn flash_wgmma_enabled() -> bool {
+    static SW: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_FLASH_WGMMA");
+    SW.on()
+}
+
 /// Flash attention (see `gpu/src/flash.rs`): the tensor-core kernels when the loaded module is
 /// compute_80 (f16 K/V), the SIMT ones otherwise (f32 or f16); head-dim class 64 or 128 by `d`.
 pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x: &FlashExtra<'_>, s: &AttnShape, p: &AttnParams) -> Result<()> {
@@ -120,6 +127,8 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
         (true, true) => Kernel::FlashAttentionMmaD64F16,
         (true, false) => Kernel::FlashAttentionMmaD128F16,
     };
+    // on sm_90a the products by warpgroups (`QWEN3_VL_FLASH_WGMMA=0`: `mma.sync`, an A/B aid)
+    let kernel = if mma && flash_wgmma_enabled() { l.wgmma_or(kernel) } else { kernel };
     if mma && kv_dtype != DType::F16 {
         return Err(Error::DType { op: kernel.name(), expected: "f16 keys and values (narrowed first)", got: kv_dtype });
     }
@@ -162,14 +171,15 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
         _pad: 0,
     };
     let dc = if small { 64 } else { 128 };
-    let vectors = if mma { flash_mma_tile::vectors(dc) } else { flash_tile::vectors(dc) };
+    let wg = kernel.needs_sm90a();
+    let vectors = if mma { flash_mma_tile::vectors(dc, wg) } else { flash_tile::vectors(dc) };
     let tiles = ceil_div(s.t * group, vectors);
     if tiles == 0 {
         return Ok(());
     }
     let grid = [grid_dim(kernel, "x", tiles, MAX_GRID_X)?, grid_dim(kernel, "y", s.kv_heads, MAX_GRID_Y)?, 1];
     if mma {
-        l.launch(kernel, grid, flash_mma_tile::THREADS, &params)
+        l.launch(kernel, grid, flash_mma_tile::threads(dc, wg), &params)
     } else {
         l.launch_shared(kernel, grid, flash_tile::THREADS, flash_tile::smem_bytes(if small { 64 } else { 128 }) as u32, &params)
     }

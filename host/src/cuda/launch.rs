@@ -25,6 +25,16 @@ pub struct Launcher<'a> {
 }
 
 impl Launcher<'_> {
+    /// `kernel`, or on an sm_90a module its warpgroup variant of the same tile and parameters
+    /// (`gpu/src/wgmma.rs`, `gpu/src/flash_mma.rs`; `Kernel::wgmma_variant`) where the device's
+    /// blocks may take its shared memory.
+    pub fn wgmma_or(&self, kernel: Kernel) -> Kernel {
+        match kernel.wgmma_variant() {
+            Some(w) if self.kernels.sm90a() && self.kernels.fits_shared(w.large_shared_bytes()) => w,
+            _ => kernel,
+        }
+    }
+
     /// Launches `kernel` with its single parameter struct `params` and no dynamic shared memory.
     pub fn launch<P: Copy>(&self, kernel: Kernel, grid: [u32; 3], block: u32, params: &P) -> Result<()> {
         self.kernels.launch(self.stream, kernel, grid, block, 0, params)

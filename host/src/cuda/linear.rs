@@ -477,16 +477,6 @@ pub fn cast_a16(l: &Launcher<'_>, dtype: DType, a: &DeviceBuffer, row_scale: Opt
     l.launch(kernel, [grid_dim(kernel, "x", ceil_div(m * k / 8, threads), MAX_GRID_X)?, 1, 1], threads as u32, &p)
 }
 
-/// `kernel`, or on an sm_90a module its warpgroup variant of the same tile and parameters
-/// (`gpu/src/wgmma.rs`; `Kernel::wgmma_variant`) where the device's blocks may take its shared
-/// memory.
-fn wgmma_or(l: &Launcher<'_>, kernel: Kernel) -> Kernel {
-    match kernel.wgmma_variant() {
-        Some(w) if l.kernels.sm90a() && l.kernels.fits_shared(w.large_shared_bytes()) => w,
-        _ => kernel,
-    }
-}
-
 /// Launches the linear `kernel` (of `algo`) over `p` (checked by the caller; `p.m` × `p.n`
 /// outputs at row stride `p.ldc`, `p.k_split` 0): the grid of each algorithm; a split-K
 /// algorithm sums its slices into `ws` (room for `[slices, m, n]` f32) and then launches the
@@ -515,7 +505,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
         }
         let grid = [grid_dim(ck, "x", ceil_div(n, tn as usize), MAX_GRID_X)?, grid_dim(ck, "y", ceil_div(m, tm as usize), MAX_GRID_Y)?, slices];
         let cp = LinearParams { k_split: fits_u32(ck, "k", depth)?, ..*p };
-        let ck = wgmma_or(l, ck);
+        let ck = l.wgmma_or(ck);
         return l.launch_cluster(ck, grid, mma_tile::THREADS, ck.large_shared_bytes(), &cp, [1, 1, slices]);
     }
     let part = match (slices > 1, ws) {
@@ -542,7 +532,7 @@ pub fn launch(l: &Launcher<'_>, algo: LinearAlgo, kernel: Kernel, p: &LinearPara
         let grid = [grid_dim(kernel, "x", blocks, MAX_GRID_X)?, 1, slices];
         return l.launch_shared(kernel, grid, skinny_tile::THREADS, shared, &sp);
     }
-    let kernel = if part.is_none() { wgmma_or(l, kernel) } else { kernel };
+    let kernel = if part.is_none() { l.wgmma_or(kernel) } else { kernel };
     // the slices write raw sums into the workspace; the reduce adds them through the epilogue
     let main = match part {
         Some(ws) => LinearParams { c: ws.addr(), ldc: p.n, k_split: fits_u32(kernel, "k", depth)?, ..*p },
@@ -658,7 +648,7 @@ pub fn gate_up_pipe(l: &Launcher<'_>, wdtype: DType, tile: (u32, u32), a: &Devic
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let kernel = wgmma_or(l, kernel);
+    let kernel = l.wgmma_or(kernel);
     let grid = [grid_dim(kernel, "x", ceil_div(n, tile.1 as usize / 2), MAX_GRID_X)?, grid_dim(kernel, "y", ceil_div(m, tile.0 as usize), MAX_GRID_Y)?, 1];
     l.launch_shared(kernel, grid, mma_tile::THREADS, kernel.large_shared_bytes(), &p)
 }
@@ -791,7 +781,7 @@ impl CudaBackend {
     }
 
     /// Whether the 128 × 256 tiles of bf16 weights run as the warpgroup kernels (sm_90a and
-    /// their shared memory fits; `wgmma_or`).
+    /// their shared memory fits; `Launcher::wgmma_or`).
     fn warpgroup_tiles(&self) -> bool {
         self.kernels.sm90a() && self.kernels.fits_shared(gpu::params::wgmma_tile::shared_bytes(128, 256))
     }

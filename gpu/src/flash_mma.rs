@@ -65,6 +65,7 @@ use crate::params::block_mask::CLASS_WORDS;
 use crate::params::FlashParams;
 use crate::reduce::shfl_xor;
 use crate::wgmma::{descriptor, descriptor_mn, fence_proxy_async, wgmma_commit, wgmma_fence, WgAcc};
+use cuda_std::shared::dynamic_shared_mem;
 use cuda_std::{kernel, shared_array, thread, GpuFloat};
 
 /// The 32-bit shared-memory address of a generic pointer into shared memory.
@@ -252,18 +253,31 @@ fn slot_vector(mt: usize, w: usize, gq: usize, h: usize) -> usize {
 unsafe fn flash_mma<const D: usize, const WG: bool>(p: FlashParams) {
     let mt_n = flash_mma_tile::m_tiles(D, WG);
     // K and V tiles from a 1,024-byte boundary (the warpgroup instructions' swizzle repeats every
-    // 8 rows of 128 bytes), sized for the largest head-dim class; after them, with 64 dims by
-    // warpgroups, the queries (`q_shared`)
-    let ks = (smem_addr(shared_array![F32x4; (2 * BN * 128 * 2 + 1024) / 16]) + 1023) & !1023;
-    let vs = ks + (BN * D * 2) as u32;
-    let qs = vs + (BN * D * 2) as u32;
+    // 8 rows of 128 bytes). Single-buffered: static, one K and one V tile sized for the largest
+    // head-dim class, the row scales and the mask's tile classes. Double-buffered (64 dims by
+    // warpgroups): dynamic (`flash_mma_tile::wg_shared_bytes`, no static shared memory beside
+    // it), two K tiles, two V tiles, the queries (`q_shared`), two tiles' row scales, the tile
+    // classes.
+    let tile = BN * D * 2;
+    let (ks, qs, scs, words) = if double_buffered::<D, WG>() {
+        let raw = dynamic_shared_mem::<u8>();
+        let base = raw.add((((smem_addr(raw) + 1023) & !1023) - smem_addr(raw)) as usize);
+        let q_bytes = if q_shared::<D, WG>() { flash_mma_tile::vectors(D, WG) * D * 2 } else { 0 };
+        let scales = base.add(4 * tile + q_bytes);
+        (smem_addr(base), smem_addr(base) + (4 * tile) as u32, scales as *const [f32; 2], scales.add(2 * BN * 8) as *mut u32)
+    } else {
+        let ks = (smem_addr(shared_array![F32x4; (2 * BN * 128 * 2 + 1024) / 16]) + 1023) & !1023;
+        (ks, ks + (2 * tile) as u32, shared_array![F32x4; BN / 2] as *const [f32; 2], shared_array![u32; CLASS_WORDS])
+    };
+    // the V tiles after the K tiles (by warpgroups two of each)
+    let vs = ks + if double_buffered::<D, WG>() { 2 * tile } else { tile } as u32;
     let tid = thread::thread_idx_x() as usize;
     let (lane, w) = (tid % 32, tid / 32);
     let (gq, tq) = (lane / 4, lane % 4);
     let (heads, d) = (p.heads as usize, p.d as usize);
     let kv_row = p.kv_heads as usize * d;
     let mut plan = Plan::new(&p, flash_mma_tile::vectors(D, WG));
-    plan.classify_tiles(BN, shared_array![u32; CLASS_WORDS]);
+    plan.classify_tiles(BN, words);
 
     // 1. this lane's rows: vectors `slot_vector(mt, w, l/4, h)` of the block, row slot
     //    `2 mt + h`; their bounds and Q fragments, narrowed divided by the row's
@@ -321,7 +335,7 @@ unsafe fn flash_mma<const D: usize, const WG: bool>(p: FlashParams) {
     //    through a copy of the loop without any of it (uniform over the block)
     let flagged = p.kv_scale != 0 && (p.kv_flag == 0 || *(p.kv_flag as *const u32) != 0);
     let rows = QRows { st, qsc, qa };
-    let smem = (ks, vs, qs, shared_array![F32x4; BN / 2] as *const [f32; 2]);
+    let smem = (ks, vs, qs, scs);
     if block_any(q_scaled || flagged) {
         tiles::<D, true, WG>(&p, &plan, &rows, smem, q_scaled);
     } else {
@@ -366,22 +380,47 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
         v_lane[x] = vs + tile_offset((mi % 2) * 8 + ri, 2 * x + mi / 2);
     }
     let keys = |j: usize| (plan.end_max - j * BN).min(BN);
+    // double-buffered (`double_buffered`): visible tile `it` (counted from 0) in buffer `it % 2`,
+    // the next one's K, V and scales loading into the other while it is multiplied
+    let db = double_buffered::<D, WG>();
+    let tile_bytes = (BN * D * 2) as u32;
+    let buf = |it: usize| if db { (it & 1) as u32 } else { 0 };
     let mut j = plan.next_tile(0, BN);
     if j < tiles {
         stage::<D, WG>(ks, k, j * BN, keys(j), kv_row, d, tid);
         if scaled {
             stage_scales(smem_addr(scs), &sc, j * BN, keys(j), tid);
         }
+        if db {
+            stage::<D, WG>(vs, v, j * BN, keys(j), kv_row, d, tid);
+        }
         cp_async_commit();
     }
+    let mut it = 0usize;
     while j < tiles {
         let (_, check) = plan.tile(j, BN);
         let k0 = j * BN;
+        let (kt, vt, sct) = (ks + buf(it) * tile_bytes, vs + buf(it) * tile_bytes, scs.add(BN * buf(it) as usize));
         cp_async_wait_all();
         if WG {
             fence_proxy_async();
         }
-        thread::sync_threads(); // K_j (and its scales) landed; every warp is done with V of the last tile
+        // K_j and its scales (double-buffered: V_j too) landed; every warp is done with V of the
+        // last tile (double-buffered: with all of the last tile's buffers)
+        thread::sync_threads();
+        let mut jn = tiles;
+        if db {
+            jn = plan.next_tile(j + 1, BN);
+        }
+        if db && jn < tiles {
+            let nb = buf(it + 1);
+            stage::<D, WG>(ks + nb * tile_bytes, k, jn * BN, keys(jn), kv_row, d, tid);
+            if scaled {
+                stage_scales(smem_addr(scs.add(BN * nb as usize)), &sc, jn * BN, keys(jn), tid);
+            }
+            stage::<D, WG>(vs + nb * tile_bytes, v, jn * BN, keys(jn), kv_row, d, tid);
+            cp_async_commit();
+        }
         // whether the scores need multiplying (a query row of the warp or a key of the tile has
         // a scale other than 1) and whether a value of the tile has one: each lane reads two
         // keys' pairs, a ballot makes it uniform over the warp, and tiles of ordinary rows skip
@@ -389,18 +428,20 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
         // compiler would unswitch into copies of the whole unrolled loop.)
         let (mut k_mul, mut v_scaled) = (false, false);
         if SCALED {
-            let (a, b) = (*scs.add(lane), *scs.add(lane + 32));
+            let (a, b) = (*sct.add(lane), *sct.add(lane + 32));
             k_mul = ballot(q_scaled || (scaled && (a[0] != 1.0 || b[0] != 1.0))) != 0;
             v_scaled = ballot(scaled && (a[1] != 1.0 || b[1] != 1.0)) != 0;
         }
-        stage::<D, WG>(vs, v, k0, keys(j), kv_row, d, tid);
-        cp_async_commit();
+        if !db {
+            stage::<D, WG>(vs, v, k0, keys(j), kv_row, d, tid);
+            cp_async_commit();
+        }
 
         // 2a. S = Q Kᵀ: by the warpgroup, or per k-step of 16 dims one ldmatrix.x4 giving the
         //     B fragments of two n-tiles, used by every m-tile of the warp
         let mut s = [[[0.0f32; 4]; BN / 8]; MAX_MT];
         if WG {
-            s = qk_wgmma::<D>(qa, ks, q_shared::<D, WG>().then(|| qs + (w / 4 * 64 * 128) as u32));
+            s = qk_wgmma::<D>(qa, kt, q_shared::<D, WG>().then(|| qs + (w / 4 * 64 * 128) as u32));
         } else {
             unroll!(kk < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
                 unroll!(np < BN / 16, [0, 1, 2, 3], {
@@ -417,7 +458,7 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
         if k_mul {
             unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
                 unroll!(e < 2, [0, 1], {
-                    let kscale = if scaled { (*scs.add(8 * nt + 2 * tq + e))[0] } else { 1.0 };
+                    let kscale = if scaled { (*sct.add(8 * nt + 2 * tq + e))[0] } else { 1.0 };
                     unroll!(mt < mt_n, [0, 1], {
                         unroll!(h < 2, [0, 1], {
                             s[mt][nt][2 * h + e] *= qsc[2 * mt + h] * kscale;
@@ -432,7 +473,7 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
         if v_scaled {
             let mut tv = 1.0f32;
             unroll!(nt < BN / 8, [0, 1, 2, 3, 4, 5, 6, 7], {
-                tv = tv.max((*scs.add(8 * nt + 2 * tq))[1]).max((*scs.add(8 * nt + 2 * tq + 1))[1]);
+                tv = tv.max((*sct.add(8 * nt + 2 * tq))[1]).max((*sct.add(8 * nt + 2 * tq + 1))[1]);
             });
             tv = tv.max(shfl_xor(tv, 1));
             tv = tv.max(shfl_xor(tv, 2));
@@ -507,7 +548,7 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
                     if SCALED && (v_scaled || vmax != 1.0) {
                         let inv = 1.0 / vmax;
                         let c = 16 * kc + 8 * u + 2 * tq;
-                        let (f0, f1) = ((*scs.add(c))[1] * inv, (*scs.add(c + 1))[1] * inv);
+                        let (f0, f1) = ((*sct.add(c))[1] * inv, (*sct.add(c + 1))[1] * inv);
                         p4[u] = [p4[u][0] * f0, p4[u][1] * f1, p4[u][2] * f0, p4[u][3] * f1];
                     }
                 });
@@ -516,23 +557,25 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
             l[2 * mt] += rs[0][0] + rs[0][1];
             l[2 * mt + 1] += rs[1][0] + rs[1][1];
         });
-        cp_async_wait_all();
-        if WG {
-            fence_proxy_async();
-        }
-        thread::sync_threads(); // V_j landed; every warp is done with K_j
-        let jn = plan.next_tile(j + 1, BN);
-        if jn < tiles {
-            stage::<D, WG>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
-            if scaled {
-                stage_scales(smem_addr(scs), &sc, jn * BN, keys(jn), tid);
+        if !db {
+            cp_async_wait_all();
+            if WG {
+                fence_proxy_async();
             }
-            cp_async_commit();
+            thread::sync_threads(); // V_j landed; every warp is done with K_j
+            jn = plan.next_tile(j + 1, BN);
+            if jn < tiles {
+                stage::<D, WG>(ks, k, jn * BN, keys(jn), kv_row, d, tid);
+                if scaled {
+                    stage_scales(smem_addr(scs), &sc, jn * BN, keys(jn), tid);
+                }
+                cp_async_commit();
+            }
         }
         // 2c. O += P V: by the warpgroup, or per 16 keys one ldmatrix.x4.trans giving the B
         //     fragments of two dim tiles, used by every m-tile of the warp
         if WG {
-            pv_wgmma::<D>(&mut o[0], &pa[0], vs);
+            pv_wgmma::<D>(&mut o[0], &pa[0], vt);
         } else {
             unroll!(kc < BN / 16, [0, 1, 2, 3], {
                 unroll!(dp < D / 16, [0, 1, 2, 3, 4, 5, 6, 7], {
@@ -545,6 +588,7 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
             });
         }
         j = jn;
+        it += 1;
     }
 
     // 3. row sums over the quad, normalized output
@@ -567,6 +611,14 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
             }
         });
     });
+}
+
+/// Whether the kernel of head-dim class `D` double-buffers its K/V tiles: the warpgroup kernel
+/// for 64 (the tower: `kernels-bench` 4,096 patches 267 → 256 µs). For 128 it made the causal
+/// prefill @4096 faster (317 → 282 µs) but prefill @32k slower (59.9k → 58.7k tok/s), so that
+/// keeps one K and one V tile, as `mma.sync` does, whose loads overlap the other's products.
+const fn double_buffered<const D: usize, const WG: bool>() -> bool {
+    WG && D <= 64
 }
 
 /// Whether the warpgroup kernel of head-dim class `D` keeps the queries in shared memory (64:

@@ -445,6 +445,18 @@ pub mod flash_mma_tile {
     pub const fn vectors(dc: usize, wg: bool) -> usize {
         16 * m_tiles(dc, wg) * warps(dc, wg) as usize
     }
+    /// Dynamic shared memory of a block of the warpgroup kernel for head-dim class 64, whose
+    /// K/V tiles are double-buffered (the next visible tile loads while one is multiplied): two
+    /// K and two V tiles (`BN × 64` f16 each), the queries (`vectors × 64` f16), two tiles' row
+    /// scales (`BN × 2` f32), the mask's tile classes, and 1 KiB to align the tiles; 0 for 128,
+    /// which uses static shared memory as the `mma.sync` kernels do (one K and one V tile).
+    pub const fn wg_shared_bytes(dc: usize) -> usize {
+        if dc <= 64 {
+            1024 + 2 * (2 * BN * dc * 2 + BN * 8) + vectors(dc, true) * dc * 2 + 4 * super::block_mask::CLASS_WORDS
+        } else {
+            0
+        }
+    }
 }
 
 /// The flash kernels take head dims up to this (in two classes: up to 64, up to 128); larger

@@ -519,6 +519,7 @@ impl Kernel {
             MatmulWgmma64x64Bf16 | MatmulWgmma64x64ClusterBf16 => gpu::params::wgmma_tile::shared_bytes(64, 64),
             AttentionPagedF16 => gpu::params::attn_paged_tile::SHARED_BYTES,
             AttentionPagedMmaF16 => gpu::params::attn_paged_mma_tile::SHARED_BYTES,
+            FlashAttentionWgmmaD64F16 => gpu::params::flash_mma_tile::wg_shared_bytes(64) as u32,
             _ => 0,
         }
     }

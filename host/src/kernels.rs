@@ -697,6 +697,14 @@ mod tests {
         assert!(Kernel::MatmulWgmma128x256Bf16.needs_sm90a() && !Kernel::MatmulMmaPipe128x256Bf16.needs_sm90a());
         assert_eq!(Kernel::MatmulMmaPipe128x256C16Bf16.wgmma_variant(), Some(Kernel::MatmulWgmma128x256C16Bf16));
         assert_eq!(Kernel::MatmulMmaPipe128x256F16.wgmma_variant(), None);
+        // the flash kernels by warpgroups: sm_90a only, not GEMMs (no 16-bit activations), the
+        // 64-dim one with its double-buffered dynamic shared memory raised at load
+        for (mma, wg) in [(Kernel::FlashAttentionMmaD64F16, Kernel::FlashAttentionWgmmaD64F16), (Kernel::FlashAttentionMmaD128F16, Kernel::FlashAttentionWgmmaD128F16)] {
+            assert_eq!(mma.wgmma_variant(), Some(wg));
+            assert!(wg.needs_sm90a() && !wg.is_warpgroup_gemm() && !wg.reads_a16() && !mma.needs_sm90a());
+        }
+        assert_eq!(Kernel::FlashAttentionWgmmaD64F16.large_shared_bytes() as usize, gpu::params::flash_mma_tile::wg_shared_bytes(64));
+        assert!(gpu::params::flash_mma_tile::wg_shared_bytes(64) > 48 * 1024 && gpu::params::flash_mma_tile::wg_shared_bytes(128) == 0);
     }
 
     #[test]

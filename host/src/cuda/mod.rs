@@ -151,8 +151,8 @@ impl CudaBackend {
         (self.kernels.arch(), &self.kernels_reason)
     }
 
-    /// Whether the warpgroup GEMMs (`gpu/src/wgmma.rs`) run here: the compute_80 module was
-    /// loaded as sm_90a.
+    /// Whether the warpgroup GEMMs (`gpu/src/wgmma.rs`) and flash attention
+    /// (`flash_attention_wgmma_*`) run here: the compute_80 module was loaded as sm_90a.
     pub fn warpgroup_gemms(&self) -> bool {
         self.kernels.sm90a()
     }

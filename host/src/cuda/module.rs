@@ -19,7 +19,7 @@ pub struct Kernels {
     overlap: Vec<bool>,
     /// The module was loaded as sm_90 (`Ptx::text_for`): its thread-block cluster kernels run.
     clusters: bool,
-    /// The module was loaded as sm_90a (`Ptx::is_sm90a`): its warpgroup GEMMs run.
+    /// The module was loaded as sm_90a (`Ptx::is_sm90a`): its warpgroup kernels run.
     sm90a: bool,
     /// The most dynamic shared memory a block may opt in to on this device.
     shared_limit: u32,
@@ -71,13 +71,13 @@ impl Kernels {
         let mut loaded = Module::from_ptx(&text, &[]);
         if let (Err(e), true) = (&loaded, Ptx::is_sm90a(&text)) {
             // a driver that takes sm_90 but not sm_90a (PTX 8.0): the pipelined GEMMs instead
-            log::warn!("{}: the sm_90a module did not load ({}); loading it as sm_90, without the warpgroup GEMMs", device, e);
+            log::warn!("{}: the sm_90a module did not load ({}); loading it as sm_90, without the warpgroup kernels", device, e);
             text = chosen.text_for_with(cc, can_overlap, false).0;
             loaded = Module::from_ptx(&text, &[]);
         }
         let sm90a = overlap && Ptx::is_sm90a(&text);
         if sm90a {
-            why.push_str("; loaded as sm_90a (warpgroup GEMMs)");
+            why.push_str("; loaded as sm_90a (warpgroup GEMMs and flash attention)");
         }
         let module = loaded.map_err(|e| Error::Unavailable(format!("loading the {} PTX on {} failed: {}", chosen.arch, device, e)))?;
         let mut funcs = vec![std::ptr::null_mut(); Kernel::ALL.len()];
@@ -128,7 +128,7 @@ impl Kernels {
         self.clusters
     }
 
-    /// Whether the warpgroup GEMMs can launch: the module was loaded as sm_90a (exactly compute
+    /// Whether the warpgroup kernels can launch: the module was loaded as sm_90a (exactly compute
     /// 9.0, not with `QWEN3_VL_WGMMA=0` or `QWEN3_VL_PDL=0`).
     pub fn sm90a(&self) -> bool {
         self.sm90a

@@ -38,7 +38,9 @@
 //! `cp.async` (zero-filled past the valid keys), the tile's row scales (`[BN][2]` f32) with the
 //! keys. The pipeline overlaps each load with a product: V of tile `j` loads while `S = Q Kⱼᵀ`
 //! runs, K of the next visible tile while `O += P Vⱼ` runs (one buffer each, two barriers per
-//! tile). With a block mask, the block classifies its key tiles up front
+//! tile). The 64-dim warpgroup kernel double-buffers instead (`double_buffered`, in dynamic
+//! shared memory): the next visible tile's K, V and scales load while a tile is multiplied, one
+//! barrier per tile. With a block mask, the block classifies its key tiles up front
 //! (`Plan::classify_tiles`).
 //!
 //! # Thread mapping
@@ -269,7 +271,7 @@ unsafe fn flash_mma<const D: usize, const WG: bool>(p: FlashParams) {
         let ks = (smem_addr(shared_array![F32x4; (2 * BN * 128 * 2 + 1024) / 16]) + 1023) & !1023;
         (ks, ks + (2 * tile) as u32, shared_array![F32x4; BN / 2] as *const [f32; 2], shared_array![u32; CLASS_WORDS])
     };
-    // the V tiles after the K tiles (by warpgroups two of each)
+    // the V tiles after the K tiles (double-buffered: two of each)
     let vs = ks + if double_buffered::<D, WG>() { 2 * tile } else { tile } as u32;
     let tid = thread::thread_idx_x() as usize;
     let (lane, w) = (tid % 32, tid / 32);
@@ -622,8 +624,9 @@ const fn double_buffered<const D: usize, const WG: bool>() -> bool {
 }
 
 /// Whether the warpgroup kernel of head-dim class `D` keeps the queries in shared memory (64:
-/// the registers of the Q fragments let two blocks of 256 threads fit a multiprocessor) rather
-/// than in registers (128, whose K/V tiles leave no room beside them).
+/// without the registers of the Q fragments two blocks of 256 threads fit a multiprocessor)
+/// rather than in registers (128: its static K/V tiles and 16 KiB of queries would pass the 48
+/// KiB of static shared memory, and one block of 128 threads fits twice either way).
 const fn q_shared<const D: usize, const WG: bool>() -> bool {
     WG && D <= 64
 }
@@ -684,35 +687,31 @@ unsafe fn qk_wgmma<const D: usize>(qa: &[[[u32; 4]; 8]; MAX_MT], ks: u32, q: Opt
 /// `BN · 128` bytes apart).
 #[inline(always)]
 unsafe fn pv_wgmma<const D: usize>(o: &mut [[f32; 4]; 16], pa: &[[u32; 4]; BN / 16], vs: u32) {
-    let dv = |kc: usize| descriptor_mn(vs as u64 + (kc * 16 * 128) as u64, (BN * 128) as u64);
     if D <= 64 {
-        let mut acc = [0u32; 32];
-        for i in 0..32 {
-            acc[i] = o[i / 4][i % 4].to_bits();
-        }
-        wgmma_fence();
-        unroll!(kc < BN / 16, [0, 1, 2, 3], {
-            acc.mma_rs_f16_tb(pa[kc], dv(kc));
-        });
-        wgmma_commit();
-        acc.wait_all();
-        for i in 0..32 {
-            o[i / 4][i % 4] = f32::from_bits(acc[i]);
-        }
+        pv_products::<32>(o, pa, vs)
     } else {
-        let mut acc = [0u32; 64];
-        for i in 0..64 {
-            acc[i] = o[i / 4][i % 4].to_bits();
-        }
-        wgmma_fence();
-        unroll!(kc < BN / 16, [0, 1, 2, 3], {
-            acc.mma_rs_f16_tb(pa[kc], dv(kc));
-        });
-        wgmma_commit();
-        acc.wait_all();
-        for i in 0..64 {
-            o[i / 4][i % 4] = f32::from_bits(acc[i]);
-        }
+        pv_products::<64>(o, pa, vs)
+    }
+}
+
+/// [`pv_wgmma`] into the first `N` accumulator registers of `o` (`N / 4` dim tiles of 8).
+#[inline(always)]
+unsafe fn pv_products<const N: usize>(o: &mut [[f32; 4]; 16], pa: &[[u32; 4]; BN / 16], vs: u32)
+where
+    [u32; N]: WgAcc,
+{
+    let mut acc = [0u32; N];
+    for i in 0..N {
+        acc[i] = o[i / 4][i % 4].to_bits();
+    }
+    wgmma_fence();
+    unroll!(kc < BN / 16, [0, 1, 2, 3], {
+        acc.mma_rs_f16_tb(pa[kc], descriptor_mn(vs as u64 + (kc * 16 * 128) as u64, (BN * 128) as u64));
+    });
+    wgmma_commit();
+    acc.wait_all();
+    for i in 0..N {
+        o[i / 4][i % 4] = f32::from_bits(acc[i]);
     }
 }
 

@@ -648,7 +648,7 @@ fn warpgroup_gemms_stay_within_one_activation_rounding() {
     use qwen3_vl::kernels::Kernel;
     for g in common::gpus("warpgroup GEMMs") {
         let Some(c) = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() else { continue };
-        if !c.warpgroup_gemms() {
+        if !c.warpgroup_kernels() {
             eprintln!("skip: {} has no sm_90a module (warpgroup GEMMs run on compute 9.0 only)", g.describe());
             continue;
         }

@@ -221,7 +221,7 @@ fn warpgroup_flash_attention_agrees_and_runs() {
     use qwen3_vl::kernels::Kernel;
     for g in gpus("warpgroup flash attention") {
         let Some(c) = g.as_any().downcast_ref::<qwen3_vl::cuda::CudaBackend>() else { continue };
-        if !c.warpgroup_gemms() || std::env::var("QWEN3_VL_FLASH_WGMMA").map_or(false, |v| v == "0") {
+        if !c.warpgroup_kernels() || std::env::var("QWEN3_VL_FLASH_WGMMA").map_or(false, |v| v == "0") {
             eprintln!("skip: {} has no sm_90a module or QWEN3_VL_FLASH_WGMMA=0 (warpgroup flash attention runs on compute 9.0 only)", g.describe());
             continue;
         }

@@ -179,7 +179,7 @@ pub fn flash_attention(l: &Launcher<'_>, kv_dtype: DType, b: &AttnBuffers<'_>, x
     }
     let grid = [grid_dim(kernel, "x", tiles, MAX_GRID_X)?, grid_dim(kernel, "y", s.kv_heads, MAX_GRID_Y)?, 1];
     if mma {
-        l.launch_shared(kernel, grid, flash_mma_tile::threads(dc, wg), if wg { flash_mma_tile::wg_shared_bytes(dc) as u32 } else { 0 }, &params)
+        l.launch_shared(kernel, grid, flash_mma_tile::threads(dc, wg), kernel.large_shared_bytes(), &params)
     } else {
         l.launch_shared(kernel, grid, flash_tile::THREADS, flash_tile::smem_bytes(if small { 64 } else { 128 }) as u32, &params)
     }

@@ -153,7 +153,7 @@ impl CudaBackend {
 
     /// Whether the warpgroup GEMMs (`gpu/src/wgmma.rs`) and flash attention
     /// (`flash_attention_wgmma_*`) run here: the compute_80 module was loaded as sm_90a.
-    pub fn warpgroup_gemms(&self) -> bool {
+    pub fn warpgroup_kernels(&self) -> bool {
         self.kernels.sm90a()
     }
 

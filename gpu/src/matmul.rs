@@ -41,15 +41,21 @@ pub(crate) unsafe fn finish(p: &LinearParams, acc: f32, r: usize, col: usize) ->
     if !bias.is_null() {
         v += *bias.add(col);
     }
-    v = match p.act {
-        ACT_GELU_TANH => gelu_tanh(v),
-        ACT_GELU_ERF => gelu_erf(v),
-        _ => v,
-    };
+    v = activate(p.act, v);
     if !res.is_null() {
         v += *res.add(r * p.ldc as usize + col);
     }
     v
+}
+
+/// The epilogues' activation: `ACT_*` of [`LinearParams::act`].
+#[inline(always)]
+pub(crate) fn activate(act: u32, v: f32) -> f32 {
+    match act {
+        ACT_GELU_TANH => gelu_tanh(v),
+        ACT_GELU_ERF => gelu_erf(v),
+        _ => v,
+    }
 }
 
 /// The `k` range `[kb, ke)` of this block's z-slice under split-K (the `_split` kernels,

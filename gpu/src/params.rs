@@ -615,6 +615,8 @@ pub mod gemv_tile {
 pub const ROW_THREADS: u32 = 256;
 /// Threads per block of the elementwise kernels.
 pub const ELEMENTWISE_THREADS: u32 = 256;
+/// Rows per block of `layer_norm_a16_bf16`: a warp each, `ROW_THREADS / 32`.
+pub const WARP_ROWS: usize = ROW_THREADS as usize / 32;
 
 /// Launch shape of `gemv_vec_*` and `gemv_gate_up_*`: one warp per output feature, weights
 /// streamed as 16-byte vectors. The launcher picks the warps per block (the kernels read it).

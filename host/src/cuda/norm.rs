@@ -5,7 +5,7 @@ use super::launch::{fits_u32, grid_dim, need, Launcher, MAX_GRID_X};
 use super::{CudaBackend, DeviceBuffer};
 use crate::kernels::Kernel;
 use crate::{ops, DType, Result, Tensor};
-use gpu::params::{LayerNormParams, RmsNormParams, SoftmaxParams, ROW_THREADS};
+use gpu::params::{LayerNormParams, RmsNormParams, SoftmaxParams, ROW_THREADS, WARP_ROWS};
 
 /// RMSNorm of `rows` rows of `cols` f32.
 pub fn rms_norm(l: &Launcher<'_>, x: &DeviceBuffer, w: &DeviceBuffer, y: &DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()> {
@@ -68,7 +68,8 @@ pub fn layer_norm_a16(l: &Launcher<'_>, x: &DeviceBuffer, w: &DeviceBuffer, b: &
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    l.launch(kernel, [grid_dim(kernel, "x", rows, MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
+    // a warp per row
+    l.launch(kernel, [grid_dim(kernel, "x", rows.div_ceil(WARP_ROWS), MAX_GRID_X)?, 1, 1], ROW_THREADS, &p)
 }
 
 /// Softmax of `rows` rows of `cols` f32.

@@ -692,24 +692,48 @@ pub(crate) unsafe fn cluster_merge<W: MmaElem, const TM: usize, const TN: usize>
     let (m, n, ldc) = (p.m as usize, p.n as usize, p.ldc as usize);
     let (row0, col0) = (thread::block_idx_y() as usize * TM, thread::block_idx_x() as usize * TN);
     let (base, row_scale, c) = (shared_addr(tile), p.row_scale as *const f32, p.c as *mut f32);
+    let (bias, res) = (p.bias as *const f32, p.residual as *const f32);
     let mut i = tid;
     while i < rows * (TN / 4) {
         let (lr, lc) = (rank * rows + i / (TN / 4), 4 * (i % (TN / 4)));
-        let r = row0 + lr;
+        let (r, col) = (row0 + lr, col0 + lc);
         if lr < TM && r < m {
-            let at = base + ((lr * stride + lc) * 4) as u64;
+            // the epilogue's global reads (bias, residual) issued before the slices' sums and
+            // any store, so their latencies overlap (`matmul::finish` read them one output at a
+            // time, each after the store before it, which may alias the residual)
+            let at = r * ldc + col;
+            let (mut bv, mut rv) = ([0.0f32; 4], [0.0f32; 4]);
+            unroll!(e < 4, [0, 1, 2, 3], {
+                if col + e < n {
+                    if !bias.is_null() {
+                        bv[e] = *bias.add(col + e);
+                    }
+                    if !res.is_null() {
+                        rv[e] = *res.add(at + e);
+                    }
+                }
+            });
+            let sh = base + ((lr * stride + lc) * 4) as u64;
             let mut v = [0.0f32; 4];
             for s in 0..slices {
-                let y = ld_cluster_f32x4(cluster_map(at, s as u32));
+                let y = ld_cluster_f32x4(cluster_map(sh, s as u32));
                 unroll!(e < 4, [0, 1, 2, 3], {
                     v[e] += y[e];
                 });
             }
             let sc = if W::ROW_SCALE && !row_scale.is_null() { *row_scale.add(r) } else { 1.0 };
+            // `matmul::finish`'s steps: row scale undone, bias, activation, residual
             unroll!(e < 4, [0, 1, 2, 3], {
-                let col = col0 + lc + e;
-                if col < n {
-                    *c.add(r * ldc + col) = crate::matmul::finish(p, v[e] / sc, r, col);
+                if col + e < n {
+                    let mut x = v[e] / sc;
+                    if !bias.is_null() {
+                        x += bv[e];
+                    }
+                    x = crate::matmul::activate(p.act, x);
+                    if !res.is_null() {
+                        x += rv[e];
+                    }
+                    *c.add(at + e) = x;
                 }
             });
         }

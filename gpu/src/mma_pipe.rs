@@ -841,7 +841,7 @@ pub unsafe fn rms_norm_a16_bf16(p: RmsNormParams) {
 /// holding the first [`LN_CACHED`] of them in registers (rows up to 1,024 values are read
 /// once; the rest are read again per pass), and reduces Σ x, then Σ (x - mean)², with
 /// shuffles. A block per row with two block-wide sums and three passes over the row had taken
-/// 13.8 µs for the tower's 4,096 × 1,024 (ncu, H200: 24 MB moved, half the copy rate).
+/// 13.8 µs for the tower's 4,096 × 1,024 (ncu, H200: 24 MB moved, under half the copy rate).
 /// Safety: no barriers; a warp past the last row returns whole.
 #[kernel]
 pub unsafe fn layer_norm_a16_bf16(p: LayerNormParams) {

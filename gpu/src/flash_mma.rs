@@ -412,11 +412,9 @@ unsafe fn tiles<const D: usize, const SCALED: bool, const WG: bool>(p: &FlashPar
         // K_j and its scales (double-buffered: V_j too) landed; every warp is done with V of the
         // last tile (double-buffered: with all of the last tile's buffers)
         thread::sync_threads();
-        let mut jn = tiles;
-        if db {
-            jn = plan.next_tile(j + 1, BN);
-        }
-        if db && jn < tiles {
+        // the next visible tile (single-buffered: found after the products, below)
+        let mut jn = if db { plan.next_tile(j + 1, BN) } else { tiles };
+        if jn < tiles {
             let nb = buf(it + 1);
             stage::<D, WG>(ks + nb * tile_bytes, k, jn * BN, keys(jn), kv_row, d, tid);
             if scaled {

@@ -599,6 +599,16 @@ pub mod skinny_tile {
     pub const UNROLL: usize = 2;
     /// Most rows (the largest variant).
     pub const MAX_ROWS: usize = 32;
+    /// Blocks of the variant for `rows` (16 or 32) a multiprocessor holds at once: the 16-row
+    /// kernels are capped at 128 registers (`Kernel::max_registers`), so two blocks of 256
+    /// threads fit in 64 K registers; the 32-row ones take ~160, one block.
+    pub const fn resident(rows: u32) -> usize {
+        if rows <= 16 {
+            2
+        } else {
+            1
+        }
+    }
 }
 
 /// Launch shape of `gemv_*`: one warp per output element.

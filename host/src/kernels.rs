@@ -533,6 +533,9 @@ impl Kernel {
         use Kernel::*;
         match self {
             GateUpSkinnyM16F16 | GateUpSkinnyM16Bf16 | GateUpSkinnyM16A16F16 | GateUpSkinnyM16A16Bf16 => Some(128),
+            // at 118-128 without the cap (CUDA 13.5, sm_80 / sm_90); capped so that
+            // `skinny_tile::resident`'s two blocks per SM hold whatever the compiler picks
+            MatmulSkinnyM16F16 | MatmulSkinnyM16Bf16 | MatmulSkinnyM16A16F16 | MatmulSkinnyM16A16Bf16 => Some(128),
             MatmulMmaPipeBf16 | MatmulMmaPipeF16 | MatmulMmaPipeC16Bf16 => Some(128),
             FlashAttentionWgmmaD64F16 => Some(128),
             _ => None,

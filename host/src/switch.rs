@@ -28,3 +28,39 @@ impl Switch {
         }
     }
 }
+
+/// A numeric A/B knob for benchmarks (`QWEN3_VL_SKINNY_WAVES`): the variable's value when it
+/// parses as a number in `1..=max`, else `default` (a malformed value is logged and ignored);
+/// read once per process.
+pub(crate) struct Knob {
+    name: &'static str,
+    default: usize,
+    max: usize,
+    state: std::sync::atomic::AtomicUsize, // 0 unread, else the value plus one
+}
+
+impl Knob {
+    pub(crate) const fn new(name: &'static str, default: usize, max: usize) -> Knob {
+        Knob { name, default, max, state: std::sync::atomic::AtomicUsize::new(0) }
+    }
+
+    pub(crate) fn get(&self) -> usize {
+        match self.state.load(Ordering::Relaxed) {
+            0 => {
+                let v = match std::env::var(self.name) {
+                    Ok(s) => match s.trim().parse::<usize>() {
+                        Ok(v) if (1..=self.max).contains(&v) => v,
+                        _ => {
+                            log::warn!("{}={:?} is not a number in 1..={}: using {}", self.name, s, self.max, self.default);
+                            self.default
+                        }
+                    },
+                    Err(_) => self.default,
+                };
+                self.state.store(v + 1, Ordering::Relaxed);
+                v
+            }
+            v => v - 1,
+        }
+    }
+}

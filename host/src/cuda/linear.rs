@@ -142,7 +142,8 @@ impl LinearAlgo {
     #[allow(clippy::too_many_arguments)]
     pub fn pick_for(m: usize, n: usize, k: usize, dtype: DType, arch: Arch, sms: u32, wide: bool, warpgroup: bool) -> LinearAlgo {
         if m > 1 && m <= skinny_tile::MAX_ROWS && arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) && skinny() {
-            return LinearAlgo::Skinny((m.next_power_of_two() as u32).max(16), skinny_slices(n, k, sms));
+            let rows = (m.next_power_of_two() as u32).max(16);
+            return LinearAlgo::Skinny(rows, skinny_slices(rows, n, k, sms));
         }
         if m > GEMV_MAX_ROWS {
             if arch >= Arch::Compute80 && dtype != DType::F32 && Self::vector_rows(k, dtype) {
@@ -290,18 +291,31 @@ pub fn split_slices(blocks: usize, k: usize, bk: usize, sms: u32, policy: SplitP
     ceil_div(want, blocks).min(by_depth).min(split_reduce_tile::MAX_SLICES as usize).max(1) as u32
 }
 
-/// Split-K slices for `matmul_skinny_*` over `n` columns and `k` inputs: as many as fit beside
-/// the column blocks in one wave (the kernel holds one block per multiprocessor), each slice
-/// at least [`SKINNY_MIN_K`] deep. 2048 columns are 64 blocks: 2 slices on 132
-/// multiprocessors; 4096 and more take none.
-pub fn skinny_slices(n: usize, k: usize, sms: u32) -> u32 {
-    // `QWEN3_VL_SKINNY_SPLIT=0`: never split (an A/B aid for benchmarks; read once)
+/// Split-K slices for `matmul_skinny_*` (the variant for `rows`, 16 or 32) over `n` columns
+/// and `k` inputs: none while the column blocks alone give at least half the multiprocessors
+/// one (cutting `k` at all adds the slices' merge); else as many as fill the blocks the variant
+/// keeps resident per multiprocessor ([`skinny_tile::resident`]), each slice at least
+/// [`SKINNY_MIN_K`] deep. On 132 multiprocessors with 16 rows, 2048 columns (64 blocks: o_proj,
+/// down_proj of the 2B) take 4 slices; 4096 (qkv, 128 blocks) none. Measured on the H200 (16
+/// rows, `kernels-bench`, µs): o 7.9 → 7.3 and down 14.1 → 11.9 against 2 slices (one block per
+/// multiprocessor), qkv 8.9 → 9.5 with 2 slices (BENCHMARKS.md).
+pub fn skinny_slices(rows: u32, n: usize, k: usize, sms: u32) -> u32 {
+    // `QWEN3_VL_SKINNY_SPLIT=0`: never split; `QWEN3_VL_SKINNY_WAVES=N`: aim at N blocks per
+    // multiprocessor instead of the resident count (A/B aids for benchmarks; read once)
     static SPLIT: crate::switch::Switch = crate::switch::Switch::new("QWEN3_VL_SKINNY_SPLIT");
+    static WAVES: crate::switch::Knob = crate::switch::Knob::new("QWEN3_VL_SKINNY_WAVES", 0, 4);
     if !SPLIT.on() {
         return 1;
     }
     let blocks = ceil_div(n, 8 * skinny_tile::NT).max(1);
-    let fit = sms as usize / blocks;
+    if 2 * blocks > sms as usize {
+        return 1;
+    }
+    let waves = match WAVES.get() {
+        0 => skinny_tile::resident(rows),
+        w => w,
+    };
+    let fit = waves * sms as usize / blocks;
     fit.min(k / SKINNY_MIN_K).min(split_reduce_tile::MAX_SLICES as usize).max(1) as u32
 }
 
@@ -1153,15 +1167,19 @@ mod tests {
 
     #[test]
     fn the_few_row_kernel_splits_narrow_layers_only() {
-        // o_proj and down_proj of the 2B (2048 columns: 64 blocks): two slices on an H100
-        assert_eq!(skinny_slices(2048, 2048, 132), 2);
-        assert_eq!(skinny_slices(2048, 6144, 132), 2);
-        // qkv (4096 columns) and wider fill the device alone
-        assert_eq!(skinny_slices(4096, 2048, 132), 1);
-        assert_eq!(skinny_slices(151_936, 2048, 132), 1);
+        // o_proj and down_proj of the 2B (2048 columns: 64 blocks) on an H100 / H200: four
+        // slices of the 16-row kernel (two blocks a multiprocessor), two of the 32-row one
+        assert_eq!(skinny_slices(16, 2048, 2048, 132), 4);
+        assert_eq!(skinny_slices(16, 2048, 6144, 132), 4);
+        assert_eq!(skinny_slices(32, 2048, 2048, 132), 2);
+        assert_eq!(skinny_slices(32, 2048, 6144, 132), 2);
+        // qkv (4096 columns) and wider give half the device a block: no split
+        assert_eq!(skinny_slices(16, 4096, 2048, 132), 1);
+        assert_eq!(skinny_slices(16, 151_936, 2048, 132), 1);
         // slices stay at least SKINNY_MIN_K deep; a small device splits less
-        assert_eq!(skinny_slices(130, 256, 132), 1);
-        assert_eq!(skinny_slices(130, 1024, 132), 1024 / SKINNY_MIN_K as u32);
-        assert_eq!(skinny_slices(2048, 2048, 28), 1);
+        assert_eq!(skinny_slices(16, 130, 256, 132), 1);
+        assert_eq!(skinny_slices(16, 130, 1024, 132), 1024 / SKINNY_MIN_K as u32);
+        assert_eq!(skinny_slices(32, 2048, 2048, 28), 1);
+        assert_eq!(skinny_slices(16, 2048, 2048, 28), 1);
     }
 }

@@ -58,6 +58,29 @@ QUESTIONS = ("Describe this image.", "What colours are in this image?", "What is
              "Is there any text in this picture?", "Describe the texture of this image.")
 
 
+# What a kept-alive connection the server has closed since its last reply raises on the next
+# request, before any response comes.
+STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
+def send(conn, body):
+    """Sends one request over `conn` and returns the response. A connection that already served
+    a request may have been closed by the server without saying so (llama-server closes each
+    one after a streamed reply); as the OpenAI clients' pools do, such a request is sent again
+    once on a fresh connection. A new connection's failure is the request's."""
+    fresh = conn.sock is None
+    payload, headers = json.dumps(body), {"Content-Type": "application/json"}
+    try:
+        conn.request("POST", "/v1/chat/completions", body=payload, headers=headers)
+        return conn.getresponse()
+    except STALE:
+        if fresh:
+            raise
+        conn.close()
+        conn.request("POST", "/v1/chat/completions", body=payload, headers=headers)
+        return conn.getresponse()
+
+
 def one_request(conn, body):
     """Streams one completion over `conn` (a client's keep-alive connection, as the OpenAI
     clients keep theirs; reopened by http.client after the server closes it); returns a Result."""
@@ -65,8 +88,7 @@ def one_request(conn, body):
     ttft, usage, text = None, None, ""
     ok = False
     try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
+        r = send(conn, body)
         if r.status != 200:
             return Result(error="HTTP %d: %s" % (r.status, r.read()[:200]))
         done = False

@@ -108,7 +108,7 @@ up() { # $1 log: waits for a server to answer /health (ours prints "listening on
 lt() { timeout 300 python3 "$here/tools/load_test.py" --url "http://127.0.0.1:$PORT" "$@" 2> /dev/null | python3 -c "
 import json, sys
 d = json.load(sys.stdin)
-print({k: d.get(k) for k in ('clients', 'ok', 'failed', 'aggregate_tokens_per_s', 'images_per_s', 'latency_p50_s', 'ttft_p50_s', 'prompt_tokens_mean')})" 2>&1; }
+print({k: d.get(k) for k in ('clients', 'ok', 'failed', 'errors', 'aggregate_tokens_per_s', 'images_per_s', 'latency_p50_s', 'ttft_p50_s', 'prompt_tokens_mean')})" 2>&1; }
 PORT=8177
 if on serve && ours; then
     "$OURS" serve -m "$W/bf16" --device cuda --max-batch 64 --queue 1024 --max-client-connections 1024 --port $PORT > "$W/ours-serve.log" 2>&1 & SP=$!

@@ -110,39 +110,46 @@ import json, sys
 d = json.load(sys.stdin)
 print({k: d.get(k) for k in ('clients', 'ok', 'failed', 'errors', 'aggregate_tokens_per_s', 'images_per_s', 'latency_p50_s', 'ttft_p50_s', 'prompt_tokens_mean')})" 2>&1; }
 PORT=8177
-if on serve && ours; then
-    "$OURS" serve -m "$W/bf16" --device cuda --max-batch 64 --queue 1024 --max-client-connections 1024 --port $PORT > "$W/ours-serve.log" 2>&1 & SP=$!
-    if up "$W/ours-serve.log"; then
-        lt --clients 64 --requests 1 --prompt-words 150:170 --max-tokens 64 > /dev/null
-        say "serve text (ours: serve --max-batch 64; load_test --requests 3 --prompt-words 150:170 --max-tokens 128)"
-        for r in $(seq 1 $ROUNDS); do for c in 64 16; do echo -n "ours c$c r$r "; lt --clients $c --requests 3 --prompt-words 150:170 --max-tokens 128; done; done
+# rounds NAME KIND: the measured loads against the server on $PORT (text: 64 then 16 clients,
+# ≈168-token prompts, 128 out; images: 16 clients, a distinct 1024² then 512² image each, 64 out)
+rounds() {
+    local r x
+    for r in $(seq 1 "$ROUNDS"); do
+        if [ "$2" = text ]; then
+            for x in 64 16; do echo -n "$1 c$x r$r "; lt --clients $x --requests 3 --prompt-words 150:170 --max-tokens 128; done
+        else
+            for x in 1024 512; do echo -n "$1 ${x}² r$r "; lt --clients 16 --requests 4 --image-side $x --max-tokens 64; done
+        fi
+    done
+}
+# served NAME KIND TITLE -- COMMAND...: starts the server, warms it up, runs the rounds, stops it
+served() {
+    local name=$1 kind=$2 title=$3 log="$W/$1-$2.log" sp
+    shift 4
+    "$@" > "$log" 2>&1 &
+    sp=$!
+    if up "$log"; then
+        if [ "$kind" = text ]; then
+            lt --clients 64 --requests 1 --prompt-words 150:170 --max-tokens 64 > /dev/null
+        else
+            lt --clients 16 --requests 2 --image-side 1024 --max-tokens 16 > /dev/null
+        fi
+        say "$title"
+        rounds "$name" "$kind"
     fi
-    kill $SP; wait $SP 2> /dev/null
+    kill $sp
+    wait $sp 2> /dev/null
+}
+OURS_SERVE=("$OURS" serve -m "$W/bf16" --device cuda --max-batch 64 --queue 1024 --max-client-connections 1024 --port $PORT)
+if on serve && ours; then
+    served ours text "serve text (ours: serve --max-batch 64; load_test --requests 3 --prompt-words 150:170 --max-tokens 128)" -- "${OURS_SERVE[@]}"
 fi
 if on serve && llama; then
-    "$LL/llama-server" -m "$LB" -ngl 99 -fa on -np 64 -c 32768 --port $PORT --no-webui > "$W/llama-serve.log" 2>&1 & SP=$!
-    if up "$W/llama-serve.log"; then
-        lt --clients 64 --requests 1 --prompt-words 150:170 --max-tokens 64 > /dev/null
-        say "serve text (llama-server -np 64 -c 32768 -fa on)"
-        for r in $(seq 1 $ROUNDS); do for c in 64 16; do echo -n "llama c$c r$r "; lt --clients $c --requests 3 --prompt-words 150:170 --max-tokens 128; done; done
-    fi
-    kill $SP; wait $SP 2> /dev/null
+    served llama text "serve text (llama-server -np 64 -c 32768 -fa on)" -- "$LL/llama-server" -m "$LB" -ngl 99 -fa on -np 64 -c 32768 --port $PORT --no-webui
 fi
 if on images && ours; then
-    "$OURS" serve -m "$W/bf16" --device cuda --max-batch 64 --queue 1024 --max-client-connections 1024 --port $PORT > "$W/ours-img.log" 2>&1 & SP=$!
-    if up "$W/ours-img.log"; then
-        lt --clients 16 --requests 2 --image-side 1024 --max-tokens 16 > /dev/null
-        say "images, 16 clients, a distinct image each, 64 out (ours: serve --max-batch 64; load_test --requests 4 --image-side S)"
-        for r in $(seq 1 $ROUNDS); do for s in 1024 512; do echo -n "ours ${s}² r$r "; lt --clients 16 --requests 4 --image-side $s --max-tokens 64; done; done
-    fi
-    kill $SP; wait $SP 2> /dev/null
+    served ours images "images, 16 clients, a distinct image each, 64 out (ours: serve --max-batch 64; load_test --requests 4 --image-side S)" -- "${OURS_SERVE[@]}"
 fi
 if on images && llama; then
-    "$LL/llama-server" -m "$LB" --mmproj "$MM" -ngl 99 -fa on -np 16 -c 65536 --port $PORT --no-webui > "$W/llama-img.log" 2>&1 & SP=$!
-    if up "$W/llama-img.log"; then
-        lt --clients 16 --requests 1 --image-side 1024 --max-tokens 16 > /dev/null
-        say "images (llama-server --mmproj -np 16 -c 65536 -fa on)"
-        for r in $(seq 1 $ROUNDS); do for s in 1024 512; do echo -n "llama ${s}² r$r "; lt --clients 16 --requests 4 --image-side $s --max-tokens 64; done; done
-    fi
-    kill $SP; wait $SP 2> /dev/null
+    served llama images "images (llama-server --mmproj -np 16 -c 65536 -fa on)" -- "$LL/llama-server" -m "$LB" --mmproj "$MM" -ngl 99 -fa on -np 16 -c 65536 --port $PORT --no-webui
 fi

@@ -1,7 +1,8 @@
 //! A/B switches for benchmarks: kernel variants that an environment variable set to `0` turns
 //! off (`QWEN3_VL_SKINNY`, `QWEN3_VL_CPU_PANELS`, `QWEN3_VL_STREAM_LAYERS`,
 //! `QWEN3_VL_CHUNK_PAGED`, `QWEN3_VL_PAGED_MMA`, `QWEN3_VL_PDL`, `QWEN3_VL_WGMMA`,
-//! `QWEN3_VL_FLASH_WGMMA`), read once per process.
+//! `QWEN3_VL_FLASH_WGMMA`), and numeric knobs ([`Knob`]: `QWEN3_VL_SKINNY_WAVES`), read once
+//! per process.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

@@ -292,7 +292,7 @@ pub fn split_slices(blocks: usize, k: usize, bk: usize, sms: u32, policy: SplitP
 }
 
 /// Split-K slices for `matmul_skinny_*` (the variant for `rows`, 16 or 32) over `n` columns
-/// and `k` inputs: none while the column blocks alone give at least half the multiprocessors
+/// and `k` inputs: none while the column blocks alone give more than half the multiprocessors
 /// one (cutting `k` at all adds the slices' merge); else as many as fill the blocks the variant
 /// keeps resident per multiprocessor ([`skinny_tile::resident`]), each slice at least
 /// [`SKINNY_MIN_K`] deep. On 132 multiprocessors with 16 rows, 2048 columns (64 blocks: o_proj,

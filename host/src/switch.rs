@@ -31,8 +31,9 @@ impl Switch {
 }
 
 /// A numeric A/B knob for benchmarks (`QWEN3_VL_SKINNY_WAVES`): the variable's value when it
-/// parses as a number in `1..=max`, else `default` (a malformed value is logged and ignored);
-/// read once per process.
+/// parses as a number in `1..=max`, else `default` (unset or `0` quietly; anything else is
+/// logged and ignored); read once per process. (Its one knob is the CUDA backend's.)
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct Knob {
     name: &'static str,
     default: usize,
@@ -40,6 +41,7 @@ pub(crate) struct Knob {
     state: std::sync::atomic::AtomicUsize, // 0 unread, else the value plus one
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl Knob {
     pub(crate) const fn new(name: &'static str, default: usize, max: usize) -> Knob {
         Knob { name, default, max, state: std::sync::atomic::AtomicUsize::new(0) }
@@ -48,20 +50,45 @@ impl Knob {
     pub(crate) fn get(&self) -> usize {
         match self.state.load(Ordering::Relaxed) {
             0 => {
-                let v = match std::env::var(self.name) {
-                    Ok(s) => match s.trim().parse::<usize>() {
-                        Ok(v) if (1..=self.max).contains(&v) => v,
-                        _ => {
-                            log::warn!("{}={:?} is not a number in 1..={}: using {}", self.name, s, self.max, self.default);
-                            self.default
-                        }
-                    },
-                    Err(_) => self.default,
-                };
+                let text = std::env::var(self.name).ok();
+                let (v, ok) = self.parse(text.as_deref());
+                if !ok {
+                    log::warn!("{}={:?} is not a number in 0..={}: using {}", self.name, text.unwrap_or_default(), self.max, self.default);
+                }
                 self.state.store(v + 1, Ordering::Relaxed);
                 v
             }
             v => v - 1,
         }
+    }
+
+    /// The knob's value for the variable's text (`None`: unset), and whether the text was
+    /// acceptable.
+    fn parse(&self, text: Option<&str>) -> (usize, bool) {
+        match text.map(|t| t.trim().parse::<usize>()) {
+            None | Some(Ok(0)) => (self.default, true),
+            Some(Ok(v)) if v <= self.max => (v, true),
+            Some(_) => (self.default, false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Knob;
+
+    #[test]
+    fn a_knob_takes_numbers_in_its_range_and_falls_back_to_its_default() {
+        let k = Knob::new("QWEN3_VL_TEST_KNOB_UNUSED", 3, 4);
+        assert_eq!(k.parse(None), (3, true));
+        assert_eq!(k.parse(Some("0")), (3, true));
+        assert_eq!(k.parse(Some(" 2 ")), (2, true));
+        assert_eq!(k.parse(Some("4")), (4, true));
+        assert_eq!(k.parse(Some("5")), (3, false));
+        assert_eq!(k.parse(Some("-1")), (3, false));
+        assert_eq!(k.parse(Some("two")), (3, false));
+        // read once: the unset variable gives the default
+        assert_eq!(k.get(), 3);
+        assert_eq!(k.get(), 3);
     }
 }
